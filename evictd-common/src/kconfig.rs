@@ -1,0 +1,93 @@
+//! What userspace tells the kernel side: which stat items count as charge, the watermark,
+//! and rate limits. Lives in a one-entry array map; a zeroed entry (before userspace writes
+//! it) disables every event, so a half-started daemon never floods the ring buffer.
+
+/// Emit charge events (memcg stat tracepoints).
+pub const FLAG_CHARGE: u32 = 1 << 0;
+/// Count charge only for cgroup ids present in the `SCOPE` map (a test cgroup playing the
+/// node); without it every memory cgroup counts, which is the whole node.
+pub const FLAG_SCOPE: u32 = 1 << 1;
+/// Emit reclaim events (direct and memcg reclaim begin).
+pub const FLAG_RECLAIM: u32 = 1 << 2;
+/// Emit OOM-kill events.
+pub const FLAG_OOM: u32 = 1 << 3;
+
+/// Stat items are indices of `enum node_stat_item` followed by `enum memcg_stat_item`
+/// (the kernel numbers them in one space); 128 bits cover both with room to spare.
+pub const STAT_ITEM_WORDS: usize = 2;
+pub const STAT_ITEM_LIMIT: usize = STAT_ITEM_WORDS * 64;
+
+/// Per-CPU counters, indices into the `COUNTERS` map.
+pub const COUNTER_MEMCG_HITS: u32 = 0;
+pub const COUNTER_CHARGE_MATCHED: u32 = 1;
+pub const COUNTER_RING_DROPS: u32 = 2;
+pub const COUNTER_RATE_LIMITED: u32 = 3;
+/// Events emitted, by cause: `COUNTER_EMITTED_BASE + cause`.
+pub const COUNTER_EMITTED_BASE: u32 = 4;
+pub const COUNTER_COUNT: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KernelConfig {
+    /// Bit `i` set: stat item `i` counts as charge.
+    pub charge_items: [u64; STAT_ITEM_WORDS],
+    /// A CPU emits a charge event once its own page sum reaches this. Userspace divides its
+    /// byte watermark by the CPU count, so the node cannot grow by more than the watermark
+    /// before some CPU fires (early is harmless, late is not). `<= 1` means every page.
+    pub watermark_pages_per_cpu: i64,
+    /// Changing it makes every CPU restart its sum from zero at its next event.
+    pub generation: u64,
+    /// Minimum gap between two reclaim (or OOM) events on one CPU.
+    pub min_interval_ns: u64,
+    /// log2(page size), to turn pages into bytes.
+    pub page_shift: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<KernelConfig>() == 48);
+
+impl KernelConfig {
+    /// Whether stat item `item` is selected; out-of-range items never are.
+    #[inline(always)]
+    pub fn counts_item(&self, item: i32) -> bool {
+        if item < 0 || item as usize >= STAT_ITEM_LIMIT {
+            return false;
+        }
+        let item = item as usize;
+        self.charge_items[item / 64] & (1u64 << (item % 64)) != 0
+    }
+
+    /// Select stat item `item`; returns false when it does not fit the mask.
+    pub fn select_item(&mut self, item: u32) -> bool {
+        let item = item as usize;
+        if item >= STAT_ITEM_LIMIT {
+            return false;
+        }
+        self.charge_items[item / 64] |= 1u64 << (item % 64);
+        true
+    }
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), only integers, no padding (asserted above).
+unsafe impl aya::Pod for KernelConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_mask_round_trip_and_bounds() {
+        let mut c = KernelConfig::default();
+        for i in [0u32, 3, 63, 64, 127] {
+            assert!(c.select_item(i));
+            assert!(c.counts_item(i as i32));
+        }
+        assert!(!c.counts_item(1));
+        assert!(!c.counts_item(65));
+        assert!(!c.select_item(128));
+        assert!(!c.counts_item(128));
+        assert!(!c.counts_item(-1));
+    }
+}

@@ -1,0 +1,135 @@
+//! Turns the cgroup ids in wake events into paths a person can read. A cgroup id is the
+//! inode number of the cgroup's directory, so a walk of the hierarchy builds the map; ids
+//! not seen yet trigger a new walk, at most every `RESCAN_EVERY`.
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use evictd_common::CGROUP_KIND_MEMCG;
+
+use crate::cgroup_layout::CgroupLayout;
+
+const RESCAN_EVERY: Duration = Duration::from_millis(250);
+/// Deeper than any kubelet layout (kubepods/<qos>/pod<uid>/<container>) with room to spare.
+const MAX_DEPTH: usize = 12;
+
+pub struct CgroupNames {
+    layout: CgroupLayout,
+    memcg: HashMap<u64, String>,
+    unified: HashMap<u64, String>,
+    last_scan: Option<Instant>,
+}
+
+impl CgroupNames {
+    pub fn new(layout: CgroupLayout) -> Self {
+        CgroupNames { layout, memcg: HashMap::new(), unified: HashMap::new(), last_scan: None }
+    }
+
+    /// A readable name for an event's cgroup: its path in the memory hierarchy where it can
+    /// be known, else its cgroup2 path, else the bare id.
+    pub fn describe(&mut self, kind: u32, id: u64, pid: u32) -> String {
+        if kind == CGROUP_KIND_MEMCG || self.layout.memory_is_unified() {
+            return self.lookup(id, true).unwrap_or_else(|| format!("cgroup-id:{id}"));
+        }
+        // A cgroup2 id on a v1 memory node: the task's memcg is in /proc/<pid>/cgroup.
+        if pid != 0
+            && let Some(p) = memcg_of_pid(pid)
+        {
+            return p;
+        }
+        self.lookup(id, false).map(|p| format!("{p} (cgroup2)")).unwrap_or_else(|| format!("cgroup2-id:{id}"))
+    }
+
+    fn lookup(&mut self, id: u64, memcg: bool) -> Option<String> {
+        let hit = if memcg { self.memcg.get(&id) } else { self.unified.get(&id) };
+        if let Some(p) = hit {
+            return Some(p.clone());
+        }
+        if self.last_scan.is_some_and(|t| t.elapsed() < RESCAN_EVERY) {
+            return None;
+        }
+        self.rescan();
+        if memcg { self.memcg.get(&id).cloned() } else { self.unified.get(&id).cloned() }
+    }
+
+    fn rescan(&mut self) {
+        self.last_scan = Some(Instant::now());
+        self.memcg.clear();
+        walk(&self.layout.memory_root, &self.layout.memory_root, 0, &mut |id, p| {
+            self.memcg.insert(id, p);
+        });
+        self.unified.clear();
+        if let Some(root) = self.layout.unified_root.clone() {
+            walk(&root, &root, 0, &mut |id, p| {
+                self.unified.insert(id, p);
+            });
+        }
+    }
+}
+
+/// The cgroup ids of `dir` and every cgroup below it.
+pub fn subtree_ids(dir: &Path) -> Vec<u64> {
+    let mut ids = Vec::new();
+    walk(dir, dir, 0, &mut |id, _| ids.push(id));
+    ids
+}
+
+/// Visits `dir` and its sub-directories as (id, path relative to `root` with a leading '/').
+/// Directories that vanish during the walk are skipped: cgroups come and go all the time.
+fn walk(root: &Path, dir: &Path, depth: usize, visit: &mut dyn FnMut(u64, String)) {
+    let Ok(meta) = std::fs::metadata(dir) else { return };
+    let rel = dir.strip_prefix(root).map(PathBuf::from).unwrap_or_default();
+    visit(meta.ino(), format!("/{}", rel.display()));
+    if depth >= MAX_DEPTH {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            walk(root, &entry.path(), depth + 1, visit);
+        }
+    }
+}
+
+/// The v1 memory cgroup of a process, from /proc/<pid>/cgroup.
+fn memcg_of_pid(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == "memory").then(|| path.to_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walk_names_subdirectories_by_inode() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("kubepods/burstable/podx")).unwrap();
+        let ino = std::fs::metadata(d.path().join("kubepods/burstable")).unwrap().ino();
+        let mut seen = HashMap::new();
+        walk(d.path(), d.path(), 0, &mut |id, p| {
+            seen.insert(id, p);
+        });
+        assert_eq!(seen.get(&ino).map(String::as_str), Some("/kubepods/burstable"));
+        assert_eq!(seen.len(), 4);
+        assert_eq!(subtree_ids(&d.path().join("kubepods")).len(), 3);
+    }
+
+    #[test]
+    fn own_memcg_from_proc() {
+        let layout = CgroupLayout::detect().unwrap();
+        let p = memcg_of_pid(std::process::id());
+        if layout.memory_is_unified() {
+            return;
+        }
+        assert!(p.is_some_and(|p| p.starts_with('/')));
+    }
+}

@@ -1,0 +1,274 @@
+//! The daemon loop: every wake source feeds one channel; each batch of wakes leads to one
+//! observation of the node's memory, and then the kernel is re-armed with a watermark
+//! derived from the distance to the nearest threshold, so it wakes evictd again just in time
+//! rather than on every page.
+//!
+//! The decision engine and the act step arrive with the policy and CRI work; until then the
+//! loop observes and reports, and never kills anything.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+
+use crate::{
+    cgroup_layout::CgroupLayout,
+    cgroup_names::{self, CgroupNames},
+    ebpf::{KernelProbes, LoadOptions},
+    memory::{MemoryCgroup, MemorySample},
+    policy::Threshold,
+    trace::{MemoryView, Summary, TraceFormat, TraceSink},
+    units,
+    wake::{self, Wake, WakeCause, WakeStats},
+};
+
+/// How far ahead the kernel should wake evictd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watermark {
+    /// Half the distance to the nearest memory threshold, at least `MIN_AUTO_WATERMARK`.
+    Auto,
+    /// A fixed number of bytes of growth (0: every page, for measuring).
+    Fixed(u64),
+}
+
+/// Below this, wakes would come faster than observing is worth.
+pub const MIN_AUTO_WATERMARK: u64 = 1 << 20;
+/// With no memory threshold at all, still look after this much growth.
+const NO_THRESHOLD_WATERMARK: u64 = 256 << 20;
+
+pub struct RunOptions {
+    pub thresholds: Vec<Threshold>,
+    /// The memory cgroup that plays the node (its hierarchy root on a real node).
+    pub node: MemoryCgroup,
+    pub housekeeping: Duration,
+    pub ebpf: bool,
+    pub timer: bool,
+    pub load: LoadOptions,
+    pub watermark: Watermark,
+    pub trace: Option<TraceFormat>,
+    /// Stop after this long (scripts, tests); `None` runs until SIGINT/SIGTERM.
+    pub duration: Option<Duration>,
+    pub layout: CgroupLayout,
+}
+
+/// The watermark for a given distance to the nearest threshold.
+pub fn watermark_for(mode: Watermark, distance: Option<i64>) -> u64 {
+    match (mode, distance) {
+        (Watermark::Fixed(b), _) => b,
+        (Watermark::Auto, None) => NO_THRESHOLD_WATERMARK,
+        (Watermark::Auto, Some(d)) => (d.max(0) as u64 / 2).max(MIN_AUTO_WATERMARK),
+    }
+}
+
+/// The memory threshold closest to being crossed: (its text, available − its quantity).
+pub fn nearest_memory_threshold(thresholds: &[Threshold], sample: &MemorySample) -> Option<(String, i64)> {
+    thresholds
+        .iter()
+        .filter(|t| t.signal == crate::policy::Signal::MemoryAvailable)
+        .map(|t| (t.to_string(), sample.available() - t.value.resolve(sample.capacity as i64)))
+        .min_by_key(|(_, d)| *d)
+}
+
+pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
+    let (tx, mut rx) = mpsc::channel::<Wake>(64 * 1024);
+    let stats = Arc::new(WakeStats::default());
+    let mut probes = None;
+    if opts.ebpf {
+        match KernelProbes::load(&opts.load) {
+            Ok((p, ring)) => {
+                for prog in &p.programs {
+                    if prog.error.is_none() {
+                        tracing::info!(tracepoint = %prog.tracepoint, "eBPF wake source attached");
+                    }
+                }
+                wake::spawn_ring_buffer(ring, tx.clone(), stats.clone())
+                    .context("polling the eBPF ring buffer")?;
+                probes = Some(p);
+            }
+            Err(e) if opts.timer => tracing::warn!(
+                "eBPF wake source unavailable: {e}; carrying on with the housekeeping timer every {:?}",
+                opts.housekeeping
+            ),
+            Err(e) => anyhow::bail!("eBPF wake source unavailable and the timer is not enabled: {e}"),
+        }
+    } else {
+        tracing::info!("eBPF wake source disabled by --wake-sources");
+    }
+    if opts.timer {
+        wake::spawn_timer(opts.housekeeping, tx.clone());
+    }
+    drop(tx);
+
+    let scope_dir: Option<PathBuf> = (!opts.node.is_root).then(|| opts.node.dir.clone());
+    let mut names = CgroupNames::new(opts.layout.clone());
+    let mut sink = opts.trace.map(|f| TraceSink::new(f, std::io::BufWriter::new(std::io::stdout())));
+    let mut loop_state = LoopState::default();
+
+    if let Some(p) = probes.as_mut() {
+        refresh_scope(p, scope_dir.as_deref())?;
+        let view = observe(&opts);
+        loop_state.available = view.available;
+        let w = watermark_for(opts.watermark, view.nearest.as_ref().map(|(_, d)| *d));
+        p.rearm(w)?;
+        loop_state.watermark = Some(w);
+    }
+
+    let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut summary_tick = tokio::time::interval(Duration::from_secs(1));
+    summary_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let mut batch = Vec::with_capacity(1024);
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            _ = sleep_until(deadline) => break,
+            n = rx.recv_many(&mut batch, 4096) => {
+                if n == 0 {
+                    anyhow::bail!("every wake source has stopped");
+                }
+                let view = observe(&opts);
+                for w in &batch {
+                    loop_state.counts[w.cause.index()] += 1;
+                    if let Some(s) = sink.as_mut() {
+                        s.event(w, &mut names, &view)?;
+                    }
+                }
+                batch.clear();
+                loop_state.available = view.available;
+                if let Some(p) = probes.as_mut() {
+                    let w = watermark_for(opts.watermark, view.nearest.as_ref().map(|(_, d)| *d));
+                    p.rearm(w)?;
+                    loop_state.watermark = Some(w);
+                }
+                if let Some(s) = sink.as_mut() {
+                    s.flush()?;
+                }
+            }
+            _ = summary_tick.tick() => {
+                if let Some(p) = probes.as_mut() {
+                    refresh_scope(p, scope_dir.as_deref())?;
+                }
+                let summary = loop_state.summary(probes.as_ref(), &stats);
+                if let Some(s) = sink.as_mut() {
+                    s.summary(&summary)?;
+                }
+            }
+        }
+    }
+    if let Some(s) = sink.as_mut() {
+        s.flush()?;
+    }
+    tracing::info!("stopping");
+    Ok(())
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn observe(opts: &RunOptions) -> MemoryView {
+    match opts.node.read() {
+        Ok(sample) => MemoryView {
+            available: Some(sample.available()),
+            nearest: nearest_memory_threshold(&opts.thresholds, &sample),
+        },
+        Err(e) => {
+            // No number means no decision: the view says "unreadable" and nothing acts on it.
+            tracing::warn!("memory signal unreadable: {e}");
+            MemoryView::default()
+        }
+    }
+}
+
+/// When a cgroup plays the node, only its subtree's charge counts; cgroups appear over time.
+fn refresh_scope(p: &mut KernelProbes, dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    match dir {
+        Some(d) => p.set_scope(Some(&cgroup_names::subtree_ids(d)))?,
+        None => p.set_scope(None)?,
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct LoopState {
+    counts: [u64; WakeCause::ALL.len()],
+    last_counts: [u64; WakeCause::ALL.len()],
+    last_summary: Option<Instant>,
+    last_drops: u64,
+    available: Option<i64>,
+    watermark: Option<u64>,
+}
+
+impl LoopState {
+    fn summary(&mut self, probes: Option<&KernelProbes>, stats: &WakeStats) -> Summary {
+        let now = Instant::now();
+        let secs = self.last_summary.map_or(1.0, |t| now.duration_since(t).as_secs_f64()).max(1e-3);
+        self.last_summary = Some(now);
+        let mut s = Summary { interval_seconds: secs, ..Default::default() };
+        for c in WakeCause::ALL {
+            let i = c.index();
+            s.events_per_second.insert(c.as_str(), (self.counts[i] - self.last_counts[i]) as f64 / secs);
+        }
+        self.last_counts = self.counts;
+        let kernel = probes.and_then(|p| match p.counters() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("reading eBPF counters: {e}");
+                None
+            }
+        });
+        if let Some(k) = &kernel {
+            s.ring_drops = k.ring_drops - self.last_drops;
+            s.ring_drops_total = k.ring_drops;
+            self.last_drops = k.ring_drops;
+        }
+        s.kernel = kernel;
+        s.channel_full_total = stats.channel_full.load(Ordering::Relaxed);
+        s.memory_available_bytes = self.available;
+        s.watermark_bytes = self.watermark;
+        if s.ring_drops > 0 {
+            tracing::warn!(
+                drops = s.ring_drops,
+                "ring buffer full: raise --ring-buffer-size or the watermark"
+            );
+        }
+        tracing::debug!(available = ?self.available.map(units::bytes), "summary");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::parse_thresholds;
+
+    #[test]
+    fn watermark_is_half_the_distance_with_a_floor() {
+        assert_eq!(watermark_for(Watermark::Auto, Some(1 << 30)), 1 << 29);
+        assert_eq!(watermark_for(Watermark::Auto, Some(1000)), MIN_AUTO_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Auto, Some(-5)), MIN_AUTO_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Auto, None), NO_THRESHOLD_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Fixed(0), Some(1 << 30)), 0);
+    }
+
+    #[test]
+    fn nearest_threshold_picks_the_smallest_distance() {
+        let (t, _) =
+            parse_thresholds("--eviction-hard", "memory.available<100Mi,nodefs.available<10%").unwrap();
+        let (soft, _) = parse_thresholds("--eviction-soft", "memory.available<50%").unwrap();
+        let all: Vec<_> = t.into_iter().chain(soft).collect();
+        let sample = MemorySample { capacity: 1 << 30, usage: 300 << 20, inactive_file: 100 << 20 };
+        let (name, d) = nearest_memory_threshold(&all, &sample).unwrap();
+        assert_eq!(name, "memory.available<50%");
+        assert_eq!(d, (824 << 20) - (512 << 20));
+    }
+}

@@ -1,0 +1,24 @@
+//! evictd: the kubelet's node-pressure eviction policy, woken by the kernel.
+//!
+//! Data flows one way: wake sources (`wake`, fed by `ebpf`) → observe (`memory`) →
+//! decide → act. See the README's architecture section.
+
+// Daemon paths return errors; only tests may take the shortcut.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+pub mod cgroup_layout;
+pub mod cgroup_names;
+pub mod cli;
+pub mod daemon;
+pub mod ebpf;
+pub mod memcg_threshold;
+pub mod memory;
+pub mod policy;
+pub mod probe;
+pub mod psi;
+pub mod quantity;
+pub mod stat_items;
+pub mod trace;
+pub mod tracefs;
+pub mod units;
+pub mod wake;

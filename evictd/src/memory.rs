@@ -1,0 +1,233 @@
+//! The memory signal of one memory cgroup, computed as the kubelet does:
+//! available = capacity − max(0, usage − inactive_file).
+//!
+//! For the node root, capacity is MemTotal. For a cgroup that plays the node (tests,
+//! benchmarks, `--node-cgroup`), capacity is its limit, capped at MemTotal.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::cgroup_layout::CgroupVersion;
+
+/// What evictd read; it never decides on anything it could not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemorySample {
+    pub capacity: u64,
+    pub usage: u64,
+    pub inactive_file: u64,
+}
+
+impl MemorySample {
+    pub fn working_set(&self) -> u64 {
+        self.usage.saturating_sub(self.inactive_file)
+    }
+
+    /// May be negative: a working set above capacity is real pressure, not an underflow.
+    pub fn available(&self) -> i64 {
+        self.capacity as i64 - self.working_set() as i64
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: no {key} in it")]
+    MissingKey { path: PathBuf, key: &'static str },
+    #[error("{path}: cannot parse {what:?} as a number")]
+    Parse { path: PathBuf, what: String },
+}
+
+/// A memory cgroup to observe.
+#[derive(Clone, Debug)]
+pub struct MemoryCgroup {
+    pub dir: PathBuf,
+    pub version: CgroupVersion,
+    /// The hierarchy's root: on v2 it has no memory.current and is emulated.
+    pub is_root: bool,
+    /// /proc/meminfo, or a fixture.
+    pub meminfo: PathBuf,
+}
+
+/// Limits at or above this are "unlimited" on v1 (PAGE_COUNTER_MAX rounded to pages).
+const V1_UNLIMITED: u64 = 1 << 62;
+
+impl MemoryCgroup {
+    pub fn new(dir: impl Into<PathBuf>, version: CgroupVersion, is_root: bool) -> Self {
+        MemoryCgroup { dir: dir.into(), version, is_root, meminfo: "/proc/meminfo".into() }
+    }
+
+    pub fn read(&self) -> Result<MemorySample, MemoryError> {
+        let mem_total = meminfo_bytes(&self.meminfo, "MemTotal")?;
+        let stat_path = self.dir.join("memory.stat");
+        match (self.version, self.is_root) {
+            (CgroupVersion::V1, _) => {
+                let usage = read_u64(&self.dir.join("memory.usage_in_bytes"))?;
+                let inactive_file = stat_key(&stat_path, "total_inactive_file")?;
+                let capacity = if self.is_root {
+                    mem_total
+                } else {
+                    let limit = read_u64(&self.dir.join("memory.limit_in_bytes"))?;
+                    if limit >= V1_UNLIMITED { mem_total } else { limit.min(mem_total) }
+                };
+                Ok(MemorySample { capacity, usage, inactive_file })
+            }
+            (CgroupVersion::V2, true) => {
+                // runc's emulation of the v2 root, which the kubelet inherits.
+                let usage = mem_total.saturating_sub(meminfo_bytes(&self.meminfo, "MemFree")?);
+                let inactive_file = match stat_key(&stat_path, "inactive_file") {
+                    Ok(v) => v,
+                    Err(MemoryError::Read { .. }) => meminfo_bytes(&self.meminfo, "Inactive(file)")?,
+                    Err(e) => return Err(e),
+                };
+                Ok(MemorySample { capacity: mem_total, usage, inactive_file })
+            }
+            (CgroupVersion::V2, false) => {
+                let usage = read_u64(&self.dir.join("memory.current"))?;
+                let inactive_file = stat_key(&stat_path, "inactive_file")?;
+                let max_path = self.dir.join("memory.max");
+                let max = read_trimmed(&max_path)?;
+                let capacity =
+                    if max == "max" { mem_total } else { parse_u64(&max_path, &max)?.min(mem_total) };
+                Ok(MemorySample { capacity, usage, inactive_file })
+            }
+        }
+    }
+}
+
+fn read_trimmed(path: &Path) -> Result<String, MemoryError> {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .map_err(|source| MemoryError::Read { path: path.to_owned(), source })
+}
+
+fn parse_u64(path: &Path, s: &str) -> Result<u64, MemoryError> {
+    s.parse().map_err(|_| MemoryError::Parse { path: path.to_owned(), what: s.to_owned() })
+}
+
+fn read_u64(path: &Path) -> Result<u64, MemoryError> {
+    let s = read_trimmed(path)?;
+    parse_u64(path, &s)
+}
+
+/// A `key value` line of memory.stat.
+fn stat_key(path: &Path, key: &'static str) -> Result<u64, MemoryError> {
+    let text =
+        fs::read_to_string(path).map_err(|source| MemoryError::Read { path: path.to_owned(), source })?;
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(' ')))
+        .ok_or(MemoryError::MissingKey { path: path.to_owned(), key })?;
+    parse_u64(path, value.trim())
+}
+
+/// A `Key:   N kB` line of /proc/meminfo, in bytes.
+fn meminfo_bytes(path: &Path, key: &'static str) -> Result<u64, MemoryError> {
+    let text =
+        fs::read_to_string(path).map_err(|source| MemoryError::Read { path: path.to_owned(), source })?;
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')))
+        .ok_or(MemoryError::MissingKey { path: path.to_owned(), key })?;
+    let kb = value.trim().trim_end_matches("kB").trim();
+    Ok(parse_u64(path, kb)? * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEMINFO: &str =
+        "MemTotal:       16384000 kB\nMemFree:         8192000 kB\nInactive(file):   1024000 kB\n";
+
+    fn fixture(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("meminfo"), MEMINFO).unwrap();
+        for (name, body) in files {
+            fs::write(dir.path().join(name), body).unwrap();
+        }
+        dir
+    }
+
+    fn cg(dir: &tempfile::TempDir, version: CgroupVersion, is_root: bool) -> MemoryCgroup {
+        MemoryCgroup {
+            meminfo: dir.path().join("meminfo"),
+            ..MemoryCgroup::new(dir.path(), version, is_root)
+        }
+    }
+
+    #[test]
+    fn v1_root_uses_mem_total_and_total_inactive_file() {
+        let d = fixture(&[
+            ("memory.usage_in_bytes", "3000000000\n"),
+            ("memory.stat", "cache 5\ninactive_file 7\ntotal_inactive_file 1000000000\n"),
+        ]);
+        let s = cg(&d, CgroupVersion::V1, true).read().unwrap();
+        assert_eq!(s.capacity, 16_384_000 * 1024);
+        assert_eq!(s.working_set(), 2_000_000_000);
+        assert_eq!(s.available(), 16_384_000 * 1024 - 2_000_000_000);
+    }
+
+    #[test]
+    fn v1_child_capacity_is_its_limit_and_unlimited_is_mem_total() {
+        let d = fixture(&[
+            ("memory.usage_in_bytes", "100\n"),
+            ("memory.stat", "total_inactive_file 200\n"),
+            ("memory.limit_in_bytes", "1073741824\n"),
+        ]);
+        let s = cg(&d, CgroupVersion::V1, false).read().unwrap();
+        assert_eq!(s.capacity, 1 << 30);
+        // inactive_file above usage clamps the working set at zero.
+        assert_eq!(s.working_set(), 0);
+        fs::write(d.path().join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(cg(&d, CgroupVersion::V1, false).read().unwrap().capacity, 16_384_000 * 1024);
+    }
+
+    #[test]
+    fn v2_root_is_emulated_from_meminfo() {
+        let d = fixture(&[("memory.stat", "anon 1\ninactive_file 4096\n")]);
+        let s = cg(&d, CgroupVersion::V2, true).read().unwrap();
+        assert_eq!(s.usage, (16_384_000 - 8_192_000) * 1024);
+        assert_eq!(s.inactive_file, 4096);
+        // Without a root memory.stat, meminfo's Inactive(file) stands in.
+        fs::remove_file(d.path().join("memory.stat")).unwrap();
+        assert_eq!(cg(&d, CgroupVersion::V2, true).read().unwrap().inactive_file, 1_024_000 * 1024);
+    }
+
+    #[test]
+    fn v2_child_reads_current_and_max() {
+        let d = fixture(&[
+            ("memory.current", "5000\n"),
+            ("memory.stat", "file 9\ninactive_file 1000\n"),
+            ("memory.max", "max\n"),
+        ]);
+        let s = cg(&d, CgroupVersion::V2, false).read().unwrap();
+        assert_eq!((s.usage, s.inactive_file, s.capacity), (5000, 1000, 16_384_000 * 1024));
+        fs::write(d.path().join("memory.max"), "8192\n").unwrap();
+        assert_eq!(cg(&d, CgroupVersion::V2, false).read().unwrap().available(), 8192 - 4000);
+    }
+
+    #[test]
+    fn vanished_or_garbled_files_are_errors_naming_the_file() {
+        let d = fixture(&[("memory.stat", "total_inactive_file 1\n")]);
+        let err = cg(&d, CgroupVersion::V1, true).read().unwrap_err();
+        assert!(err.to_string().contains("memory.usage_in_bytes"), "{err}");
+        fs::write(d.path().join("memory.usage_in_bytes"), "lots\n").unwrap();
+        let err = cg(&d, CgroupVersion::V1, true).read().unwrap_err();
+        assert!(err.to_string().contains("\"lots\""), "{err}");
+        fs::write(d.path().join("memory.usage_in_bytes"), "1\n").unwrap();
+        fs::write(d.path().join("memory.stat"), "cache 1\n").unwrap();
+        let err = cg(&d, CgroupVersion::V1, true).read().unwrap_err();
+        assert!(err.to_string().contains("total_inactive_file"), "{err}");
+    }
+
+    #[test]
+    fn this_machine_root_memory_cgroup() {
+        let layout = crate::cgroup_layout::CgroupLayout::detect().unwrap();
+        let s = MemoryCgroup::new(&layout.memory_root, layout.memory_version, true).read().unwrap();
+        assert!(s.capacity > 0 && s.usage > 0, "{s:?}");
+        assert!(s.available() <= s.capacity as i64);
+    }
+}

@@ -1,0 +1,372 @@
+//! Kubernetes resource quantities (`100Mi`, `1.5G`, `250m`, `1e3`), parsed exactly as
+//! apimachinery does: exact decimals, rounded up to 1e-9, and printed canonically.
+
+use std::fmt;
+
+/// How a quantity prints: apimachinery keeps the family of the suffix it was parsed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `Ki`, `Mi`, ... (powers of 1024).
+    BinarySi,
+    /// `m`, `k`, `M`, ... and no suffix (powers of 1000).
+    DecimalSi,
+    /// `e3`, `E-2`.
+    DecimalExponent,
+}
+
+/// An exact quantity in units of 1e-9, which is the finest scale apimachinery keeps.
+/// Equality and order are by value, as apimachinery's `Cmp`: `1Ki == 1024`.
+#[derive(Clone, Copy, Debug)]
+pub struct Quantity {
+    nanos: i128,
+    format: Format,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum QuantityError {
+    #[error("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")]
+    Syntax,
+    #[error("quantity is too large")]
+    TooLarge,
+}
+
+const NANO: i128 = 1_000_000_000;
+/// Keeps every intermediate product within i128 (about 1.7e38).
+const LIMIT: i128 = 10i128.pow(36);
+
+impl Quantity {
+    /// A whole number of units (bytes, inodes, PIDs) that prints with binary suffixes,
+    /// as the kubelet creates observed and threshold quantities.
+    pub fn from_units(units: i64) -> Self {
+        Quantity { nanos: units as i128 * NANO, format: Format::BinarySi }
+    }
+
+    /// A whole number of units that prints with decimal suffixes.
+    pub fn from_units_decimal(units: i64) -> Self {
+        Quantity { nanos: units as i128 * NANO, format: Format::DecimalSi }
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.nanos == 0
+    }
+
+    pub fn is_negative(&self) -> bool {
+        self.nanos < 0
+    }
+
+    /// The integer value, fractions rounded up (towards +inf), saturating at i64 bounds:
+    /// `100m` is 1, `1.2Gi` is 1288490189.
+    pub fn value(&self) -> i64 {
+        let q = self.nanos.div_euclid(NANO);
+        let r = self.nanos.rem_euclid(NANO);
+        let v = if r > 0 { q + 1 } else { q };
+        v.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+    }
+
+    /// The value in thousandths, rounded up, as `MilliValue()`.
+    pub fn milli_value(&self) -> i64 {
+        let div = NANO / 1000;
+        let q = self.nanos.div_euclid(div);
+        let r = self.nanos.rem_euclid(div);
+        let v = if r > 0 { q + 1 } else { q };
+        v.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+    }
+
+    pub fn parse(s: &str) -> Result<Self, QuantityError> {
+        s.parse()
+    }
+}
+
+impl PartialEq for Quantity {
+    fn eq(&self, other: &Self) -> bool {
+        self.nanos == other.nanos
+    }
+}
+
+impl Eq for Quantity {}
+
+impl PartialOrd for Quantity {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Quantity {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.nanos.cmp(&other.nanos)
+    }
+}
+
+/// The multiplier a suffix stands for, as (base, exponent) with base 2 or 10.
+fn suffix(s: &str) -> Result<(Format, u32, i32), QuantityError> {
+    let r = match s {
+        "" => (Format::DecimalSi, 10, 0),
+        "n" => (Format::DecimalSi, 10, -9),
+        "u" => (Format::DecimalSi, 10, -6),
+        "m" => (Format::DecimalSi, 10, -3),
+        "k" => (Format::DecimalSi, 10, 3),
+        "M" => (Format::DecimalSi, 10, 6),
+        "G" => (Format::DecimalSi, 10, 9),
+        "T" => (Format::DecimalSi, 10, 12),
+        "P" => (Format::DecimalSi, 10, 15),
+        "E" => (Format::DecimalSi, 10, 18),
+        "Ki" => (Format::BinarySi, 2, 10),
+        "Mi" => (Format::BinarySi, 2, 20),
+        "Gi" => (Format::BinarySi, 2, 30),
+        "Ti" => (Format::BinarySi, 2, 40),
+        "Pi" => (Format::BinarySi, 2, 50),
+        "Ei" => (Format::BinarySi, 2, 60),
+        _ => {
+            let rest = s.strip_prefix(['e', 'E']).ok_or(QuantityError::Syntax)?;
+            let digits = rest.strip_prefix(['+', '-']).unwrap_or(rest);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(QuantityError::Syntax);
+            }
+            let exp: i32 = rest.parse().map_err(|_| QuantityError::TooLarge)?;
+            (Format::DecimalExponent, 10, exp)
+        }
+    };
+    Ok(r)
+}
+
+fn checked_mul(a: i128, b: i128) -> Result<i128, QuantityError> {
+    a.checked_mul(b).filter(|v| v.abs() < LIMIT).ok_or(QuantityError::TooLarge)
+}
+
+/// `n / d`, rounded towards +inf.
+fn div_ceil(n: i128, d: i128) -> i128 {
+    let q = n.div_euclid(d);
+    if n.rem_euclid(d) > 0 { q + 1 } else { q }
+}
+
+impl std::str::FromStr for Quantity {
+    type Err = QuantityError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (negative, body) = match s.as_bytes().first() {
+            Some(b'-') => (true, &s[1..]),
+            Some(b'+') => (false, &s[1..]),
+            _ => (false, s),
+        };
+        let num_end = body.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(body.len());
+        let (number, sfx) = body.split_at(num_end);
+        let (int_part, frac_part) = match number.split_once('.') {
+            Some((i, f)) => (i, f),
+            None => (number, ""),
+        };
+        if (int_part.is_empty() && frac_part.is_empty()) || frac_part.contains('.') {
+            return Err(QuantityError::Syntax);
+        }
+        let (format, base, exp) = suffix(sfx)?;
+        // Trailing zeros of the fraction add nothing but would cost precision room.
+        let frac_part = frac_part.trim_end_matches('0');
+        let int_part = int_part.trim_start_matches('0');
+        if int_part.len() + frac_part.len() > 36 {
+            return Err(QuantityError::TooLarge);
+        }
+        let mut mantissa: i128 = 0;
+        for b in int_part.bytes().chain(frac_part.bytes()) {
+            mantissa = mantissa * 10 + i128::from(b - b'0');
+        }
+        let scale = frac_part.len() as i32;
+        // value = mantissa * base^exp / 10^scale, expressed in nanos and rounded up.
+        let nanos = if base == 2 {
+            let m = checked_mul(mantissa, 1i128 << exp)?;
+            let m = checked_mul(m, NANO)?;
+            div_ceil(m, 10i128.pow(scale as u32))
+        } else {
+            let pow10 = exp + 9 - scale;
+            if pow10 >= 0 {
+                if pow10 > 36 {
+                    if mantissa == 0 {
+                        0
+                    } else {
+                        return Err(QuantityError::TooLarge);
+                    }
+                } else {
+                    checked_mul(mantissa, 10i128.pow(pow10 as u32))?
+                }
+            } else if -pow10 > 36 {
+                i128::from(mantissa > 0)
+            } else {
+                div_ceil(mantissa, 10i128.pow((-pow10) as u32))
+            }
+        };
+        // Rounding happens on the magnitude: -0.1n rounds to -1n like apimachinery.
+        Ok(Quantity { nanos: if negative { -nanos } else { nanos }, format })
+    }
+}
+
+impl fmt::Display for Quantity {
+    /// apimachinery's canonical form: `1536Mi`, `100Mi`, `1500`, `100m`, `1k`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.nanos < 0 { "-" } else { "" };
+        let abs = self.nanos.abs();
+        if abs == 0 {
+            return f.write_str("0");
+        }
+        let whole = abs % NANO == 0;
+        if self.format == Format::BinarySi && whole {
+            let units = abs / NANO;
+            // Binary form only when it is exact; smaller or odd values print as integers.
+            if units >= 1024 && units % 1024 == 0 {
+                let mut v = units;
+                let mut i = 0;
+                const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+                while v % 1024 == 0 && i < SUFFIXES.len() {
+                    v /= 1024;
+                    i += 1;
+                }
+                return write!(f, "{sign}{v}{}", SUFFIXES[i - 1]);
+            }
+            return write!(f, "{sign}{units}");
+        }
+        // Decimal: the largest exponent (a multiple of 3, from -9) leaving an integer mantissa.
+        let mut exp = -9i32;
+        let mut mantissa = abs;
+        while mantissa % 1000 == 0 && exp < 18 {
+            mantissa /= 1000;
+            exp += 3;
+        }
+        let sfx = match exp {
+            -9 => "n",
+            -6 => "u",
+            -3 => "m",
+            0 => "",
+            3 => "k",
+            6 => "M",
+            9 => "G",
+            12 => "T",
+            15 => "P",
+            _ => "E",
+        };
+        if self.format == Format::DecimalExponent && exp != 0 {
+            return write!(f, "{sign}{mantissa}e{exp}");
+        }
+        write!(f, "{sign}{mantissa}{sfx}")
+    }
+}
+
+impl serde::Serialize for Quantity {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Quantity {
+    /// Accepts the string form and, as Kubernetes JSON does, bare numbers.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        let s = match v {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => n.to_string(),
+            other => return Err(serde::de::Error::custom(format!("not a quantity: {other}"))),
+        };
+        s.parse().map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> Quantity {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn values_match_apimachinery() {
+        let cases: &[(&str, i64)] = &[
+            ("100Mi", 100 * 1024 * 1024),
+            ("1Gi", 1 << 30),
+            ("1.2Gi", 1_288_490_189),
+            ("100m", 1),
+            ("1500m", 2),
+            ("1k", 1000),
+            ("1M", 1_000_000),
+            ("1e3", 1000),
+            ("1E3", 1000),
+            ("1.5", 2),
+            (".5", 1),
+            ("5.", 5),
+            ("+7", 7),
+            ("0", 0),
+            ("0.0", 0),
+            ("1n", 1),
+            ("1Ei", 1 << 60),
+            ("12e-1", 2),
+        ];
+        for (s, want) in cases {
+            assert_eq!(q(s).value(), *want, "{s}");
+        }
+        assert_eq!(q("-100m").value(), 0);
+        assert_eq!(q("-1").value(), -1);
+        assert_eq!(q("100m").milli_value(), 100);
+        assert_eq!(q("0.1m").milli_value(), 1);
+    }
+
+    #[test]
+    fn rejects_what_apimachinery_rejects() {
+        for s in ["", "MB", "1MB", "1K", " 1", "1 ", "1..0", ".", "Mi", "1Mi1", "1e", "1e+", "abc", "--1"] {
+            assert!(s.parse::<Quantity>().is_err(), "{s:?} should be rejected");
+        }
+        assert_eq!("1e40".parse::<Quantity>(), Err(QuantityError::TooLarge));
+    }
+
+    #[test]
+    fn canonical_printing() {
+        let cases: &[(&str, &str)] = &[
+            ("1.5Gi", "1536Mi"),
+            ("100Mi", "100Mi"),
+            ("1024Ki", "1Mi"),
+            ("1000Ki", "1000Ki"),
+            ("512", "512"),
+            ("1500", "1500"),
+            ("1000", "1k"),
+            ("100m", "100m"),
+            ("0.5Ki", "512"),
+            ("1e3", "1e3"),
+            ("0", "0"),
+        ];
+        for (s, want) in cases {
+            assert_eq!(q(s).to_string(), *want, "{s}");
+        }
+        assert_eq!(Quantity::from_units(209_715_203).to_string(), "209715203");
+        assert_eq!(Quantity::from_units(1536 << 20).to_string(), "1536Mi");
+        assert_eq!(Quantity::from_units(1000).to_string(), "1000");
+        assert_eq!(Quantity::from_units_decimal(5000).to_string(), "5k");
+    }
+
+    #[test]
+    fn ordering_is_exact() {
+        assert!(q("1Gi") > q("1G"));
+        assert!(q("100m") < q("1"));
+        assert_eq!(q("1024"), Quantity::from_units(1024));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn integers_round_trip(v in 0i64..i64::MAX / 2) {
+            let parsed: Quantity = v.to_string().parse().unwrap();
+            proptest::prop_assert_eq!(parsed.value(), v);
+            let printed = Quantity::from_units(v).to_string();
+            proptest::prop_assert_eq!(printed.parse::<Quantity>().unwrap().value(), v);
+        }
+
+        #[test]
+        fn binary_suffixes_scale(v in 0i64..1_000_000, i in 0usize..4) {
+            let sfx = ["Ki", "Mi", "Gi", "Ti"][i];
+            let parsed: Quantity = format!("{v}{sfx}").parse().unwrap();
+            proptest::prop_assert_eq!(parsed.value() as i128, v as i128 * (1i128 << (10 * (i + 1))));
+        }
+
+        #[test]
+        fn never_panics(s in "[-+0-9.eEinumkKMGTP]{0,12}") {
+            let _ = s.parse::<Quantity>();
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `evictd --trace`: one line per wake event and a summary each second, as text for people
+//! tuning thresholds or as JSON Lines (`--json`) for scripts. Writes to stdout; logs stay on
+//! stderr so the two never interleave in a pipe.
+
+use std::{
+    io::{self, Write},
+    time::SystemTime,
+};
+
+use serde::Serialize;
+
+use crate::{
+    cgroup_names::CgroupNames,
+    ebpf::Counters,
+    units,
+    wake::{Wake, WakeCause},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceFormat {
+    Text,
+    Json,
+}
+
+/// The node's memory as seen right after a wake, and the nearest threshold to it.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryView {
+    pub available: Option<i64>,
+    /// e.g. `memory.available<100Mi` and available − threshold quantity.
+    pub nearest: Option<(String, i64)>,
+}
+
+#[derive(Serialize)]
+struct EventLine<'a> {
+    r#type: &'static str,
+    time: String,
+    cause: WakeCause,
+    cgroup: &'a str,
+    cgroup_id: u64,
+    amount_bytes: i64,
+    pid: u32,
+    cpu: u32,
+    kernel_ts_ns: Option<u64>,
+    delivery_us: Option<f64>,
+    memory_available_bytes: Option<i64>,
+    threshold: Option<&'a str>,
+    threshold_distance_bytes: Option<i64>,
+}
+
+/// Per-second totals, fed by the daemon.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Summary {
+    pub interval_seconds: f64,
+    pub events_per_second: std::collections::BTreeMap<&'static str, f64>,
+    pub ring_drops: u64,
+    pub ring_drops_total: u64,
+    pub channel_full_total: u64,
+    pub memory_available_bytes: Option<i64>,
+    pub watermark_bytes: Option<u64>,
+    pub kernel: Option<Counters>,
+}
+
+pub struct TraceSink<W: Write> {
+    format: TraceFormat,
+    out: W,
+}
+
+fn now_text() -> String {
+    humantime::format_rfc3339_micros(SystemTime::now()).to_string()
+}
+
+impl<W: Write> TraceSink<W> {
+    pub fn new(format: TraceFormat, out: W) -> Self {
+        TraceSink { format, out }
+    }
+
+    pub fn event(&mut self, wake: &Wake, names: &mut CgroupNames, mem: &MemoryView) -> io::Result<()> {
+        let cgroup = match wake.cause {
+            WakeCause::Timer => String::from("-"),
+            _ => names.describe(wake.cgroup_kind, wake.cgroup_id, wake.pid),
+        };
+        let delivery_us = wake.delivery_ns().map(|ns| ns as f64 / 1000.0);
+        match self.format {
+            TraceFormat::Json => {
+                let line = EventLine {
+                    r#type: "event",
+                    time: now_text(),
+                    cause: wake.cause,
+                    cgroup: &cgroup,
+                    cgroup_id: wake.cgroup_id,
+                    amount_bytes: wake.amount_bytes,
+                    pid: wake.pid,
+                    cpu: wake.cpu,
+                    kernel_ts_ns: wake.kernel_ts_ns,
+                    delivery_us,
+                    memory_available_bytes: mem.available,
+                    threshold: mem.nearest.as_ref().map(|(t, _)| t.as_str()),
+                    threshold_distance_bytes: mem.nearest.as_ref().map(|(_, d)| *d),
+                };
+                serde_json::to_writer(&mut self.out, &line)?;
+                writeln!(self.out)
+            }
+            TraceFormat::Text => {
+                let time = now_text();
+                let clock = time.get(11..26).unwrap_or(&time);
+                let lat = delivery_us.map_or("-".into(), |us| format!("{us:.0}µs"));
+                let avail = mem.available.map_or("unreadable".into(), units::bytes);
+                let near = mem
+                    .nearest
+                    .as_ref()
+                    .map_or(String::new(), |(t, d)| format!("  {t} {} away", units::bytes(*d)));
+                writeln!(
+                    self.out,
+                    "{clock}  {:<14} {:>9}  {:<40} pid {:<7} cpu {:<3} lat {:>7}  memory.available {avail}{near}",
+                    wake.cause.as_str(),
+                    if wake.cause == WakeCause::Timer { "-".into() } else { units::bytes(wake.amount_bytes) },
+                    cgroup,
+                    wake.pid,
+                    wake.cpu,
+                    lat,
+                )
+            }
+        }
+    }
+
+    pub fn summary(&mut self, s: &Summary) -> io::Result<()> {
+        match self.format {
+            TraceFormat::Json => {
+                let mut v = serde_json::to_value(s)?;
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("type".into(), "summary".into());
+                    o.insert("time".into(), now_text().into());
+                }
+                serde_json::to_writer(&mut self.out, &v)?;
+                writeln!(self.out)?;
+            }
+            TraceFormat::Text => {
+                let rates: Vec<String> =
+                    s.events_per_second.iter().map(|(k, v)| format!("{k} {v:.0}")).collect();
+                writeln!(
+                    self.out,
+                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}",
+                    rates.join(", "),
+                    s.ring_drops,
+                    s.ring_drops_total,
+                    s.memory_available_bytes.map_or("unreadable".into(), units::bytes),
+                    s.watermark_bytes.map_or("-".into(), |w| units::bytes(w as i64)),
+                )?;
+            }
+        }
+        self.out.flush()
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}

@@ -1,0 +1,136 @@
+//! tracefs: where tracepoints are named and their record layouts published. aya resolves a
+//! tracepoint's id through it, and evictd checks each record layout against the offsets its
+//! eBPF programs were compiled with before attaching them.
+
+use std::path::{Path, PathBuf};
+
+const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    #[error(
+        "tracefs is not mounted at /sys/kernel/tracing and mounting it failed: {0} (mount it with `mount -t tracefs tracefs /sys/kernel/tracing`, or give the DaemonSet the host's /sys)"
+    )]
+    Mount(nix::Error),
+    #[error("tracepoint {group}:{name} does not exist on this kernel ({path}: {source})")]
+    NoTracepoint { group: String, name: String, path: PathBuf, source: std::io::Error },
+    #[error(
+        "tracepoint {group}:{name}: field `{field}` is {found} on this kernel, evictd was built for {expected}"
+    )]
+    Layout { group: String, name: String, field: String, found: String, expected: String },
+}
+
+/// The mounted tracefs, if any.
+pub fn find() -> Option<PathBuf> {
+    CANDIDATES.iter().map(PathBuf::from).find(|p| p.join("events").is_dir())
+}
+
+/// The mounted tracefs, mounting it at /sys/kernel/tracing when it is not (needs root).
+pub fn ensure_mounted() -> Result<PathBuf, TracefsError> {
+    if let Some(p) = find() {
+        return Ok(p);
+    }
+    let target = Path::new(CANDIDATES[0]);
+    nix::mount::mount(Some("tracefs"), target, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(TracefsError::Mount)?;
+    tracing::info!(path = %target.display(), "mounted tracefs (it was not mounted)");
+    Ok(target.to_owned())
+}
+
+/// One `field:` line of a tracepoint format file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub decl: String,
+    pub name: String,
+    pub offset: usize,
+    pub size: usize,
+}
+
+/// Parses the fields of a tracepoint `format` file.
+pub fn parse_format(text: &str) -> Vec<Field> {
+    text.lines()
+        .filter_map(|line| {
+            let mut decl = None;
+            let mut offset = None;
+            let mut size = None;
+            for part in line.trim().split(';') {
+                let part = part.trim();
+                if let Some(d) = part.strip_prefix("field:") {
+                    decl = Some(d.trim().to_owned());
+                } else if let Some(o) = part.strip_prefix("offset:") {
+                    offset = o.parse().ok();
+                } else if let Some(s) = part.strip_prefix("size:") {
+                    size = s.parse().ok();
+                }
+            }
+            let decl = decl?;
+            // The name is the last identifier of the declaration (`char comm[16]` -> comm).
+            let name = decl.split_whitespace().last()?.split('[').next()?.to_owned();
+            Some(Field { decl, name, offset: offset?, size: size? })
+        })
+        .collect()
+}
+
+/// Checks that `group:name` has each `(field, offset, size)`.
+pub fn check_layout(
+    root: &Path,
+    group: &str,
+    name: &str,
+    expected: &[(&str, usize, usize)],
+) -> Result<(), TracefsError> {
+    let path = root.join("events").join(group).join(name).join("format");
+    let text = std::fs::read_to_string(&path).map_err(|source| TracefsError::NoTracepoint {
+        group: group.into(),
+        name: name.into(),
+        path: path.clone(),
+        source,
+    })?;
+    let fields = parse_format(&text);
+    for &(field, offset, size) in expected {
+        let found = fields.iter().find(|f| f.name == field);
+        let ok = found.is_some_and(|f| f.offset == offset && f.size == size);
+        if !ok {
+            return Err(TracefsError::Layout {
+                group: group.into(),
+                name: name.into(),
+                field: field.into(),
+                found: found.map_or("missing".into(), |f| format!("at offset {} size {}", f.offset, f.size)),
+                expected: format!("offset {offset} size {size}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEMCG: &str = "name: mod_memcg_state\nID: 763\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:u64 id;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:int item;\toffset:16;\tsize:4;\tsigned:1;\n\tfield:int val;\toffset:20;\tsize:4;\tsigned:1;\n\nprint fmt: \"memcg_id=%llu\"\n";
+
+    #[test]
+    fn parses_fields() {
+        let f = parse_format(MEMCG);
+        assert_eq!(f.len(), 4);
+        assert_eq!(f[1], Field { decl: "u64 id".into(), name: "id".into(), offset: 8, size: 8 });
+        let comm = parse_format("\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;\n");
+        assert_eq!(comm[0].name, "comm");
+        let loc = parse_format("\tfield:__data_loc char[] comm;\toffset:12;\tsize:4;\tsigned:0;\n");
+        assert_eq!(loc[0].name, "comm");
+    }
+
+    #[test]
+    fn layout_mismatch_names_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let tp = dir.path().join("events/memcg/mod_memcg_state");
+        std::fs::create_dir_all(&tp).unwrap();
+        std::fs::write(tp.join("format"), MEMCG).unwrap();
+        check_layout(dir.path(), "memcg", "mod_memcg_state", &[("id", 8, 8), ("val", 20, 4)]).unwrap();
+        let err = check_layout(dir.path(), "memcg", "mod_memcg_state", &[("val", 24, 8)]).unwrap_err();
+        assert!(err.to_string().contains("field `val` is at offset 20 size 4"), "{err}");
+        let err = check_layout(dir.path(), "memcg", "mod_memcg_state", &[("nope", 0, 1)]).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        let err = check_layout(dir.path(), "oom", "mark_victim", &[]).unwrap_err();
+        assert!(err.to_string().contains("does not exist on this kernel"), "{err}");
+    }
+}

@@ -1,0 +1,161 @@
+//! Shared harness for evictd's privileged tests: loud skips, test cgroups that clean up
+//! after themselves, and a workload process whose charge the test controls.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
+
+use evictd::cgroup_layout::{CgroupLayout, CgroupVersion};
+
+/// Returns false (after saying so on stderr) when the test cannot run here. With
+/// `EVICTD_REQUIRE_PRIVILEGED=1` (set by CI) a skip is a failure instead, so a CI machine
+/// that lost its privileges cannot pass silently.
+pub fn privileged(test: &str) -> bool {
+    let reason = if !nix::unistd::geteuid().is_root() {
+        Some("not running as root")
+    } else if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        Some("the kernel has no BTF (/sys/kernel/btf/vmlinux)")
+    } else {
+        None
+    };
+    match reason {
+        None => true,
+        Some(r) => {
+            if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+                panic!("{test}: cannot run ({r}) and EVICTD_REQUIRE_PRIVILEGED=1");
+            }
+            eprintln!("SKIPPED {test}: {r}");
+            false
+        }
+    }
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// A memory cgroup of the test's own, `evictd-test-<pid>-<n>` under the memory
+/// controller's root (never under anything else). Removed on drop, also when the test
+/// panics; processes inside must be ended first (`MemHog` does that on its own drop).
+pub struct TestCgroup {
+    pub dir: PathBuf,
+    pub layout: CgroupLayout,
+}
+
+impl TestCgroup {
+    pub fn new(limit_bytes: Option<u64>) -> Self {
+        let layout = CgroupLayout::detect().expect("cgroup layout");
+        let name = format!("evictd-test-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let dir = layout.memory_root.join(name);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let cg = TestCgroup { dir, layout };
+        if let Some(limit) = limit_bytes {
+            let file = match cg.layout.memory_version {
+                CgroupVersion::V1 => "memory.limit_in_bytes",
+                CgroupVersion::V2 => "memory.max",
+            };
+            std::fs::write(cg.dir.join(file), limit.to_string()).expect("setting the memory limit");
+        }
+        cg
+    }
+
+    /// The cgroup id the kernel reports for it (its directory's inode number).
+    pub fn id(&self) -> u64 {
+        std::fs::metadata(&self.dir).expect("test cgroup metadata").ino()
+    }
+
+    /// Its path relative to the hierarchy root, as evictd prints it.
+    pub fn rel_path(&self) -> String {
+        format!("/{}", self.dir.strip_prefix(&self.layout.memory_root).expect("under root").display())
+    }
+
+    pub fn add_pid(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("moving pid {pid} into {}: {e}", self.dir.display()));
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // The kernel refuses rmdir while a dying task is still charged: retry briefly.
+        for _ in 0..50 {
+            match std::fs::remove_dir(&self.dir) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        eprintln!("warning: could not remove test cgroup {}", self.dir.display());
+    }
+}
+
+/// The workload process (evictd-memhog), moved into a cgroup before it allocates anything.
+pub struct MemHog {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl MemHog {
+    pub fn spawn_in(cg: &TestCgroup) -> Self {
+        let mut child = Command::new(sibling_binary("evictd-memhog"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning evictd-memhog");
+        cg.add_pid(child.id());
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("memhog stdout"));
+        MemHog { child, stdin, stdout }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Allocates and touches `mib` MiB more; returns once it is charged.
+    pub fn alloc(&mut self, mib: usize) {
+        let stdin = self.stdin.as_mut().expect("memhog stdin");
+        writeln!(stdin, "alloc {mib}").expect("writing to memhog");
+        stdin.flush().expect("flushing memhog stdin");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("reading memhog's answer");
+        assert_eq!(line.trim(), "ok", "memhog did not allocate {mib} MiB (killed by its limit?)");
+    }
+}
+
+impl Drop for MemHog {
+    fn drop(&mut self) {
+        // Closing stdin ends it; kill by PID (ours) if it does not go.
+        drop(self.stdin.take());
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The evictd binary built next to the test binaries (target/<profile>/evictd).
+pub fn evictd_binary() -> PathBuf {
+    sibling_binary("evictd")
+}
+
+/// A binary of the workspace in the test's target directory: target/<profile>/deps/<test>
+/// -> target/<profile>/<name>.
+fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let bin = exe.parent().and_then(Path::parent).map(|d| d.join(name)).expect("target dir");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace` first (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}

@@ -1,0 +1,116 @@
+//! The kernel pipeline on the real kernel: programs load and attach, charge in a test cgroup
+//! reaches userspace as a wake event carrying that cgroup's id, the watermark filters, and
+//! the drop counter counts. Needs root and BTF; skipped loudly otherwise.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use evictd::{
+    ebpf::{KernelProbes, LoadOptions},
+    wake::{self, Wake, WakeCause, WakeStats},
+};
+use evictd_common::{CAUSE_CHARGE, CGROUP_KIND_MEMCG};
+use evictd_tests::{MemHog, TestCgroup, privileged};
+use tokio::sync::mpsc;
+
+/// Loads the probes, limits charge counting to `cg`, and starts consuming the ring buffer.
+fn start(cg: &TestCgroup, watermark: u64) -> (KernelProbes, mpsc::Receiver<Wake>) {
+    let (mut probes, ring) =
+        KernelProbes::load(&LoadOptions::default()).expect("loading evictd's eBPF programs");
+    probes.set_scope(Some(&[cg.id()])).expect("scope");
+    probes.rearm(watermark).expect("rearm");
+    let (tx, rx) = mpsc::channel(1 << 16);
+    wake::spawn_ring_buffer(ring, tx, Arc::new(WakeStats::default())).expect("ring buffer consumer");
+    (probes, rx)
+}
+
+/// Charge wakes for `id` received within `within`.
+async fn charge_wakes(rx: &mut mpsc::Receiver<Wake>, id: u64, within: Duration) -> Vec<Wake> {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(w)) if w.cause == WakeCause::Charge && w.cgroup_id == id => got.push(w),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    got
+}
+
+#[tokio::test]
+async fn all_programs_attach_on_this_kernel() {
+    if !privileged("all_programs_attach_on_this_kernel") {
+        return;
+    }
+    let (probes, _ring) =
+        KernelProbes::load(&LoadOptions::default()).expect("loading evictd's eBPF programs");
+    for p in &probes.programs {
+        assert!(p.error.is_none(), "{} not attached: {:?}", p.tracepoint, p.error);
+    }
+    assert_eq!(probes.items.len(), evictd::stat_items::DEFAULT_CHARGE_ITEMS.len());
+    let c = probes.counters().expect("counters readable");
+    assert_eq!(c.ring_drops, 0);
+}
+
+#[tokio::test]
+async fn charge_in_a_test_cgroup_wakes_with_its_id() {
+    if !privileged("charge_in_a_test_cgroup_wakes_with_its_id") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let (probes, mut rx) = start(&cg, 8 << 20);
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.alloc(64);
+    let wakes = charge_wakes(&mut rx, cg.id(), Duration::from_secs(2)).await;
+    assert!(!wakes.is_empty(), "no charge wake for cgroup {} ({})", cg.id(), cg.rel_path());
+    let w = wakes[0];
+    assert_eq!(w.cgroup_kind, CGROUP_KIND_MEMCG);
+    assert_eq!(w.pid, hog.pid(), "the wake names the allocating process");
+    assert!(w.amount_bytes >= (8 << 20) / 2, "amount {} below the per-CPU watermark", w.amount_bytes);
+    assert!(w.kernel_ts_ns.is_some_and(|k| k <= w.received_ns));
+    let c = probes.counters().expect("counters");
+    assert!(c.charge_matched > 0 && c.memcg_hits >= c.charge_matched, "{c:?}");
+    assert!(c.emitted[CAUSE_CHARGE as usize] >= wakes.len() as u64, "{c:?}");
+}
+
+#[tokio::test]
+async fn growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake() {
+    if !privileged("growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let watermark: u64 = 512 << 20;
+    let (_probes, mut rx) = start(&cg, watermark);
+    let mut hog = MemHog::spawn_in(&cg);
+    // Per CPU the watermark is 512 MiB / CPUs; 32 MiB stays below it on any machine with
+    // fewer than 16 CPUs.
+    let cpus = aya::util::nr_cpus().expect("cpus") as u64;
+    assert!(32 << 20 < watermark / cpus, "machine too wide for this test's numbers");
+    hog.alloc(32);
+    let early = charge_wakes(&mut rx, cg.id(), Duration::from_millis(500)).await;
+    assert!(early.is_empty(), "32 MiB under a 512 MiB watermark woke evictd: {early:?}");
+    hog.alloc(600);
+    let late = charge_wakes(&mut rx, cg.id(), Duration::from_secs(2)).await;
+    assert!(!late.is_empty(), "632 MiB past a 512 MiB watermark sent no wake");
+}
+
+#[tokio::test]
+async fn a_full_ring_buffer_is_counted_as_drops() {
+    if !privileged("a_full_ring_buffer_is_counted_as_drops") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    // The smallest ring, every page an event, and nobody reading: it must overflow.
+    let opts = LoadOptions { ring_buffer_bytes: 4096, ..Default::default() };
+    let (mut probes, _ring) = KernelProbes::load(&opts).expect("loading evictd's eBPF programs");
+    probes.set_scope(Some(&[cg.id()])).expect("scope");
+    probes.rearm(0).expect("rearm");
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.alloc(16);
+    let c = probes.counters().expect("counters");
+    assert!(c.ring_drops > 0, "no drops counted with a 4 KiB ring and 4096 events: {c:?}");
+    assert!(c.emitted[CAUSE_CHARGE as usize] < 200, "{c:?}");
+}

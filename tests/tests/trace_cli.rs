@@ -1,0 +1,57 @@
+//! `evictd --trace --json` as a user runs it: the binary, a test cgroup playing the node,
+//! a workload allocating in it, and the JSON Lines contract checked line by line.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use evictd_tests::{MemHog, TestCgroup, evictd_binary, privileged};
+
+#[test]
+fn trace_json_reports_charge_in_the_node_cgroup() {
+    if !privileged("trace_json_reports_charge_in_the_node_cgroup") {
+        return;
+    }
+    let cg = TestCgroup::new(Some(1 << 30));
+    let mut hog = MemHog::spawn_in(&cg);
+    let mut evictd = Command::new(evictd_binary())
+        .args(["--trace", "--json", "--bpf-watermark", "16Mi", "--duration", "4s", "--eviction-hard"])
+        .arg("memory.available<100Mi")
+        .arg("--node-cgroup")
+        .arg(&cg.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting evictd");
+    let mut lines = BufReader::new(evictd.stdout.take().expect("stdout")).lines();
+    // The first summary line means the probes are attached and armed.
+    let first = lines.next().expect("evictd printed nothing").expect("read");
+    let first: serde_json::Value = serde_json::from_str(&first).expect("JSON line");
+    assert_eq!(first["type"], "summary", "{first}");
+    hog.alloc(128);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut events = Vec::new();
+    let mut summaries = 1;
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(&line.expect("read")).expect("every line is JSON");
+        match v["type"].as_str() {
+            Some("event") => events.push(v),
+            Some("summary") => summaries += 1,
+            other => panic!("unknown line type {other:?}: {v}"),
+        }
+    }
+    let status = evictd.wait().expect("evictd exit");
+    assert!(status.success(), "evictd exited with {status}");
+    assert!(summaries >= 3, "one summary a second over 4 s, got {summaries}");
+    let ours: Vec<_> =
+        events.iter().filter(|e| e["cause"] == "charge" && e["cgroup"] == cg.rel_path()).collect();
+    assert!(!ours.is_empty(), "no charge event for {} in {events:?}", cg.rel_path());
+    let e = ours[0];
+    assert_eq!(e["cgroup_id"], cg.id());
+    assert_eq!(e["threshold"], "memory.available<100Mi");
+    let avail = e["memory_available_bytes"].as_i64().expect("available is a number");
+    assert!(avail > 0 && avail < 1 << 30, "available {avail} must be within the 1 GiB node cgroup");
+    assert_eq!(e["threshold_distance_bytes"].as_i64(), Some(avail - (100 << 20)));
+}
