@@ -108,10 +108,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut sink = opts.trace.map(|f| TraceSink::new(f, std::io::BufWriter::new(std::io::stdout())));
     let mut loop_state = LoopState::default();
 
+    let view = observe(&opts);
+    loop_state.available = view.available;
     if let Some(p) = probes.as_mut() {
         refresh_scope(p, scope_dir.as_deref())?;
-        let view = observe(&opts);
-        loop_state.available = view.available;
         let w = watermark_for(opts.watermark, view.nearest.as_ref().map(|(_, d)| *d));
         p.rearm(w)?;
         loop_state.watermark = Some(w);

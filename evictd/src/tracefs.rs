@@ -12,6 +12,8 @@ pub enum TracefsError {
         "tracefs is not mounted at /sys/kernel/tracing and mounting it failed: {0} (mount it with `mount -t tracefs tracefs /sys/kernel/tracing`, or give the DaemonSet the host's /sys)"
     )]
     Mount(nix::Error),
+    #[error("{0} is not readable: evictd needs root (or CAP_BPF, CAP_PERFMON and access to tracefs)")]
+    Denied(PathBuf),
     #[error("tracepoint {group}:{name} does not exist on this kernel ({path}: {source})")]
     NoTracepoint { group: String, name: String, path: PathBuf, source: std::io::Error },
     #[error(
@@ -29,6 +31,14 @@ pub fn find() -> Option<PathBuf> {
 pub fn ensure_mounted() -> Result<PathBuf, TracefsError> {
     if let Some(p) = find() {
         return Ok(p);
+    }
+    // Mounted but closed to us (tracefs is mode 0700): mounting again would only hide that.
+    for c in CANDIDATES {
+        if let Err(e) = std::fs::read_dir(c)
+            && e.kind() == std::io::ErrorKind::PermissionDenied
+        {
+            return Err(TracefsError::Denied(c.into()));
+        }
     }
     let target = Path::new(CANDIDATES[0]);
     nix::mount::mount(Some("tracefs"), target, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>)
