@@ -120,12 +120,17 @@ impl MemHog {
 
     /// Allocates and touches `mib` MiB more; returns once it is charged.
     pub fn alloc(&mut self, mib: usize) {
-        let stdin = self.stdin.as_mut().expect("memhog stdin");
-        writeln!(stdin, "alloc {mib}").expect("writing to memhog");
-        stdin.flush().expect("flushing memhog stdin");
+        assert!(self.try_alloc(mib), "memhog did not allocate {mib} MiB (killed by its limit?)");
+    }
+
+    /// Like `alloc`, but returns false when memhog died trying (e.g. OOM-killed).
+    pub fn try_alloc(&mut self, mib: usize) -> bool {
+        let Some(stdin) = self.stdin.as_mut() else { return false };
+        if writeln!(stdin, "alloc {mib}").and_then(|()| stdin.flush()).is_err() {
+            return false;
+        }
         let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("reading memhog's answer");
-        assert_eq!(line.trim(), "ok", "memhog did not allocate {mib} MiB (killed by its limit?)");
+        self.stdout.read_line(&mut line).is_ok() && line.trim() == "ok"
     }
 }
 

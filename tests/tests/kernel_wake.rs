@@ -114,3 +114,31 @@ async fn a_full_ring_buffer_is_counted_as_drops() {
     assert!(c.ring_drops > 0, "no drops counted with a 4 KiB ring and 4096 events: {c:?}");
     assert!(c.emitted[CAUSE_CHARGE as usize] < 200, "{c:?}");
 }
+
+#[tokio::test]
+async fn hitting_the_limit_sends_reclaim_and_oom_kill_wakes() {
+    if !privileged("hitting_the_limit_sends_reclaim_and_oom_kill_wakes") {
+        return;
+    }
+    let cg = TestCgroup::new(Some(128 << 20));
+    let (_probes, mut rx) = start(&cg, 64 << 20);
+    let mut hog = MemHog::spawn_in(&cg);
+    let pid = hog.pid();
+    assert!(!hog.try_alloc(256), "256 MiB fit in a 128 MiB cgroup");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let (mut reclaim, mut oom) = (None, None);
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(w)) if w.cause == WakeCause::MemcgReclaim && w.pid == pid => reclaim = Some(w),
+            Ok(Some(w)) if w.cause == WakeCause::OomKill && w.pid == pid => oom = Some(w),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+        if reclaim.is_some() && oom.is_some() {
+            break;
+        }
+    }
+    assert!(reclaim.is_some(), "no memcg-reclaim wake from pid {pid}");
+    let oom = oom.unwrap_or_else(|| panic!("no oom-kill wake naming victim pid {pid}"));
+    assert!(oom.amount_bytes >= 64 << 20, "victim RSS {} too small", oom.amount_bytes);
+}
