@@ -10,7 +10,7 @@ use crate::{
     daemon::{RunOptions, Watermark},
     ebpf::LoadOptions,
     memory::MemoryCgroup,
-    policy::{self, DEFAULT_EVICTION_HARD},
+    policy::{self, MapSetting, PolicyInput},
     quantity::Quantity,
     stat_items,
     trace::TraceFormat,
@@ -56,6 +56,9 @@ pub struct RunArgs {
     /// Soft eviction thresholds, same syntax.
     #[arg(long, value_name = "LIST", default_value = "")]
     pub eviction_soft: String,
+    /// Grace periods of the soft thresholds, e.g. `memory.available=1m30s`.
+    #[arg(long, value_name = "LIST", default_value = "")]
+    pub eviction_soft_grace_period: String,
     /// The memory cgroup that plays the node (absolute, or relative to the memory
     /// controller's mount). Default: the hierarchy root, i.e. the whole node.
     #[arg(long, value_name = "PATH")]
@@ -92,14 +95,26 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 impl RunArgs {
     /// Validates every flag and resolves the node; errors name the flag at fault.
     pub fn into_options(self) -> anyhow::Result<RunOptions> {
-        let hard = self.eviction_hard.as_deref().unwrap_or(DEFAULT_EVICTION_HARD);
-        let (mut thresholds, mut dropped) = policy::parse_thresholds("--eviction-hard", hard)?;
-        let (soft, soft_dropped) = policy::parse_thresholds("--eviction-soft", &self.eviction_soft)?;
-        thresholds.extend(soft);
-        dropped.extend(soft_dropped);
-        for d in dropped {
-            tracing::warn!("threshold {d:?} is ignored, as the kubelet ignores 0% and 100%");
+        let mut warnings = Vec::new();
+        let hard = match &self.eviction_hard {
+            Some(h) => Some(MapSetting::from_flag("--eviction-hard", h, '<')?),
+            None => None,
+        };
+        let input = PolicyInput {
+            hard,
+            soft: MapSetting::from_flag("--eviction-soft", &self.eviction_soft, '<')?,
+            soft_grace: MapSetting::from_flag(
+                "--eviction-soft-grace-period",
+                &self.eviction_soft_grace_period,
+                '=',
+            )?,
+            ..Default::default()
+        };
+        let policy = policy::build(&input, &mut warnings)?;
+        for w in warnings {
+            tracing::warn!("{w}");
         }
+        let thresholds = policy.thresholds;
 
         let mut ebpf = false;
         let mut timer = false;
@@ -182,7 +197,7 @@ mod tests {
     #[test]
     fn defaults_are_the_kubelet_hard_thresholds_and_the_whole_node() {
         let o = args(&[]).unwrap();
-        assert_eq!(o.thresholds.len(), 4);
+        assert_eq!(o.thresholds.len(), 5, "4 kubelet defaults + the allocatable copy");
         assert!(o.node.is_root);
         assert!(o.ebpf && o.timer);
         assert_eq!(o.housekeeping, Duration::from_secs(10));

@@ -249,7 +249,7 @@ impl LoopState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::parse_thresholds;
+    use crate::policy::{MapSetting, PolicyInput};
 
     #[test]
     fn watermark_is_half_the_distance_with_a_floor() {
@@ -262,11 +262,17 @@ mod tests {
 
     #[test]
     fn nearest_threshold_picks_the_smallest_distance() {
-        let (t, _) =
-            parse_thresholds("--eviction-hard", "memory.available<100Mi,nodefs.available<10%").unwrap();
-        let (soft, _) = parse_thresholds("--eviction-soft", "memory.available<50%").unwrap();
-        let all: Vec<_> = t.into_iter().chain(soft).collect();
-        let sample = MemorySample { capacity: 1 << 30, usage: 300 << 20, inactive_file: 100 << 20 };
+        let input = PolicyInput {
+            hard: Some(
+                MapSetting::from_flag("h", "memory.available<100Mi,nodefs.available<10%", '<').unwrap(),
+            ),
+            soft: MapSetting::from_flag("s", "memory.available<50%", '<').unwrap(),
+            soft_grace: MapSetting::from_flag("g", "memory.available=1m", '=').unwrap(),
+            ..Default::default()
+        };
+        let all = crate::policy::build(&input, &mut Vec::new()).unwrap().thresholds;
+        let sample =
+            MemorySample { capacity: 1 << 30, usage: 300 << 20, inactive_file: 100 << 20, limited: true };
         let (name, d) = nearest_memory_threshold(&all, &sample).unwrap();
         assert_eq!(name, "memory.available<50%");
         assert_eq!(d, (824 << 20) - (512 << 20));

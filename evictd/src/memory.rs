@@ -17,6 +17,9 @@ pub struct MemorySample {
     pub capacity: u64,
     pub usage: u64,
     pub inactive_file: u64,
+    /// False when a non-root cgroup has no limit and capacity fell back to MemTotal (the
+    /// kubelet then has no availableBytes for it).
+    pub limited: bool,
 }
 
 impl MemorySample {
@@ -66,13 +69,13 @@ impl MemoryCgroup {
             (CgroupVersion::V1, _) => {
                 let usage = read_u64(&self.dir.join("memory.usage_in_bytes"))?;
                 let inactive_file = stat_key(&stat_path, "total_inactive_file")?;
-                let capacity = if self.is_root {
-                    mem_total
+                let (capacity, limited) = if self.is_root {
+                    (mem_total, true)
                 } else {
                     let limit = read_u64(&self.dir.join("memory.limit_in_bytes"))?;
-                    if limit >= V1_UNLIMITED { mem_total } else { limit.min(mem_total) }
+                    if limit >= V1_UNLIMITED { (mem_total, false) } else { (limit.min(mem_total), true) }
                 };
-                Ok(MemorySample { capacity, usage, inactive_file })
+                Ok(MemorySample { capacity, usage, inactive_file, limited })
             }
             (CgroupVersion::V2, true) => {
                 // runc's emulation of the v2 root, which the kubelet inherits.
@@ -82,16 +85,19 @@ impl MemoryCgroup {
                     Err(MemoryError::Read { .. }) => meminfo_bytes(&self.meminfo, "Inactive(file)")?,
                     Err(e) => return Err(e),
                 };
-                Ok(MemorySample { capacity: mem_total, usage, inactive_file })
+                Ok(MemorySample { capacity: mem_total, usage, inactive_file, limited: true })
             }
             (CgroupVersion::V2, false) => {
                 let usage = read_u64(&self.dir.join("memory.current"))?;
                 let inactive_file = stat_key(&stat_path, "inactive_file")?;
                 let max_path = self.dir.join("memory.max");
                 let max = read_trimmed(&max_path)?;
-                let capacity =
-                    if max == "max" { mem_total } else { parse_u64(&max_path, &max)?.min(mem_total) };
-                Ok(MemorySample { capacity, usage, inactive_file })
+                let (capacity, limited) = if max == "max" {
+                    (mem_total, false)
+                } else {
+                    (parse_u64(&max_path, &max)?.min(mem_total), true)
+                };
+                Ok(MemorySample { capacity, usage, inactive_file, limited })
             }
         }
     }
@@ -179,10 +185,13 @@ mod tests {
         ]);
         let s = cg(&d, CgroupVersion::V1, false).read().unwrap();
         assert_eq!(s.capacity, 1 << 30);
+        assert!(s.limited);
         // inactive_file above usage clamps the working set at zero.
         assert_eq!(s.working_set(), 0);
         fs::write(d.path().join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
-        assert_eq!(cg(&d, CgroupVersion::V1, false).read().unwrap().capacity, 16_384_000 * 1024);
+        let unlimited = cg(&d, CgroupVersion::V1, false).read().unwrap();
+        assert_eq!(unlimited.capacity, 16_384_000 * 1024);
+        assert!(!unlimited.limited);
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! Eviction thresholds as the kubelet spells them (`memory.available<100Mi,nodefs.available<10%`)
-//! and parses them: same signals, same value rules, same surprises (`0%` and `100%` are
-//! dropped, `0` is an error), with a warning where the kubelet is silent.
+//! The eviction policy as the kubelet configures it: thresholds (`signal<value`), soft grace
+//! periods, minimum reclaim, max pod grace period, pressure transition period and
+//! enforceNodeAllocatable, parsed with the kubelet's rules (`ParseThresholdConfig`) and its
+//! surprises (`0%`/`100%` dropped, `0` rejected, grace periods for unknown soft thresholds
+//! ignored), each surprise also reported as a warning.
 
 use std::fmt;
 
-use crate::quantity::Quantity;
+use crate::{godur, quantity::Quantity};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum Signal {
@@ -26,6 +28,44 @@ pub enum Signal {
     ContainerFsInodesFree,
     #[serde(rename = "pid.available")]
     PidAvailable,
+}
+
+/// What a signal starves, as named in eviction messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Resource {
+    Memory,
+    EphemeralStorage,
+    Inodes,
+    Pids,
+}
+
+impl Resource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resource::Memory => "memory",
+            Resource::EphemeralStorage => "ephemeral-storage",
+            Resource::Inodes => "inodes",
+            Resource::Pids => "pids",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum NodeCondition {
+    MemoryPressure,
+    DiskPressure,
+    #[serde(rename = "PIDPressure")]
+    PidPressure,
+}
+
+impl NodeCondition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeCondition::MemoryPressure => "MemoryPressure",
+            NodeCondition::DiskPressure => "DiskPressure",
+            NodeCondition::PidPressure => "PIDPressure",
+        }
+    }
 }
 
 impl Signal {
@@ -62,6 +102,27 @@ impl Signal {
     pub fn is_memory(self) -> bool {
         matches!(self, Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable)
     }
+
+    pub fn resource(self) -> Resource {
+        match self {
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
+            Signal::NodeFsAvailable | Signal::ImageFsAvailable | Signal::ContainerFsAvailable => {
+                Resource::EphemeralStorage
+            }
+            Signal::NodeFsInodesFree | Signal::ImageFsInodesFree | Signal::ContainerFsInodesFree => {
+                Resource::Inodes
+            }
+            Signal::PidAvailable => Resource::Pids,
+        }
+    }
+
+    pub fn condition(self) -> NodeCondition {
+        match self.resource() {
+            Resource::Memory => NodeCondition::MemoryPressure,
+            Resource::EphemeralStorage | Resource::Inodes => NodeCondition::DiskPressure,
+            Resource::Pids => NodeCondition::PidPressure,
+        }
+    }
 }
 
 impl fmt::Display for Signal {
@@ -70,7 +131,7 @@ impl fmt::Display for Signal {
     }
 }
 
-/// A literal quantity or a fraction of capacity (stored as the kubelet's float32).
+/// A literal quantity or a fraction of capacity (kept as the kubelet's float32).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ThresholdValue {
     Quantity(Quantity),
@@ -79,11 +140,26 @@ pub enum ThresholdValue {
 
 impl ThresholdValue {
     /// The kubelet's `GetThresholdQuantity`: float64 arithmetic on the float32 fraction,
-    /// truncated (20% of 1000Mi is 209715203, not 209715200).
-    pub fn resolve(&self, capacity: i64) -> i64 {
+    /// truncated (20% of 1000Mi is 209715203, not 209715200); a literal keeps its exact
+    /// value and its own printing format.
+    pub fn quantity(&self, capacity: i64) -> Quantity {
         match self {
-            ThresholdValue::Quantity(q) => q.value(),
-            ThresholdValue::Percentage(p) => (capacity as f64 * f64::from(*p)) as i64,
+            ThresholdValue::Quantity(q) => *q,
+            ThresholdValue::Percentage(p) => Quantity::from_units((capacity as f64 * f64::from(*p)) as i64),
+        }
+    }
+
+    /// `quantity(capacity)` as a whole number of units.
+    pub fn resolve(&self, capacity: i64) -> i64 {
+        self.quantity(capacity).value()
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            ThresholdValue::Quantity(q) => serde_json::json!({"quantity": q.value(), "percentage": null}),
+            ThresholdValue::Percentage(p) => {
+                serde_json::json!({"quantity": null, "percentage": f64::from(*p)})
+            }
         }
     }
 }
@@ -92,16 +168,49 @@ impl fmt::Display for ThresholdValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ThresholdValue::Quantity(q) => write!(f, "{q}"),
-            ThresholdValue::Percentage(p) => write!(f, "{}%", f64::from(*p) * 100.0),
+            ThresholdValue::Percentage(p) => write!(f, "{}%", (f64::from(*p) * 1e6).round() / 1e4),
         }
     }
 }
 
-/// `signal < value`.
+/// `signal < value`, hard when its grace period is zero.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Threshold {
     pub signal: Signal,
     pub value: ThresholdValue,
+    pub grace_period_ns: i64,
+    pub min_reclaim: Option<ThresholdValue>,
+}
+
+impl Threshold {
+    pub fn is_hard(&self) -> bool {
+        self.grace_period_ns == 0
+    }
+
+    /// Met means `threshold (+ min-reclaim) > available`, strictly, compared exactly.
+    pub fn is_met(&self, available: i64, capacity: i64, enforce_min_reclaim: bool) -> bool {
+        let mut q = self.value.quantity(capacity).nanos();
+        if enforce_min_reclaim && let Some(m) = &self.min_reclaim {
+            q += m.quantity(capacity).nanos();
+        }
+        q > i128::from(available) * 1_000_000_000
+    }
+
+    /// The `check-config` / `simulate` JSON form.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "signal": self.signal.as_str(),
+            "hard": self.is_hard(),
+            "value": self.value.to_json(),
+            "grace_period_seconds": seconds_json(self.grace_period_ns),
+            "min_reclaim": self.min_reclaim.map(|m| m.to_json()),
+        })
+    }
+}
+
+/// Whole seconds as an integer, otherwise a float.
+pub fn seconds_json(ns: i64) -> serde_json::Value {
+    if ns % 1_000_000_000 == 0 { (ns / 1_000_000_000).into() } else { (ns as f64 / 1e9).into() }
 }
 
 impl fmt::Display for Threshold {
@@ -112,137 +221,325 @@ impl fmt::Display for Threshold {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PolicyError {
-    #[error("{flag}: unsupported eviction signal {signal:?}")]
-    UnknownSignal { flag: &'static str, signal: String },
-    #[error("{flag}: {statement:?} is not of the form signal<value")]
-    Statement { flag: &'static str, statement: String },
-    #[error("{flag}: {signal}: invalid percentage {value:?}")]
-    Percentage { flag: &'static str, signal: Signal, value: String },
-    #[error("{flag}: {signal}: eviction percentage threshold must be >= 0%: {value:?}")]
-    PercentageNegative { flag: &'static str, signal: Signal, value: String },
-    #[error("{flag}: {signal}: eviction percentage threshold must be <= 100%: {value:?}")]
-    PercentageTooLarge { flag: &'static str, signal: Signal, value: String },
-    #[error("{flag}: {signal}: invalid quantity {value:?}: {reason}")]
-    Quantity { flag: &'static str, signal: Signal, value: String, reason: String },
-    #[error("{flag}: {signal}: eviction threshold must be positive: {value:?}")]
-    NotPositive { flag: &'static str, signal: Signal, value: String },
+    #[error("{setting}: unsupported eviction signal {signal:?}")]
+    UnknownSignal { setting: String, signal: String },
+    #[error("{setting}: malformed pair {pair:?}, expected signal{sep}value")]
+    Malformed { setting: String, pair: String, sep: char },
+    #[error("{setting}: {signal}: invalid percentage {value:?}")]
+    Percentage { setting: String, signal: Signal, value: String },
+    #[error("{setting}: {signal}: eviction percentage threshold must be >= 0%: {value:?}")]
+    PercentageNegative { setting: String, signal: Signal, value: String },
+    #[error("{setting}: {signal}: eviction percentage threshold must be <= 100%: {value:?}")]
+    PercentageTooLarge { setting: String, signal: Signal, value: String },
+    #[error("{setting}: {signal}: invalid quantity {value:?}: {reason}")]
+    Quantity { setting: String, signal: Signal, value: String, reason: String },
+    #[error("{setting}: {signal}: eviction threshold must be positive: {value:?}")]
+    NotPositive { setting: String, signal: Signal, value: String },
+    #[error("{setting}: {signal}: {reason}")]
+    Grace { setting: String, signal: Signal, reason: String },
+    #[error("{setting}: {signal}: eviction percentage minimum reclaim must be positive: {value:?}")]
+    MinReclaimNotPositive { setting: String, signal: Signal, value: String },
+    #[error("{setting}: {signal}: negative eviction minimum reclaim: {value:?}")]
+    MinReclaimNegative { setting: String, signal: Signal, value: String },
+    #[error("{setting}: grace period must be specified for the soft eviction threshold {signal}")]
+    SoftWithoutGrace { setting: String, signal: Signal },
+    #[error("{setting}: {reason}")]
+    Invalid { setting: String, reason: String },
 }
 
-/// The kubelet's Linux `evictionHard` default, used when the flag is not given at all.
+/// The kubelet's Linux `evictionHard` default, used when no hard thresholds are given at all.
 pub const DEFAULT_EVICTION_HARD: &str =
     "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<15%";
+pub const DEFAULT_PRESSURE_TRANSITION_NS: i64 = 300 * 1_000_000_000;
 
-/// Parses a `signal<value,...` list. A repeated signal keeps its last value, as the
-/// kubelet's map flags do. Dropped statements (`0%`, `100%`) are returned beside the result
-/// so the caller can warn about them.
-pub fn parse_thresholds(
-    flag: &'static str,
-    list: &str,
-) -> Result<(Vec<Threshold>, Vec<String>), PolicyError> {
-    let mut out: Vec<Threshold> = Vec::new();
-    let mut dropped = Vec::new();
-    for statement in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (sig, value) = statement
-            .split_once('<')
-            .ok_or_else(|| PolicyError::Statement { flag, statement: statement.to_owned() })?;
-        let signal = Signal::parse(sig.trim())
-            .ok_or_else(|| PolicyError::UnknownSignal { flag, signal: sig.trim().to_owned() })?;
-        let value = value.trim();
-        out.retain(|t| t.signal != signal);
-        match parse_value(flag, signal, value)? {
-            Some(v) => out.push(Threshold { signal, value: v }),
-            None => dropped.push(statement.to_owned()),
+/// One map-valued setting and where it came from (a flag or a config-file field), so that
+/// errors can name it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MapSetting {
+    pub source: String,
+    pub entries: Vec<(String, String)>,
+}
+
+impl MapSetting {
+    /// A `k<v,k<v` (or `k=v`) flag value. A repeated key keeps the last value, as the
+    /// kubelet's map flags do.
+    pub fn from_flag(source: &str, text: &str, sep: char) -> Result<Self, PolicyError> {
+        let mut entries: Vec<(String, String)> = Vec::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once(sep).ok_or_else(|| PolicyError::Malformed {
+                setting: source.into(),
+                pair: pair.into(),
+                sep,
+            })?;
+            let (k, v) = (k.trim().to_owned(), v.trim().to_owned());
+            entries.retain(|(ek, _)| *ek != k);
+            entries.push((k, v));
+        }
+        Ok(MapSetting { source: source.into(), entries })
+    }
+}
+
+/// Everything the kubelet reads for eviction, before validation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyInput {
+    /// `None`: the kubelet's defaults.
+    pub hard: Option<MapSetting>,
+    pub soft: MapSetting,
+    pub soft_grace: MapSetting,
+    pub min_reclaim: MapSetting,
+    pub max_pod_grace_period_seconds: i64,
+    pub pressure_transition_period: Option<(String, String)>,
+    pub enforce_node_allocatable: Option<(String, Vec<String>)>,
+}
+
+impl Default for PolicyInput {
+    fn default() -> Self {
+        PolicyInput {
+            hard: None,
+            soft: MapSetting { source: "--eviction-soft".into(), ..Default::default() },
+            soft_grace: MapSetting { source: "--eviction-soft-grace-period".into(), ..Default::default() },
+            min_reclaim: MapSetting { source: "--eviction-minimum-reclaim".into(), ..Default::default() },
+            max_pod_grace_period_seconds: 0,
+            pressure_transition_period: None,
+            enforce_node_allocatable: None,
         }
     }
-    Ok((out, dropped))
+}
+
+/// A validated policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    /// Hard (in signal order), then soft, then the allocatable copies.
+    pub thresholds: Vec<Threshold>,
+    pub pressure_transition_period_ns: i64,
+    pub max_pod_grace_period_seconds: i64,
+    pub enforce_node_allocatable: Vec<String>,
+}
+
+impl Policy {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "thresholds": self.thresholds.iter().map(Threshold::to_json).collect::<Vec<_>>(),
+            "pressure_transition_period_seconds": seconds_json(self.pressure_transition_period_ns),
+            "max_pod_grace_period_seconds": self.max_pod_grace_period_seconds,
+        })
+    }
+}
+
+const ALLOCATABLE_KEYS: [&str; 4] = ["pods", "system-reserved", "kube-reserved", "none"];
+
+/// Validates `input` as the kubelet does; `warnings` collects what the kubelet would do
+/// silently (dropped `0%`/`100%`, grace periods or min-reclaims for absent thresholds).
+pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, PolicyError> {
+    let default_hard;
+    let hard = match &input.hard {
+        Some(h) => h,
+        None => {
+            default_hard = MapSetting::from_flag("--eviction-hard (default)", DEFAULT_EVICTION_HARD, '<')?;
+            &default_hard
+        }
+    };
+    let mut thresholds = Vec::new();
+    for (setting, soft) in [(hard, false), (&input.soft, true)] {
+        let mut parsed = Vec::new();
+        for (k, v) in &setting.entries {
+            let signal = parse_signal(&setting.source, k)?;
+            match parse_value(&setting.source, signal, v)? {
+                Some(value) => {
+                    parsed.push(Threshold { signal, value, grace_period_ns: 0, min_reclaim: None })
+                }
+                None => warnings.push(format!(
+                    "{}: {k}<{v} is ignored: the kubelet silently drops 0% and 100% thresholds",
+                    setting.source
+                )),
+            }
+        }
+        parsed.sort_by_key(|t| t.signal);
+        if soft {
+            for t in &mut parsed {
+                t.grace_period_ns = grace_for(input, t.signal)?.ok_or_else(|| {
+                    PolicyError::SoftWithoutGrace { setting: setting.source.clone(), signal: t.signal }
+                })?;
+            }
+        }
+        thresholds.extend(parsed);
+    }
+    for (k, _) in &input.soft_grace.entries {
+        let signal = parse_signal(&input.soft_grace.source, k)?;
+        if !thresholds.iter().any(|t| t.signal == signal && !t.is_hard()) {
+            // Validated all the same (grace_for errors on bad values).
+            grace_for(input, signal)?;
+            warnings.push(format!(
+                "{}: {k} has no soft threshold; the grace period is ignored",
+                input.soft_grace.source
+            ));
+        }
+    }
+    let mut min_reclaims = Vec::new();
+    for (k, v) in &input.min_reclaim.entries {
+        let source = &input.min_reclaim.source;
+        let signal = parse_signal(source, k)?;
+        min_reclaims.push((signal, parse_min_reclaim(source, signal, v)?));
+        if !thresholds.iter().any(|t| t.signal == signal) {
+            warnings.push(format!("{source}: {k} has no threshold; the minimum reclaim is ignored"));
+        }
+    }
+    for t in &mut thresholds {
+        t.min_reclaim = min_reclaims.iter().rev().find(|(s, _)| *s == t.signal).map(|(_, m)| *m);
+    }
+    for t in thresholds.iter().filter(|t| t.signal.resource() != Resource::Memory) {
+        if matches!(t.signal, Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree) {
+            warnings.push(format!(
+                "{t}: containerfs thresholds are replaced by copies of the nodefs or imagefs ones, as the kubelet does"
+            ));
+        }
+    }
+
+    let enforce = match &input.enforce_node_allocatable {
+        None => vec!["pods".to_owned()],
+        Some((source, list)) => {
+            for k in list {
+                if !ALLOCATABLE_KEYS.contains(&k.as_str()) {
+                    return Err(PolicyError::Invalid {
+                        setting: source.clone(),
+                        reason: format!(
+                            "invalid option {k:?} (valid: pods, system-reserved, kube-reserved, none)"
+                        ),
+                    });
+                }
+            }
+            if list.iter().any(|k| k == "none") && list.len() > 1 {
+                return Err(PolicyError::Invalid {
+                    setting: source.clone(),
+                    reason: "\"none\" cannot be combined with other options".into(),
+                });
+            }
+            list.clone()
+        }
+    };
+    if enforce.iter().any(|k| k == "pods") {
+        let copies: Vec<Threshold> = thresholds
+            .iter()
+            .filter(|t| t.signal == Signal::MemoryAvailable && t.is_hard())
+            .map(|t| Threshold { signal: Signal::AllocatableMemoryAvailable, grace_period_ns: 0, ..*t })
+            .collect();
+        thresholds.extend(copies);
+    }
+
+    let transition = match &input.pressure_transition_period {
+        None => DEFAULT_PRESSURE_TRANSITION_NS,
+        Some((source, text)) => {
+            let ns = godur::parse(text)
+                .map_err(|e| PolicyError::Invalid { setting: source.clone(), reason: e.to_string() })?;
+            if ns < 0 {
+                return Err(PolicyError::Invalid {
+                    setting: source.clone(),
+                    reason: format!("{text:?} is negative"),
+                });
+            }
+            ns
+        }
+    };
+    Ok(Policy {
+        thresholds,
+        pressure_transition_period_ns: transition,
+        max_pod_grace_period_seconds: input.max_pod_grace_period_seconds,
+        enforce_node_allocatable: enforce,
+    })
+}
+
+fn parse_signal(source: &str, s: &str) -> Result<Signal, PolicyError> {
+    Signal::parse(s).ok_or_else(|| PolicyError::UnknownSignal { setting: source.into(), signal: s.into() })
+}
+
+fn grace_for(input: &PolicyInput, signal: Signal) -> Result<Option<i64>, PolicyError> {
+    let source = &input.soft_grace.source;
+    let Some((_, v)) = input.soft_grace.entries.iter().rev().find(|(k, _)| k == signal.as_str()) else {
+        return Ok(None);
+    };
+    let ns = godur::parse(v).map_err(|e| PolicyError::Grace {
+        setting: source.clone(),
+        signal,
+        reason: e.to_string(),
+    })?;
+    if ns < 0 {
+        return Err(PolicyError::Grace {
+            setting: source.clone(),
+            signal,
+            reason: format!("{v:?} is negative"),
+        });
+    }
+    Ok(Some(ns))
+}
+
+/// The kubelet's `parsePercentage`: every trailing `%` trimmed, parsed as float32, / 100.
+fn parse_percentage(source: &str, signal: Signal, value: &str) -> Result<f32, PolicyError> {
+    let pct: f32 = value
+        .trim_end_matches('%')
+        .parse()
+        .ok()
+        .filter(|p: &f32| p.is_finite())
+        .ok_or_else(|| PolicyError::Percentage { setting: source.into(), signal, value: value.into() })?;
+    Ok(pct / 100.0)
+}
+
+fn parse_quantity(source: &str, signal: Signal, value: &str) -> Result<Quantity, PolicyError> {
+    value.parse().map_err(|e: crate::quantity::QuantityError| PolicyError::Quantity {
+        setting: source.into(),
+        signal,
+        value: value.into(),
+        reason: e.to_string(),
+    })
 }
 
 /// `None` for the exact strings `0%` and `100%`, which the kubelet silently ignores.
-fn parse_value(
-    flag: &'static str,
-    signal: Signal,
-    value: &str,
-) -> Result<Option<ThresholdValue>, PolicyError> {
+fn parse_value(source: &str, signal: Signal, value: &str) -> Result<Option<ThresholdValue>, PolicyError> {
     if value.ends_with('%') {
         if value == "0%" || value == "100%" {
             return Ok(None);
         }
-        let number = value.trim_end_matches('%');
-        let pct: f32 =
-            number.parse().map_err(|_| PolicyError::Percentage { flag, signal, value: value.to_owned() })?;
-        if !pct.is_finite() {
-            return Err(PolicyError::Percentage { flag, signal, value: value.to_owned() });
-        }
-        let fraction = pct / 100.0;
+        let fraction = parse_percentage(source, signal, value)?;
         if fraction < 0.0 {
-            return Err(PolicyError::PercentageNegative { flag, signal, value: value.to_owned() });
+            return Err(PolicyError::PercentageNegative {
+                setting: source.into(),
+                signal,
+                value: value.into(),
+            });
         }
         if fraction > 1.0 {
-            return Err(PolicyError::PercentageTooLarge { flag, signal, value: value.to_owned() });
+            return Err(PolicyError::PercentageTooLarge {
+                setting: source.into(),
+                signal,
+                value: value.into(),
+            });
         }
         return Ok(Some(ThresholdValue::Percentage(fraction)));
     }
-    let q: Quantity = value.parse().map_err(|e: crate::quantity::QuantityError| PolicyError::Quantity {
-        flag,
-        signal,
-        value: value.to_owned(),
-        reason: e.to_string(),
-    })?;
+    let q = parse_quantity(source, signal, value)?;
     if q.is_negative() || q.is_zero() {
-        return Err(PolicyError::NotPositive { flag, signal, value: value.to_owned() });
+        return Err(PolicyError::NotPositive { setting: source.into(), signal, value: value.into() });
     }
     Ok(Some(ThresholdValue::Quantity(q)))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(list: &str) -> Result<Vec<Threshold>, PolicyError> {
-        parse_thresholds("--eviction-hard", list).map(|(t, _)| t)
+fn parse_min_reclaim(source: &str, signal: Signal, value: &str) -> Result<ThresholdValue, PolicyError> {
+    if value.ends_with('%') {
+        let fraction = parse_percentage(source, signal, value)?;
+        if fraction <= 0.0 {
+            return Err(PolicyError::MinReclaimNotPositive {
+                setting: source.into(),
+                signal,
+                value: value.into(),
+            });
+        }
+        return Ok(ThresholdValue::Percentage(fraction));
     }
-
-    #[test]
-    fn defaults_parse() {
-        let t = parse(DEFAULT_EVICTION_HARD).unwrap();
-        assert_eq!(t.len(), 4);
-        assert_eq!(t[0].to_string(), "memory.available<100Mi");
-        assert_eq!(t[0].value.resolve(0), 100 << 20);
-        assert_eq!(t[1].value, ThresholdValue::Percentage(0.1));
+    let q = parse_quantity(source, signal, value)?;
+    if q.is_negative() {
+        return Err(PolicyError::MinReclaimNegative { setting: source.into(), signal, value: value.into() });
     }
-
-    #[test]
-    fn percentage_resolution_matches_kubelet_float32() {
-        let (t, _) = parse_thresholds("--eviction-hard", "memory.available<20%").unwrap();
-        assert_eq!(t[0].value.resolve(1000 << 20), 209_715_203);
-    }
-
-    #[test]
-    fn kubelet_value_rules() {
-        let (t, dropped) =
-            parse_thresholds("--eviction-hard", "memory.available<0%,nodefs.available<100%").unwrap();
-        assert!(t.is_empty());
-        assert_eq!(dropped.len(), 2);
-        assert_eq!(parse("memory.available<0.0%").unwrap()[0].value, ThresholdValue::Percentage(0.0));
-        assert_eq!(parse("memory.available<10%%").unwrap()[0].value, ThresholdValue::Percentage(0.1));
-        assert!(matches!(parse("memory.available<0"), Err(PolicyError::NotPositive { .. })));
-        assert!(matches!(parse("memory.available<-1Mi"), Err(PolicyError::NotPositive { .. })));
-        assert!(matches!(parse("memory.available<101%"), Err(PolicyError::PercentageTooLarge { .. })));
-        assert!(matches!(parse("memory.available<-5%"), Err(PolicyError::PercentageNegative { .. })));
-        assert!(matches!(parse("memory.available<1MB"), Err(PolicyError::Quantity { .. })));
-        assert!(matches!(parse("swap.available<1Mi"), Err(PolicyError::UnknownSignal { .. })));
-        assert!(matches!(parse("memory.available=1Mi"), Err(PolicyError::Statement { .. })));
-        assert!(parse("").unwrap().is_empty());
-        // A repeated key keeps the last value.
-        let t = parse("memory.available<1Gi,memory.available<2Gi").unwrap();
-        assert_eq!(t.len(), 1);
-        assert_eq!(t[0].value.resolve(0), 2 << 30);
-    }
-
-    #[test]
-    fn errors_name_flag_and_value() {
-        let e = parse_thresholds("--eviction-soft", "memory.available<lots").unwrap_err();
-        let msg = e.to_string();
-        assert!(msg.contains("--eviction-soft") && msg.contains("lots"), "{msg}");
-    }
+    Ok(ThresholdValue::Quantity(q))
 }
+
+#[cfg(test)]
+mod tests;

@@ -46,6 +46,11 @@ impl Quantity {
         Quantity { nanos: units as i128 * NANO, format: Format::DecimalSi }
     }
 
+    /// The exact value in units of 1e-9.
+    pub fn nanos(&self) -> i128 {
+        self.nanos
+    }
+
     pub fn format(&self) -> Format {
         self.format
     }

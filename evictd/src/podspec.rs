@@ -1,0 +1,243 @@
+//! Pod specs as eviction needs them, read from a Kubernetes PodList (`kubectl get pods -o
+//! json`): priority, requests, grace period, volumes, and whether the pod is critical.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::quantity::Quantity;
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodList {
+    #[serde(default)]
+    pub items: Vec<Pod>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: PodSpec,
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ObjectMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default)]
+    pub containers: Vec<Container>,
+    #[serde(default)]
+    pub init_containers: Vec<Container>,
+    pub priority: Option<i32>,
+    pub termination_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    pub overhead: BTreeMap<String, Quantity>,
+    /// Pod-level resources (PodLevelResources).
+    pub resources: Option<Resources>,
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodStatus {
+    pub phase: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    pub name: String,
+    #[serde(default)]
+    pub resources: Resources,
+    /// `Always` on an init container makes it a sidecar.
+    pub restart_policy: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Resources {
+    #[serde(default)]
+    pub requests: BTreeMap<String, Quantity>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, Quantity>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    pub host_path: Option<serde_json::Value>,
+    pub empty_dir: Option<EmptyDir>,
+    pub config_map: Option<serde_json::Value>,
+    #[serde(rename = "downwardAPI")]
+    pub downward_api: Option<serde_json::Value>,
+    pub git_repo: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EmptyDir {
+    pub medium: Option<String>,
+    pub size_limit: Option<Quantity>,
+}
+
+/// The kubelet's `SystemCriticalPriority`: 2 × the highest user-definable priority.
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+impl Pod {
+    pub fn uid(&self) -> &str {
+        &self.metadata.uid
+    }
+
+    /// Static, mirror, or system-critical priority: never evicted.
+    pub fn is_critical(&self) -> bool {
+        let a = &self.metadata.annotations;
+        let is_static = a.get("kubernetes.io/config.source").is_some_and(|s| s != "api");
+        let is_mirror = a.contains_key("kubernetes.io/config.mirror");
+        is_static || is_mirror || self.spec.priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+    }
+
+    /// Still running as far as eviction cares (not Succeeded or Failed).
+    pub fn is_active(&self) -> bool {
+        !matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+
+    pub fn priority(&self) -> i32 {
+        self.spec.priority.unwrap_or(0)
+    }
+
+    /// The pod's effective request of `resource`, in nanos, as the kubelet computes it:
+    /// pod-level resources if set; otherwise the sum of the containers plus sidecars, at least
+    /// the largest init container (with the sidecars started before it); plus overhead.
+    pub fn request_nanos(&self, resource: &str) -> i128 {
+        let req = |c: &Container| c.resources.requests.get(resource).map_or(0, Quantity::nanos);
+        let overhead = self.spec.overhead.get(resource).map_or(0, Quantity::nanos);
+        if let Some(q) = self.spec.resources.as_ref().and_then(|r| r.requests.get(resource)) {
+            return q.nanos() + overhead;
+        }
+        let mut sum: i128 = self.spec.containers.iter().map(req).sum();
+        let mut sidecars: i128 = 0;
+        let mut init_max: i128 = 0;
+        for c in &self.spec.init_containers {
+            let r = req(c);
+            let effective = if c.restart_policy.as_deref() == Some("Always") {
+                sum += r;
+                sidecars += r;
+                sidecars
+            } else {
+                r + sidecars
+            };
+            init_max = init_max.max(effective);
+        }
+        sum.max(init_max) + overhead
+    }
+
+    /// The request of one container (regular or init) by name, as printed in messages.
+    pub fn container_request(&self, name: &str, resource: &str) -> Option<Quantity> {
+        self.spec
+            .containers
+            .iter()
+            .chain(&self.spec.init_containers)
+            .find(|c| c.name == name)
+            .map(|c| c.resources.requests.get(resource).copied().unwrap_or(Quantity::from_units(0)))
+    }
+
+    /// Volumes whose usage counts against the node's disk: hostPath and local ephemeral
+    /// volumes (emptyDir not in memory, configMap, downwardAPI, gitRepo).
+    pub fn local_volume_names(&self) -> impl Iterator<Item = &str> {
+        self.spec
+            .volumes
+            .iter()
+            .filter(|v| {
+                v.host_path.is_some()
+                    || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() != Some("Memory"))
+                    || v.config_map.is_some()
+                    || v.downward_api.is_some()
+                    || v.git_repo.is_some()
+            })
+            .map(|v| v.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn critical_pods() {
+        assert!(
+            pod(serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.source": "file"}}}))
+                .is_critical()
+        );
+        assert!(
+            !pod(serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.source": "api"}}}))
+                .is_critical()
+        );
+        assert!(
+            pod(serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}))
+                .is_critical()
+        );
+        assert!(pod(serde_json::json!({"spec": {"priority": 2000000000}})).is_critical());
+        assert!(!pod(serde_json::json!({"spec": {"priority": 1999999999}})).is_critical());
+    }
+
+    #[test]
+    fn effective_requests_with_init_containers_sidecars_and_overhead() {
+        let p = pod(serde_json::json!({"spec": {
+            "containers": [
+                {"name": "a", "resources": {"requests": {"memory": "100Mi"}}},
+                {"name": "b", "resources": {"requests": {"memory": "50Mi"}}}
+            ],
+            "initContainers": [
+                {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"memory": "10Mi"}}},
+                {"name": "big", "resources": {"requests": {"memory": "300Mi"}}}
+            ],
+            "overhead": {"memory": "1Mi"}
+        }}));
+        // max(100+50+10, 300+10) + 1
+        assert_eq!(p.request_nanos("memory"), (311i128 << 20) * 1_000_000_000);
+        let small_init = pod(serde_json::json!({"spec": {
+            "containers": [{"name": "a", "resources": {"requests": {"memory": "100Mi"}}}],
+            "initContainers": [{"name": "i", "resources": {"requests": {"memory": "10Mi"}}}]
+        }}));
+        assert_eq!(small_init.request_nanos("memory"), (100i128 << 20) * 1_000_000_000);
+        let pod_level = pod(serde_json::json!({"spec": {
+            "resources": {"requests": {"memory": "1Gi"}},
+            "containers": [{"name": "a", "resources": {"requests": {"memory": "100Mi"}}}]
+        }}));
+        assert_eq!(pod_level.request_nanos("memory"), (1i128 << 30) * 1_000_000_000);
+        assert_eq!(p.container_request("b", "memory").map(|q| q.to_string()), Some("50Mi".into()));
+        assert_eq!(p.container_request("a", "ephemeral-storage").map(|q| q.to_string()), Some("0".into()));
+    }
+
+    #[test]
+    fn local_volumes() {
+        let p = pod(serde_json::json!({"spec": {"volumes": [
+            {"name": "host", "hostPath": {"path": "/x"}},
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "tmpfs", "emptyDir": {"medium": "Memory"}},
+            {"name": "cfg", "configMap": {"name": "c"}},
+            {"name": "pvc", "persistentVolumeClaim": {"claimName": "c"}}
+        ]}}));
+        assert_eq!(p.local_volume_names().collect::<Vec<_>>(), ["host", "scratch", "cfg"]);
+    }
+}
