@@ -9,8 +9,9 @@ use crate::{
     cgroup_layout::CgroupLayout,
     daemon::{RunOptions, Watermark},
     ebpf::LoadOptions,
+    kubelet_config,
     memory::MemoryCgroup,
-    policy::{self, MapSetting, PolicyInput},
+    policy::{self, MapSetting, Policy, PolicyInput},
     quantity::Quantity,
     stat_items,
     trace::TraceFormat,
@@ -39,6 +40,123 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Validate an eviction policy and print it as evictd (and the kubelet) understands it.
+    CheckConfig {
+        #[command(flatten)]
+        policy: PolicyArgs,
+        #[arg(long, value_enum, default_value = "table")]
+        output: OutputFormat,
+    },
+    /// Decide on one kubelet Summary API document and a PodList, as the daemon would.
+    Simulate {
+        /// A kubelet Summary (/api/v1/nodes/<node>/proxy/stats/summary).
+        #[arg(long, value_name = "FILE")]
+        summary: PathBuf,
+        /// A PodList (kubectl get pods -o json), joined to the summary by pod UID.
+        #[arg(long, value_name = "FILE")]
+        pods: PathBuf,
+        #[command(flatten)]
+        policy: PolicyArgs,
+        /// The node has a dedicated imagefs (changes disk ranking and reclaim).
+        #[arg(long)]
+        dedicated_imagefs: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        output: OutputFormat,
+    },
+    /// Decide on a sequence of Summary documents (JSON Lines, in time order), carrying the
+    /// engine's state from step to step.
+    Replay {
+        #[arg(long, value_name = "FILE.jsonl")]
+        summaries: PathBuf,
+        #[arg(long, value_name = "FILE")]
+        pods: PathBuf,
+        #[command(flatten)]
+        policy: PolicyArgs,
+        #[arg(long)]
+        dedicated_imagefs: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        output: OutputFormat,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+/// The kubelet's eviction flags, and `--config` for a KubeletConfiguration file whose
+/// eviction fields they override one by one.
+#[derive(Args, Debug, Default, Clone)]
+pub struct PolicyArgs {
+    /// A KubeletConfiguration file (YAML or JSON) to read the eviction fields from.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`.
+    /// Omitted: the kubelet's Linux defaults. Empty (`--eviction-hard=`): none.
+    #[arg(long, value_name = "LIST")]
+    pub eviction_hard: Option<String>,
+    /// Soft eviction thresholds, same syntax; each needs a grace period.
+    #[arg(long, value_name = "LIST")]
+    pub eviction_soft: Option<String>,
+    /// Grace periods of the soft thresholds, e.g. `memory.available=1m30s`.
+    #[arg(long, value_name = "LIST")]
+    pub eviction_soft_grace_period: Option<String>,
+    /// Minimum reclaim per signal, e.g. `memory.available=500Mi,nodefs.available=1%`.
+    #[arg(long, value_name = "LIST")]
+    pub eviction_minimum_reclaim: Option<String>,
+    /// Upper bound on the grace period given to pods evicted for a soft threshold (0: the
+    /// pod's own).
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub eviction_max_pod_grace_period: Option<i64>,
+    /// How long a pressure condition stays after its threshold stops being met.
+    #[arg(long, value_name = "DURATION")]
+    pub eviction_pressure_transition_period: Option<String>,
+    /// Which node-allocatable levels are enforced (`pods` makes allocatableMemory copies of
+    /// the hard memory thresholds).
+    #[arg(long, value_name = "LIST")]
+    pub enforce_node_allocatable: Option<String>,
+}
+
+impl PolicyArgs {
+    /// The policy inputs: the config file's fields, each replaced by its flag when given.
+    pub fn input(&self) -> anyhow::Result<PolicyInput> {
+        let mut input = match &self.config {
+            Some(path) => kubelet_config::read(path)?,
+            None => PolicyInput::default(),
+        };
+        if let Some(h) = &self.eviction_hard {
+            input.hard = Some(MapSetting::from_flag("--eviction-hard", h, '<')?);
+        }
+        if let Some(v) = &self.eviction_soft {
+            input.soft = MapSetting::from_flag("--eviction-soft", v, '<')?;
+        }
+        if let Some(v) = &self.eviction_soft_grace_period {
+            input.soft_grace = MapSetting::from_flag("--eviction-soft-grace-period", v, '=')?;
+        }
+        if let Some(v) = &self.eviction_minimum_reclaim {
+            input.min_reclaim = MapSetting::from_flag("--eviction-minimum-reclaim", v, '=')?;
+        }
+        if let Some(v) = self.eviction_max_pod_grace_period {
+            input.max_pod_grace_period_seconds = v;
+        }
+        if let Some(v) = &self.eviction_pressure_transition_period {
+            input.pressure_transition_period =
+                Some(("--eviction-pressure-transition-period".into(), v.clone()));
+        }
+        if let Some(v) = &self.enforce_node_allocatable {
+            let list = v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
+            input.enforce_node_allocatable = Some(("--enforce-node-allocatable".into(), list));
+        }
+        Ok(input)
+    }
+
+    /// The validated policy and the kubelet surprises worth a warning.
+    pub fn policy(&self) -> anyhow::Result<(Policy, Vec<String>)> {
+        let mut warnings = Vec::new();
+        let policy = policy::build(&self.input()?, &mut warnings)?;
+        Ok((policy, warnings))
+    }
 }
 
 #[derive(Args, Debug)]
@@ -49,16 +167,8 @@ pub struct RunArgs {
     /// With --trace: JSON Lines, one object per event or summary.
     #[arg(long, requires = "trace")]
     pub json: bool,
-    /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`.
-    /// Omitted: the kubelet's Linux defaults. Empty (`--eviction-hard=`): none.
-    #[arg(long, value_name = "LIST")]
-    pub eviction_hard: Option<String>,
-    /// Soft eviction thresholds, same syntax.
-    #[arg(long, value_name = "LIST", default_value = "")]
-    pub eviction_soft: String,
-    /// Grace periods of the soft thresholds, e.g. `memory.available=1m30s`.
-    #[arg(long, value_name = "LIST", default_value = "")]
-    pub eviction_soft_grace_period: String,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// The memory cgroup that plays the node (absolute, or relative to the memory
     /// controller's mount). Default: the hierarchy root, i.e. the whole node.
     #[arg(long, value_name = "PATH")]
@@ -95,22 +205,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 impl RunArgs {
     /// Validates every flag and resolves the node; errors name the flag at fault.
     pub fn into_options(self) -> anyhow::Result<RunOptions> {
-        let mut warnings = Vec::new();
-        let hard = match &self.eviction_hard {
-            Some(h) => Some(MapSetting::from_flag("--eviction-hard", h, '<')?),
-            None => None,
-        };
-        let input = PolicyInput {
-            hard,
-            soft: MapSetting::from_flag("--eviction-soft", &self.eviction_soft, '<')?,
-            soft_grace: MapSetting::from_flag(
-                "--eviction-soft-grace-period",
-                &self.eviction_soft_grace_period,
-                '=',
-            )?,
-            ..Default::default()
-        };
-        let policy = policy::build(&input, &mut warnings)?;
+        let (policy, warnings) = self.policy.policy()?;
         for w in warnings {
             tracing::warn!("{w}");
         }

@@ -1,7 +1,12 @@
+use anyhow::Context as _;
 use clap::Parser as _;
 use evictd::{
-    cli::{Cli, Command},
-    daemon, probe,
+    cli::{Cli, Command, OutputFormat, PolicyArgs},
+    daemon, offline,
+    podspec::Pod,
+    policy::Policy,
+    probe,
+    rank::FsLayout,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -9,6 +14,7 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -22,6 +28,32 @@ fn main() -> std::process::ExitCode {
                 probe::print_text(&report);
                 Ok(())
             }
+        }
+        Some(Command::CheckConfig { policy, output }) => check_config(&policy, output),
+        Some(Command::Simulate { summary, pods, policy, dedicated_imagefs, output }) => {
+            offline_session(&policy, &pods, dedicated_imagefs).and_then(|(policy, pods, layout)| {
+                let mut session = offline::Session::new(&policy, layout, &pods);
+                offline::simulate(
+                    &mut session,
+                    &summary,
+                    output == OutputFormat::Json,
+                    &mut std::io::stdout().lock(),
+                )
+            })
+        }
+        Some(Command::Replay { summaries, pods, policy, dedicated_imagefs, output }) => {
+            offline_session(&policy, &pods, dedicated_imagefs).and_then(|(policy, pods, layout)| {
+                let file = std::fs::File::open(&summaries)
+                    .with_context(|| format!("reading summaries file {}", summaries.display()))?;
+                let mut session = offline::Session::new(&policy, layout, &pods);
+                offline::replay(
+                    &mut session,
+                    std::io::BufReader::new(file),
+                    &summaries.display().to_string(),
+                    output == OutputFormat::Json,
+                    &mut std::io::stdout().lock(),
+                )
+            })
         }
         None => run_daemon(cli.run),
     };
@@ -38,4 +70,38 @@ fn run_daemon(args: evictd::cli::RunArgs) -> anyhow::Result<()> {
     let opts = args.into_options()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(daemon::run(opts))
+}
+
+/// Warnings go to stderr only once the policy is valid: an invalid one prints one line.
+fn valid_policy(args: &PolicyArgs) -> anyhow::Result<Policy> {
+    let (policy, warnings) = args.policy()?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(policy)
+}
+
+fn check_config(args: &PolicyArgs, output: OutputFormat) -> anyhow::Result<()> {
+    let policy = valid_policy(args)?;
+    let mut out = std::io::stdout().lock();
+    match output {
+        OutputFormat::Json => {
+            serde_json::to_writer(&mut out, &policy.to_json())?;
+            use std::io::Write as _;
+            writeln!(out)?;
+        }
+        OutputFormat::Table => offline::check_config_table(&policy, &mut out)?,
+    }
+    Ok(())
+}
+
+fn offline_session(
+    args: &PolicyArgs,
+    pods: &std::path::Path,
+    dedicated_imagefs: bool,
+) -> anyhow::Result<(Policy, Vec<Pod>, FsLayout)> {
+    let policy = valid_policy(args)?;
+    let pods = offline::load_pods(pods)?;
+    let layout = if dedicated_imagefs { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
+    Ok((policy, pods, layout))
 }

@@ -158,17 +158,22 @@ impl ThresholdValue {
         match self {
             ThresholdValue::Quantity(q) => serde_json::json!({"quantity": q.value(), "percentage": null}),
             ThresholdValue::Percentage(p) => {
-                serde_json::json!({"quantity": null, "percentage": f64::from(*p)})
+                serde_json::json!({"quantity": null, "percentage": shortest_f64(*p)})
             }
         }
     }
+}
+
+/// The float32 as the shortest decimal that reads back as it (0.1, not 0.10000000149011612).
+fn shortest_f64(p: f32) -> f64 {
+    format!("{p}").parse().unwrap_or(f64::from(p))
 }
 
 impl fmt::Display for ThresholdValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ThresholdValue::Quantity(q) => write!(f, "{q}"),
-            ThresholdValue::Percentage(p) => write!(f, "{}%", (f64::from(*p) * 1e6).round() / 1e4),
+            ThresholdValue::Percentage(p) => write!(f, "{}%", (shortest_f64(*p) * 1e6).round() / 1e4),
         }
     }
 }

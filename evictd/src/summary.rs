@@ -103,6 +103,8 @@ pub struct PodStats {
     pub volume: Vec<VolumeStats>,
     #[serde(rename = "ephemeral-storage")]
     pub ephemeral_storage: Option<FsStats>,
+    /// Spelled in snake case in the API, unlike its neighbours.
+    #[serde(rename = "process_stats")]
     pub process_stats: Option<ProcessStats>,
 }
 

@@ -230,8 +230,8 @@ fn json_contract() {
     assert_eq!(t[1]["signal"], "nodefs.available");
     assert_eq!(t[1]["hard"], false);
     assert_eq!(t[1]["grace_period_seconds"], 90);
-    assert!((t[1]["value"]["percentage"].as_f64().unwrap() - 0.1).abs() < 1e-6);
-    assert!((t[1]["min_reclaim"]["percentage"].as_f64().unwrap() - 0.05).abs() < 1e-6);
+    assert_eq!(t[1]["value"]["percentage"], 0.1);
+    assert_eq!(t[1]["min_reclaim"]["percentage"], 0.05);
     assert_eq!(t[2]["signal"], "allocatableMemory.available");
 }
 

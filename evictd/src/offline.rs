@@ -1,0 +1,251 @@
+//! `evictd check-config`, `simulate` and `replay`: the decision engine on recorded data, in
+//! the formats users already have (a kubelet Summary API document per step, a PodList from
+//! `kubectl get pods -o json`). The JSON shapes are a stable contract (see the README).
+
+use std::{
+    io::{BufRead, Write},
+    path::Path,
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use crate::{
+    engine::{self, Decision, EngineState},
+    observations::{self, Observations},
+    podspec::{Pod, PodList},
+    policy::{Policy, Threshold},
+    rank::{FsLayout, PodEntry},
+    summary::{self, Summary},
+};
+
+/// Reads a PodList and keeps the active pods (not Succeeded or Failed).
+pub fn load_pods(path: &Path) -> anyhow::Result<Vec<Pod>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading pods file {}", path.display()))?;
+    let list: PodList = serde_json::from_str(&text).with_context(|| {
+        format!("{}: not a Kubernetes PodList (kubectl get pods -o json)", path.display())
+    })?;
+    for (i, p) in list.items.iter().enumerate() {
+        if p.metadata.uid.is_empty() {
+            bail!(
+                "{}: items[{i}] ({}/{}) has no metadata.uid",
+                path.display(),
+                p.metadata.namespace,
+                p.metadata.name
+            );
+        }
+    }
+    Ok(list.items.into_iter().filter(Pod::is_active).collect())
+}
+
+fn parse_summary(text: &str, what: &str) -> anyhow::Result<(Summary, Value)> {
+    let raw: Value = serde_json::from_str(text).with_context(|| format!("{what}: not JSON"))?;
+    let s: Summary = serde_json::from_value(raw.clone())
+        .with_context(|| format!("{what}: not a kubelet Summary API document"))?;
+    Ok((s, raw))
+}
+
+/// One engine step on one Summary document.
+pub struct Step {
+    pub time_ns: Option<i64>,
+    pub observations: Observations,
+    pub decision: Decision,
+}
+
+/// Runs the engine over Summary documents in order, carrying its state between them.
+pub struct Session<'a> {
+    pub policy: &'a Policy,
+    pub thresholds: Vec<Threshold>,
+    pub layout: FsLayout,
+    pub pods: &'a [Pod],
+    state: EngineState,
+}
+
+impl<'a> Session<'a> {
+    pub fn new(policy: &'a Policy, layout: FsLayout, pods: &'a [Pod]) -> Self {
+        let thresholds = engine::thresholds_for_layout(policy, layout);
+        Session { policy, thresholds, layout, pods, state: EngineState::default() }
+    }
+
+    pub fn step(&mut self, text: &str, what: &str, need_time: bool) -> anyhow::Result<Step> {
+        let (s, raw) = parse_summary(text, what)?;
+        let observations = observations::from_summary(&s).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        let time_ns = summary::newest_time(&raw);
+        if need_time && time_ns.is_none() {
+            bail!(
+                "{what}: no `time` field anywhere in the document; replay needs timestamps to order the steps"
+            );
+        }
+        let by_uid = s.pods_by_uid();
+        let entries: Vec<PodEntry> = self
+            .pods
+            .iter()
+            .map(|p| PodEntry { pod: p, stats: by_uid.get(p.uid()).copied(), protected: false })
+            .collect();
+        let input = engine::Input {
+            thresholds: &self.thresholds,
+            policy: self.policy,
+            layout: self.layout,
+            observations: &observations,
+            pods: &entries,
+            now_ns: time_ns.unwrap_or(0),
+        };
+        let (state, decision) = engine::decide(&input, &self.state);
+        self.state = state;
+        Ok(Step { time_ns, observations, decision })
+    }
+
+    fn pod_ref(&self, i: usize) -> Value {
+        let m = &self.pods[i].metadata;
+        json!({"namespace": m.namespace, "name": m.name, "uid": m.uid})
+    }
+
+    /// The `simulate` object for a step (`replay` adds "time").
+    pub fn step_json(&self, step: &Step) -> Value {
+        let d = &step.decision;
+        let signals: serde_json::Map<String, Value> = step
+            .observations
+            .iter()
+            .map(|(s, o)| (s.as_str().to_owned(), json!({"available": o.available, "capacity": o.capacity})))
+            .collect();
+        json!({
+            "signals": signals,
+            "thresholds_met": d.thresholds_met.iter().map(|&i| self.thresholds[i].to_json()).collect::<Vec<_>>(),
+            "node_conditions": d.node_conditions,
+            "ranking": d.ranking.iter().map(|&i| self.pod_ref(i)).collect::<Vec<_>>(),
+            "node_reclaim": d.node_reclaim,
+            "eviction": d.eviction.as_ref().map(|e| json!({
+                "signal": e.signal.as_str(),
+                "pod": self.pod_ref(e.pod),
+                "grace_period_seconds": e.grace_period_seconds,
+                "message": e.message,
+            })),
+        })
+    }
+
+    pub fn write_table(&self, step: &Step, out: &mut impl Write) -> std::io::Result<()> {
+        if let Some(t) = step.time_ns {
+            writeln!(out, "== {}", summary::format_time(t))?;
+        }
+        writeln!(out, "{:<30} {:>16} {:>16}  thresholds", "signal", "available", "capacity")?;
+        for (s, o) in &step.observations {
+            let ts: Vec<String> = (0..self.thresholds.len())
+                .filter(|&i| self.thresholds[i].signal == *s)
+                .map(|i| {
+                    let t = &self.thresholds[i];
+                    let kind = if t.is_hard() { "hard" } else { "soft" };
+                    let met = if step.decision.thresholds_met.contains(&i) { " MET" } else { "" };
+                    format!("<{} ({kind}){met}", t.value)
+                })
+                .collect();
+            writeln!(out, "{:<30} {:>16} {:>16}  {}", s.as_str(), o.available, o.capacity, ts.join(", "))?;
+        }
+        let d = &step.decision;
+        let conds: Vec<&str> = d.node_conditions.iter().map(|c| c.as_str()).collect();
+        writeln!(
+            out,
+            "node conditions: {}",
+            if conds.is_empty() { "none".into() } else { conds.join(", ") }
+        )?;
+        if !d.node_reclaim.is_empty() {
+            let r: Vec<String> = d.node_reclaim.iter().map(|r| format!("{r:?}")).collect();
+            writeln!(out, "node-level reclaim first: {}", r.join(", "))?;
+        }
+        if !d.ranking.is_empty() {
+            writeln!(out, "ranking:")?;
+            for (n, &i) in d.ranking.iter().enumerate() {
+                let p = &self.pods[i];
+                let note = if p.is_critical() { "  (critical: never evicted)" } else { "" };
+                writeln!(out, "  {:>2}. {}/{}{note}", n + 1, p.metadata.namespace, p.metadata.name)?;
+            }
+        }
+        match &d.eviction {
+            Some(e) => {
+                let p = &self.pods[e.pod].metadata;
+                writeln!(
+                    out,
+                    "eviction: {}/{} for {} (grace period {}s)\n  {}",
+                    p.namespace, p.name, e.signal, e.grace_period_seconds, e.message
+                )
+            }
+            None => writeln!(out, "eviction: none ({})", d.no_eviction_reason.as_deref().unwrap_or("-")),
+        }
+    }
+}
+
+pub fn check_config_table(policy: &Policy, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out, "{:<30} {:<5} {:>10} {:>10} {:>12}", "signal", "kind", "value", "grace", "min-reclaim")?;
+    for t in &policy.thresholds {
+        writeln!(
+            out,
+            "{:<30} {:<5} {:>10} {:>10} {:>12}",
+            t.signal.as_str(),
+            if t.is_hard() { "hard" } else { "soft" },
+            t.value.to_string(),
+            crate::godur::format(t.grace_period_ns),
+            t.min_reclaim.map_or("-".into(), |m| m.to_string()),
+        )?;
+    }
+    writeln!(
+        out,
+        "pressure transition period: {}",
+        crate::godur::format(policy.pressure_transition_period_ns)
+    )?;
+    writeln!(out, "max pod grace period: {}s", policy.max_pod_grace_period_seconds)
+}
+
+pub fn simulate(
+    session: &mut Session,
+    summary_path: &Path,
+    json_out: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(summary_path)
+        .with_context(|| format!("reading summary file {}", summary_path.display()))?;
+    let step = session.step(&text, &summary_path.display().to_string(), false)?;
+    if json_out {
+        serde_json::to_writer(&mut *out, &session.step_json(&step))?;
+        writeln!(out)?;
+    } else {
+        session.write_table(&step, out)?;
+    }
+    Ok(())
+}
+
+/// One Summary per line, in time order; a step whose clock goes backwards is an error.
+pub fn replay(
+    session: &mut Session,
+    input: impl BufRead,
+    name: &str,
+    json_out: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut last = None;
+    for (n, line) in input.lines().enumerate() {
+        let line = line.with_context(|| format!("reading {name}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let what = format!("{name}:{}", n + 1);
+        let step = session.step(&line, &what, true)?;
+        if let (Some(prev), Some(t)) = (last, step.time_ns)
+            && t < prev
+        {
+            bail!("{what}: time {} is before the previous step's", summary::format_time(t));
+        }
+        last = step.time_ns;
+        if json_out {
+            let mut v = session.step_json(&step);
+            if let (Some(o), Some(t)) = (v.as_object_mut(), step.time_ns) {
+                o.insert("time".into(), summary::format_time(t).into());
+            }
+            serde_json::to_writer(&mut *out, &v)?;
+            writeln!(out)?;
+        } else {
+            session.write_table(&step, out)?;
+            writeln!(out)?;
+        }
+    }
+    Ok(())
+}

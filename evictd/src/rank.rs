@@ -1,0 +1,159 @@
+//! Which pod goes first: the kubelet's comparators, applied in order, for memory, PID and
+//! disk signals. A pod without stats is evicted first in every stats-based comparator.
+//! Ties keep the input order (the kubelet's sort is unstable; evictd's is deterministic).
+
+use std::cmp::Ordering;
+
+use crate::{
+    podspec::Pod,
+    policy::{Resource, Signal},
+    summary::PodStats,
+};
+
+/// One active pod: its spec, its stats if the node reported any, and whether evictd must
+/// never touch it for reasons of its own (e.g. evictd's own pod).
+#[derive(Clone, Copy, Debug)]
+pub struct PodEntry<'a> {
+    pub pod: &'a Pod,
+    pub stats: Option<&'a PodStats>,
+    pub protected: bool,
+}
+
+/// The disk layout, which decides what each disk signal measures and what node-level
+/// reclaim can free. (A split containerfs is not supported.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsLayout {
+    /// Images and containers on the nodefs filesystem.
+    SingleFs,
+    /// A separate imagefs holding images and writable layers.
+    DedicatedImageFs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FsStat {
+    Root,
+    Logs,
+    LocalVolumes,
+}
+
+fn stats_to_measure(signal: Signal, layout: FsLayout) -> &'static [FsStat] {
+    use FsStat::*;
+    match (layout, signal) {
+        (FsLayout::SingleFs, _) => &[Root, Logs, LocalVolumes],
+        (FsLayout::DedicatedImageFs, Signal::NodeFsAvailable | Signal::NodeFsInodesFree) => {
+            &[Logs, LocalVolumes]
+        }
+        (FsLayout::DedicatedImageFs, _) => &[Root],
+    }
+}
+
+/// Node-level reclaim the kubelet runs before evicting for a signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeReclaim {
+    /// Remove dead containers (containerGC.DeleteAllUnusedContainers).
+    UnusedContainers,
+    /// Remove images no container uses (imageGC.DeleteUnusedImages).
+    UnusedImages,
+}
+
+pub fn node_reclaim_for(signal: Signal, layout: FsLayout) -> &'static [NodeReclaim] {
+    use NodeReclaim::*;
+    match (signal.resource(), layout, signal) {
+        (Resource::Memory | Resource::Pids, _, _) => &[],
+        (_, FsLayout::DedicatedImageFs, Signal::NodeFsAvailable | Signal::NodeFsInodesFree) => &[],
+        _ => &[UnusedContainers, UnusedImages],
+    }
+}
+
+/// `cmpBool`: true first.
+fn true_first(a: bool, b: bool) -> Ordering {
+    b.cmp(&a)
+}
+
+fn without_stats_first(a: &PodEntry, b: &PodEntry) -> Option<Ordering> {
+    match (a.stats.is_some(), b.stats.is_some()) {
+        (true, true) => None,
+        (x, y) => Some(true_first(!x, !y)),
+    }
+}
+
+fn memory_nanos(e: &PodEntry) -> i128 {
+    let ws = e.stats.and_then(|s| s.memory.as_ref()).and_then(|m| m.working_set_bytes).unwrap_or(0);
+    i128::from(ws) * 1_000_000_000
+}
+
+fn processes(e: &PodEntry) -> u64 {
+    e.stats.and_then(|s| s.process_stats.as_ref()).and_then(|p| p.process_count).unwrap_or(0)
+}
+
+/// (bytes, inodes) the pod uses on the filesystem of `signal`, in nanos.
+fn disk_nanos(e: &PodEntry, signal: Signal, layout: FsLayout) -> (i128, i128) {
+    let Some(stats) = e.stats else { return (0, 0) };
+    let measure = stats_to_measure(signal, layout);
+    let (mut bytes, mut inodes) = (0u64, 0u64);
+    for c in &stats.containers {
+        for (kind, fs) in [(FsStat::Root, &c.rootfs), (FsStat::Logs, &c.logs)] {
+            if measure.contains(&kind)
+                && let Some(fs) = fs
+            {
+                bytes += fs.used_bytes.unwrap_or(0);
+                inodes += fs.inodes_used.unwrap_or(0);
+            }
+        }
+    }
+    if measure.contains(&FsStat::LocalVolumes) {
+        for name in e.pod.local_volume_names() {
+            if let Some(v) = stats.volume.iter().find(|v| v.name == name) {
+                bytes += v.used_bytes.unwrap_or(0);
+                inodes += v.inodes_used.unwrap_or(0);
+            }
+        }
+    }
+    (i128::from(bytes) * 1_000_000_000, i128::from(inodes) * 1_000_000_000)
+}
+
+fn by_priority(a: &PodEntry, b: &PodEntry) -> Ordering {
+    a.pod.priority().cmp(&b.pod.priority())
+}
+
+fn compare(a: &PodEntry, b: &PodEntry, signal: Signal, layout: FsLayout) -> Ordering {
+    match signal.resource() {
+        Resource::Memory => {
+            let exceeds = |e: &PodEntry| memory_nanos(e) > e.pod.request_nanos("memory");
+            let above = |e: &PodEntry| memory_nanos(e) - e.pod.request_nanos("memory");
+            without_stats_first(a, b)
+                .unwrap_or_else(|| true_first(exceeds(a), exceeds(b)))
+                .then_with(|| by_priority(a, b))
+                .then_with(|| without_stats_first(a, b).unwrap_or_else(|| above(b).cmp(&above(a))))
+        }
+        Resource::Pids => by_priority(a, b)
+            .then_with(|| without_stats_first(a, b).unwrap_or_else(|| processes(b).cmp(&processes(a)))),
+        Resource::EphemeralStorage | Resource::Inodes => {
+            let inodes = signal.resource() == Resource::Inodes;
+            let usage = |e: &PodEntry| {
+                let (bytes, ino) = disk_nanos(e, signal, layout);
+                if inodes { ino } else { bytes }
+            };
+            // No pod requests inodes, so any inode use "exceeds".
+            let request = |e: &PodEntry| if inodes { 0 } else { e.pod.request_nanos("ephemeral-storage") };
+            let exceeds = |e: &PodEntry| usage(e) > request(e);
+            // The kubelet subtracts the ephemeral-storage byte request even when ranking inodes.
+            let above = |e: &PodEntry| usage(e) - e.pod.request_nanos("ephemeral-storage");
+            without_stats_first(a, b)
+                .unwrap_or_else(|| true_first(exceeds(a), exceeds(b)))
+                .then_with(|| by_priority(a, b))
+                .then_with(|| without_stats_first(a, b).unwrap_or_else(|| above(b).cmp(&above(a))))
+        }
+    }
+}
+
+/// Indices of `pods`, first to evict first.
+pub fn rank(pods: &[PodEntry], signal: Signal, layout: FsLayout) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..pods.len()).collect();
+    order.sort_by(|&i, &j| compare(&pods[i], &pods[j], signal, layout));
+    order
+}
+
+#[cfg(test)]
+mod tests;

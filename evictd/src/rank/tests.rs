@@ -1,0 +1,160 @@
+//! The kubelet's ranking rules (semantic reference §6), one case per comparator.
+
+use super::*;
+use crate::summary::PodStats;
+
+fn pod(name: &str, priority: Option<i32>, mem_req: Option<&str>, eph_req: Option<&str>) -> Pod {
+    let mut requests = serde_json::Map::new();
+    if let Some(r) = mem_req {
+        requests.insert("memory".into(), r.into());
+    }
+    if let Some(r) = eph_req {
+        requests.insert("ephemeral-storage".into(), r.into());
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default", "uid": name},
+        "spec": {
+            "priority": priority,
+            "containers": [{"name": "c", "resources": {"requests": requests}}],
+            "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "data", "persistentVolumeClaim": {"claimName": "x"}}]
+        }
+    }))
+    .unwrap()
+}
+
+fn stats(uid: &str, ws_mib: u64, procs: u64, rootfs: u64, logs: u64, scratch: u64) -> PodStats {
+    serde_json::from_value(serde_json::json!({
+        "podRef": {"name": uid, "namespace": "default", "uid": uid},
+        "memory": {"workingSetBytes": ws_mib << 20},
+        "process_stats": {"process_count": procs},
+        "containers": [{"name": "c",
+            "rootfs": {"usedBytes": rootfs, "inodesUsed": rootfs / 100},
+            "logs": {"usedBytes": logs, "inodesUsed": logs / 100}}],
+        "volume": [{"name": "scratch", "usedBytes": scratch, "inodesUsed": scratch / 100},
+                   {"name": "data", "usedBytes": 1u64 << 40, "inodesUsed": 1u64 << 30}]
+    }))
+    .unwrap()
+}
+
+fn names(pods: &[Pod], stats: &[Option<PodStats>], signal: Signal, layout: FsLayout) -> Vec<String> {
+    let entries: Vec<PodEntry> = pods
+        .iter()
+        .zip(stats)
+        .map(|(p, s)| PodEntry { pod: p, stats: s.as_ref(), protected: false })
+        .collect();
+    rank(&entries, signal, layout).into_iter().map(|i| pods[i].metadata.name.clone()).collect()
+}
+
+#[test]
+fn memory_exceeding_requests_then_priority_then_usage_above_request() {
+    let pods = vec![
+        pod("guaranteed-big", Some(0), Some("1Gi"), None), // 900Mi of 1Gi: within request
+        pod("burstable-over", Some(0), Some("100Mi"), None), // 300Mi: 200Mi over
+        pod("besteffort", Some(0), None, None),            // 150Mi: 150Mi over
+        pod("high-prio-over", Some(1000), Some("10Mi"), None), // 500Mi: 490Mi over, but priority
+    ];
+    let s = vec![
+        Some(stats("guaranteed-big", 900, 1, 0, 0, 0)),
+        Some(stats("burstable-over", 300, 1, 0, 0, 0)),
+        Some(stats("besteffort", 150, 1, 0, 0, 0)),
+        Some(stats("high-prio-over", 500, 1, 0, 0, 0)),
+    ];
+    assert_eq!(
+        names(&pods, &s, Signal::MemoryAvailable, FsLayout::SingleFs),
+        ["burstable-over", "besteffort", "high-prio-over", "guaranteed-big"]
+    );
+}
+
+#[test]
+fn memory_usage_equal_to_request_does_not_exceed() {
+    let pods =
+        vec![pod("at-request", Some(0), Some("100Mi"), None), pod("over", Some(5), Some("99Mi"), None)];
+    let s = vec![Some(stats("at-request", 100, 1, 0, 0, 0)), Some(stats("over", 100, 1, 0, 0, 0))];
+    assert_eq!(names(&pods, &s, Signal::MemoryAvailable, FsLayout::SingleFs), ["over", "at-request"]);
+}
+
+#[test]
+fn pods_without_stats_go_first() {
+    let pods = vec![pod("measured", Some(0), None, None), pod("unmeasured", Some(100), Some("1Gi"), None)];
+    let s = vec![Some(stats("measured", 500, 10, 10, 10, 10)), None];
+    for signal in [Signal::MemoryAvailable, Signal::NodeFsAvailable, Signal::NodeFsInodesFree] {
+        assert_eq!(names(&pods, &s, signal, FsLayout::SingleFs)[0], "unmeasured", "{signal}");
+    }
+    // For PIDs priority comes first, then stats.
+    assert_eq!(names(&pods, &s, Signal::PidAvailable, FsLayout::SingleFs)[0], "measured");
+}
+
+#[test]
+fn pids_rank_by_priority_then_process_count() {
+    let pods = vec![
+        pod("few", Some(0), None, None),
+        pod("many", Some(0), None, None),
+        pod("vip", Some(9), None, None),
+    ];
+    let s = vec![
+        Some(stats("few", 1, 5, 0, 0, 0)),
+        Some(stats("many", 1, 500, 0, 0, 0)),
+        Some(stats("vip", 1, 5000, 0, 0, 0)),
+    ];
+    assert_eq!(names(&pods, &s, Signal::PidAvailable, FsLayout::SingleFs), ["many", "few", "vip"]);
+}
+
+#[test]
+fn disk_counts_root_logs_and_local_volumes_on_a_single_fs() {
+    let pods = vec![
+        pod("logs-heavy", Some(0), None, Some("1Gi")),
+        pod("scratch-heavy", Some(0), None, None),
+        pod("root-heavy", Some(0), None, None),
+    ];
+    let s = vec![
+        Some(stats("logs-heavy", 1, 1, 0, 3 << 30, 0)), // 3Gi of logs, 1Gi request: 2Gi above
+        Some(stats("scratch-heavy", 1, 1, 0, 0, 1 << 30)), // 1Gi emptyDir (the PVC does not count)
+        Some(stats("root-heavy", 1, 1, 2500 << 20, 0, 0)), // 2.5Gi writable layer
+    ];
+    assert_eq!(
+        names(&pods, &s, Signal::NodeFsAvailable, FsLayout::SingleFs),
+        ["root-heavy", "logs-heavy", "scratch-heavy"]
+    );
+}
+
+#[test]
+fn dedicated_imagefs_splits_what_each_signal_measures() {
+    let pods = vec![pod("logger", Some(0), None, None), pod("writer", Some(0), None, None)];
+    let s = vec![Some(stats("logger", 1, 1, 10, 5 << 30, 0)), Some(stats("writer", 1, 1, 5 << 30, 10, 0))];
+    assert_eq!(names(&pods, &s, Signal::NodeFsAvailable, FsLayout::DedicatedImageFs), ["logger", "writer"]);
+    assert_eq!(names(&pods, &s, Signal::ImageFsAvailable, FsLayout::DedicatedImageFs), ["writer", "logger"]);
+    assert_eq!(
+        names(&pods, &s, Signal::ContainerFsAvailable, FsLayout::DedicatedImageFs),
+        ["writer", "logger"]
+    );
+}
+
+#[test]
+fn inode_ranking_subtracts_the_byte_request_like_the_kubelet() {
+    // Both use inodes (so both "exceed" a request of 0); the one with a large ephemeral-storage
+    // byte request ranks lower although it uses more inodes: the kubelet's quirk.
+    let pods = vec![pod("big-request", Some(0), None, Some("1Gi")), pod("no-request", Some(0), None, None)];
+    let s =
+        vec![Some(stats("big-request", 1, 1, 100_000, 0, 0)), Some(stats("no-request", 1, 1, 50_000, 0, 0))];
+    assert_eq!(names(&pods, &s, Signal::NodeFsInodesFree, FsLayout::SingleFs), ["no-request", "big-request"]);
+}
+
+#[test]
+fn ties_keep_input_order() {
+    let pods = vec![pod("a", None, None, None), pod("b", None, None, None), pod("c", None, None, None)];
+    let s = vec![
+        Some(stats("a", 10, 1, 0, 0, 0)),
+        Some(stats("b", 10, 1, 0, 0, 0)),
+        Some(stats("c", 10, 1, 0, 0, 0)),
+    ];
+    assert_eq!(names(&pods, &s, Signal::MemoryAvailable, FsLayout::SingleFs), ["a", "b", "c"]);
+}
+
+#[test]
+fn node_reclaim_per_layout() {
+    assert!(node_reclaim_for(Signal::MemoryAvailable, FsLayout::SingleFs).is_empty());
+    assert!(node_reclaim_for(Signal::PidAvailable, FsLayout::SingleFs).is_empty());
+    assert_eq!(node_reclaim_for(Signal::NodeFsAvailable, FsLayout::SingleFs).len(), 2);
+    assert!(node_reclaim_for(Signal::NodeFsInodesFree, FsLayout::DedicatedImageFs).is_empty());
+    assert_eq!(node_reclaim_for(Signal::ImageFsAvailable, FsLayout::DedicatedImageFs).len(), 2);
+}

@@ -1,0 +1,139 @@
+//! The offline commands as a user runs them, on the committed examples: the JSON contract,
+//! exit codes, and errors that name what is at fault (one line on stderr, nothing on stdout).
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+use evictd_tests::evictd_binary;
+use serde_json::Value;
+
+fn example(name: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").join("examples");
+    root.join(name).display().to_string()
+}
+
+fn evictd(args: &[&str]) -> Output {
+    Command::new(evictd_binary()).args(args).output().expect("running evictd")
+}
+
+fn stdout_json_lines(o: &Output) -> Vec<Value> {
+    assert!(o.status.success(), "evictd failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect()
+}
+
+#[test]
+fn check_config_prints_the_policy_contract() {
+    let o = evictd(&[
+        "check-config",
+        "--eviction-soft",
+        "memory.available<1Gi",
+        "--eviction-soft-grace-period",
+        "memory.available=2m",
+        "--output",
+        "json",
+    ]);
+    let v = &stdout_json_lines(&o)[0];
+    assert_eq!(v["pressure_transition_period_seconds"], 300);
+    assert_eq!(v["max_pod_grace_period_seconds"], 0);
+    let t = v["thresholds"].as_array().unwrap();
+    let keys: Vec<&str> = t[0].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["grace_period_seconds", "hard", "min_reclaim", "signal", "value"]);
+    let soft = t.iter().find(|t| t["hard"] == false).expect("soft threshold");
+    assert_eq!(soft["grace_period_seconds"], 120);
+    assert_eq!(soft["value"]["quantity"], 1u64 << 30);
+    assert!(t.iter().any(|t| t["signal"] == "allocatableMemory.available"));
+}
+
+#[test]
+fn invalid_policy_is_one_line_on_stderr_and_nothing_on_stdout() {
+    for args in [
+        vec!["check-config", "--eviction-hard", "memory.available<0", "--output", "json"],
+        vec!["check-config", "--eviction-soft", "memory.available<1Gi"],
+        vec!["check-config", "--eviction-hard", "memory.available<0%,bogus<1", "--output", "json"],
+        vec!["check-config", "--config", "/nonexistent/kubelet.yaml"],
+    ] {
+        let o = evictd(&args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(o.stdout.is_empty(), "{args:?} printed on stdout");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn simulate_prints_the_decision_contract() {
+    let o = evictd(&[
+        "simulate",
+        "--summary",
+        &example("summary.json"),
+        "--pods",
+        &example("pods.json"),
+        "--output",
+        "json",
+    ]);
+    let v = &stdout_json_lines(&o)[0];
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["eviction", "node_conditions", "node_reclaim", "ranking", "signals", "thresholds_met"]);
+    assert_eq!(
+        v["signals"]["memory.available"],
+        serde_json::json!({"available": 83886080, "capacity": 8589934592u64})
+    );
+    assert_eq!(v["node_conditions"], serde_json::json!(["MemoryPressure"]));
+    assert_eq!(
+        v["eviction"]["pod"],
+        serde_json::json!({"namespace": "shop", "name": "checkout", "uid": "uid-checkout"})
+    );
+    assert_eq!(v["eviction"]["signal"], "memory.available");
+    assert_eq!(v["eviction"]["grace_period_seconds"], 1);
+    // The Succeeded pod is not active and is not ranked.
+    assert!(v["ranking"].as_array().unwrap().iter().all(|p| p["name"] != "done-job"));
+    // Table output works too.
+    let o = evictd(&["simulate", "--summary", &example("summary.json"), "--pods", &example("pods.json")]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("eviction: shop/checkout for memory.available"));
+}
+
+#[test]
+fn replay_prints_one_object_per_step_with_its_time() {
+    let o = evictd(&[
+        "replay",
+        "--summaries",
+        &example("episode.jsonl"),
+        "--pods",
+        &example("pods.json"),
+        "--output",
+        "json",
+    ]);
+    let steps = stdout_json_lines(&o);
+    assert_eq!(steps.len(), 5);
+    assert_eq!(steps[0]["time"], "2026-01-01T12:00:00Z");
+    let evicted: Vec<bool> = steps.iter().map(|s| !s["eviction"].is_null()).collect();
+    assert_eq!(evicted, [false, false, true, true, false]);
+    assert_eq!(steps[4]["node_conditions"], serde_json::json!(["MemoryPressure"]), "transition period");
+}
+
+#[test]
+fn bad_input_files_are_named() {
+    let dir = std::env::temp_dir().join(format!("evictd-offline-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.json");
+    std::fs::write(&garbage, "{\"node\": [").unwrap();
+    let g = garbage.display().to_string();
+    for (args, needle) in [
+        (vec!["simulate", "--summary", g.as_str(), "--pods", &example("pods.json")], g.clone()),
+        (vec!["simulate", "--summary", &example("summary.json"), "--pods", g.as_str()], g.clone()),
+        (
+            vec!["simulate", "--summary", "/nonexistent/s.json", "--pods", &example("pods.json")],
+            "/nonexistent/s.json".into(),
+        ),
+        (vec!["replay", "--summaries", g.as_str(), "--pods", &example("pods.json")], format!("{g}:1")),
+    ] {
+        let o = evictd(&args);
+        assert!(!o.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
