@@ -63,18 +63,36 @@ impl NodeSignalSources {
         let node_dev = std::fs::metadata(&self.nodefs).map(|m| m.dev()).ok();
         let image_dev = std::fs::metadata(&self.imagefs).map(|m| m.dev()).ok();
         statvfs_into(&self.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree, at, &mut out, missing);
-        // imagefs on the nodefs filesystem is not a dedicated imagefs: same numbers.
-        let image_dir =
-            if node_dev.is_some() && node_dev == image_dev { &self.nodefs } else { &self.imagefs };
-        statvfs_into(image_dir, Signal::ImageFsAvailable, Signal::ImageFsInodesFree, at, &mut out, missing);
-        statvfs_into(
-            image_dir,
-            Signal::ContainerFsAvailable,
-            Signal::ContainerFsInodesFree,
-            at,
-            &mut out,
-            missing,
-        );
+        if node_dev.is_some() && node_dev == image_dev {
+            // Not a dedicated imagefs: the very same numbers, not a second statvfs that may
+            // already differ.
+            for (from, to) in [
+                (Signal::NodeFsAvailable, Signal::ImageFsAvailable),
+                (Signal::NodeFsInodesFree, Signal::ImageFsInodesFree),
+            ] {
+                if let Some(o) = out.get(&from).copied() {
+                    out.insert(to, o);
+                }
+            }
+        } else {
+            statvfs_into(
+                &self.imagefs,
+                Signal::ImageFsAvailable,
+                Signal::ImageFsInodesFree,
+                at,
+                &mut out,
+                missing,
+            );
+        }
+        // No split containerfs: the writable layers live with the images.
+        for (from, to) in [
+            (Signal::ImageFsAvailable, Signal::ContainerFsAvailable),
+            (Signal::ImageFsInodesFree, Signal::ContainerFsInodesFree),
+        ] {
+            if let Some(o) = out.get(&from).copied() {
+                out.insert(to, o);
+            }
+        }
         match pids() {
             Ok((max, cur)) => {
                 out.insert(
@@ -143,7 +161,7 @@ fn pids() -> Result<(i64, i64), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup_layout::CgroupLayout;
+    use crate::cgroup_layout::{CgroupLayout, CgroupVersion};
 
     #[test]
     fn this_node_has_every_node_signal() {
@@ -165,6 +183,59 @@ mod tests {
         }
         assert_eq!(o[&Signal::NodeFsAvailable], o[&Signal::ImageFsAvailable], "same filesystem");
         assert!(!src.dedicated_imagefs());
+    }
+
+    /// A node root and its kubepods cgroup as files, for either cgroup version.
+    fn fixture(
+        version: CgroupVersion,
+        kubepods_limit: Option<u64>,
+    ) -> (tempfile::TempDir, NodeSignalSources) {
+        let d = tempfile::tempdir().unwrap();
+        let w = |p: &str, s: &str| std::fs::write(d.path().join(p), s).unwrap();
+        w("meminfo", "MemTotal: 4194304 kB\nMemFree: 1048576 kB\nInactive(file): 0 kB\n");
+        std::fs::create_dir(d.path().join("kubepods")).unwrap();
+        match version {
+            CgroupVersion::V1 => {
+                w("memory.usage_in_bytes", "2147483648\n");
+                w("memory.stat", "total_inactive_file 1073741824\n");
+                w("kubepods/memory.usage_in_bytes", "1610612736\n");
+                w("kubepods/memory.stat", "total_inactive_file 536870912\n");
+                let limit = kubepods_limit.unwrap_or(9223372036854771712);
+                w("kubepods/memory.limit_in_bytes", &format!("{limit}\n"));
+            }
+            CgroupVersion::V2 => {
+                w("memory.stat", "inactive_file 1073741824\n");
+                w("kubepods/memory.current", "1610612736\n");
+                w("kubepods/memory.stat", "inactive_file 536870912\n");
+                w("kubepods/memory.max", &kubepods_limit.map_or("max".into(), |l| l.to_string()));
+            }
+        }
+        let node =
+            MemoryCgroup { meminfo: d.path().join("meminfo"), ..MemoryCgroup::new(d.path(), version, true) };
+        let kubepods = NodeSignalSources::kubepods_for(&node, "kubepods");
+        let src = NodeSignalSources { node, kubepods, nodefs: "/".into(), imagefs: "/".into() };
+        (d, src)
+    }
+
+    #[test]
+    fn allocatable_comes_from_a_limited_kubepods_cgroup_on_v1_and_v2() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (_d, src) = fixture(version, Some(3 << 30));
+            let o = src.observe(7, &mut Vec::new());
+            let a = o[&Signal::AllocatableMemoryAvailable];
+            // limit 3Gi − working set (1.5Gi − 0.5Gi inactive file) = 2Gi
+            assert_eq!((a.available, a.capacity, a.time_ns), (2 << 30, 3 << 30, Some(7)), "{version:?}");
+            let m = o[&Signal::MemoryAvailable];
+            assert_eq!(m.capacity, 4 << 30, "{version:?}: MemTotal");
+            let (_d, unlimited) = fixture(version, None);
+            let o = unlimited.observe(7, &mut Vec::new());
+            assert!(!o.contains_key(&Signal::AllocatableMemoryAvailable), "{version:?}: unlimited kubepods");
+        }
+        // v1 root: 4Gi − (2Gi − 1Gi); v2 root emulated: usage = MemTotal − MemFree = 3Gi.
+        let (_d, v1) = fixture(CgroupVersion::V1, None);
+        assert_eq!(v1.observe(0, &mut Vec::new())[&Signal::MemoryAvailable].available, 3 << 30);
+        let (_d, v2) = fixture(CgroupVersion::V2, None);
+        assert_eq!(v2.observe(0, &mut Vec::new())[&Signal::MemoryAvailable].available, 2 << 30);
     }
 
     #[test]
