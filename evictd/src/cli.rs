@@ -7,12 +7,14 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     cgroup_layout::CgroupLayout,
-    daemon::{RunOptions, Watermark},
+    daemon::{PressureOptions, RunOptions, Watermark},
     ebpf::LoadOptions,
     kubelet_config,
     memory::MemoryCgroup,
+    node_signals::NodeSignalSources,
     policy::{self, MapSetting, Policy, PolicyInput},
     quantity::Quantity,
+    rank::FsLayout,
     stat_items,
     trace::TraceFormat,
 };
@@ -173,6 +175,36 @@ pub struct RunArgs {
     /// controller's mount). Default: the hierarchy root, i.e. the whole node.
     #[arg(long, value_name = "PATH")]
     pub node_cgroup: Option<PathBuf>,
+    /// The container runtime's CRI socket; `none` runs without one (nothing can be evicted).
+    #[arg(long, value_name = "unix:///PATH|none", default_value = crate::cri::DEFAULT_ENDPOINT)]
+    pub cri_endpoint: String,
+    /// Deadline of one CRI call (StopContainer gets the pod's grace period on top).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub cri_timeout: Duration,
+    /// Decide and report, but stop no pod ("would evict ...").
+    #[arg(long)]
+    pub dry_run: bool,
+    /// A PodList (kubectl get pods -o json) with the pods' specs; re-read when it changes.
+    /// Pods not in it get specs inferred from the node, and the log says so.
+    #[arg(long, value_name = "FILE")]
+    pub pods_file: Option<PathBuf>,
+    /// The pods' cgroup under the node cgroup, for allocatableMemory.available.
+    /// Default: `kubepods` or `kubepods.slice`, whichever exists.
+    #[arg(long, value_name = "NAME")]
+    pub kubepods_cgroup: Option<String>,
+    /// The directory whose filesystem is nodefs.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
+    pub nodefs_path: PathBuf,
+    /// The directory whose filesystem is imagefs (a different filesystem from nodefs makes
+    /// it a dedicated imagefs).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/containerd")]
+    pub imagefs_path: PathBuf,
+    /// How often the pod inventory is refreshed from the runtime.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub inventory_interval: Duration,
+    /// How long to wait for an evicted pod's memory to be released.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub release_timeout: Duration,
     /// The fallback timer's period.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub housekeeping_interval: Duration,
@@ -209,7 +241,6 @@ impl RunArgs {
         for w in warnings {
             tracing::warn!("{w}");
         }
-        let thresholds = policy.thresholds;
 
         let mut ebpf = false;
         let mut timer = false;
@@ -258,10 +289,46 @@ impl RunArgs {
             }
         };
         node.read().with_context(|| format!("reading the node's memory from {}", node.dir.display()))?;
+        let kubepods = match &self.kubepods_cgroup {
+            Some(name) => Some(NodeSignalSources::kubepods_for(&node, name).with_context(|| {
+                format!("--kubepods-cgroup: no cgroup {name} under {}", node.dir.display())
+            })?),
+            None => NodeSignalSources::kubepods_for(&node, "kubepods")
+                .or_else(|| NodeSignalSources::kubepods_for(&node, "kubepods.slice")),
+        };
+        // Paths that do not exist on this machine (no kubelet here) fall back to /.
+        let existing = |p: &PathBuf| if p.exists() { p.clone() } else { PathBuf::from("/") };
+        let signals = NodeSignalSources {
+            node,
+            kubepods,
+            nodefs: existing(&self.nodefs_path),
+            imagefs: existing(&self.imagefs_path),
+        };
+        let fs_layout =
+            if signals.dedicated_imagefs() { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
+        let cri_endpoint = match self.cri_endpoint.as_str() {
+            "none" => None,
+            ep => {
+                crate::cri::socket_path(ep).map_err(|e| anyhow::anyhow!("--cri-endpoint: {e}"))?;
+                Some(ep.to_owned())
+            }
+        };
+        if let Some(p) = &self.pods_file {
+            crate::offline::load_pods(p).context("--pods-file")?;
+        }
 
         Ok(RunOptions {
-            thresholds,
-            node,
+            policy,
+            pressure: PressureOptions {
+                signals,
+                fs_layout,
+                cri_endpoint,
+                cri_timeout: self.cri_timeout,
+                dry_run: self.dry_run,
+                pods_file: self.pods_file,
+                inventory_interval: self.inventory_interval,
+                release_timeout: self.release_timeout,
+            },
             housekeeping: self.housekeeping_interval,
             ebpf,
             timer,
@@ -292,12 +359,15 @@ mod tests {
     #[test]
     fn defaults_are_the_kubelet_hard_thresholds_and_the_whole_node() {
         let o = args(&[]).unwrap();
-        assert_eq!(o.thresholds.len(), 5, "4 kubelet defaults + the allocatable copy");
-        assert!(o.node.is_root);
+        assert_eq!(o.policy.thresholds.len(), 5, "4 kubelet defaults + the allocatable copy");
+        assert!(o.pressure.signals.node.is_root);
+        assert!(!o.pressure.dry_run);
+        assert_eq!(o.pressure.cri_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
         assert!(o.ebpf && o.timer);
         assert_eq!(o.housekeeping, Duration::from_secs(10));
         assert_eq!(o.watermark, Watermark::Auto);
-        assert!(args(&["--eviction-hard="]).unwrap().thresholds.is_empty());
+        assert!(args(&["--eviction-hard="]).unwrap().policy.thresholds.is_empty());
+        assert!(args(&["--cri-endpoint", "none"]).unwrap().pressure.cri_endpoint.is_none());
     }
 
     #[test]
@@ -310,6 +380,9 @@ mod tests {
             (vec!["--bpf-watermark", "lots"], "--bpf-watermark"),
             (vec!["--ring-buffer-size", "3000"], "--ring-buffer-size"),
             (vec!["--node-cgroup", "/nonexistent/evictd"], "--node-cgroup"),
+            (vec!["--cri-endpoint", "tcp://127.0.0.1:1"], "--cri-endpoint"),
+            (vec!["--pods-file", "/nonexistent/pods.json"], "--pods-file"),
+            (vec!["--kubepods-cgroup", "nope"], "--kubepods-cgroup"),
         ] {
             let err = args(&argv).err().unwrap_or_else(|| panic!("{argv:?} should fail"));
             assert!(format!("{err:#}").contains(needle), "{argv:?}: {err:#}");

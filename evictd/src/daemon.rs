@@ -3,8 +3,8 @@
 //! derived from the distance to the nearest threshold, so it wakes evictd again just in time
 //! rather than on every page.
 //!
-//! The decision engine and the act step arrive with the policy and CRI work; until then the
-//! loop observes and reports, and never kills anything.
+//! Each batch of wakes runs one pressure pass (observe → decide → act, see `pressure`); the
+//! pod inventory is kept current by a task of its own, so a wake never waits on the CRI.
 
 use std::{
     path::PathBuf,
@@ -13,14 +13,17 @@ use std::{
 };
 
 use anyhow::Context as _;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::{
     cgroup_layout::CgroupLayout,
     cgroup_names::{self, CgroupNames},
+    cri::CriClient,
     ebpf::{KernelProbes, LoadOptions},
-    memory::{MemoryCgroup, MemorySample},
-    policy::Threshold,
+    inventory::{Inventory, PodRecord},
+    observations::Observations,
+    policy::{Policy, Threshold},
+    pressure::Pressure,
     trace::{MemoryView, Summary, TraceFormat, TraceSink},
     units,
     wake::{self, Wake, WakeCause, WakeStats},
@@ -41,9 +44,8 @@ pub const MIN_AUTO_WATERMARK: u64 = 1 << 20;
 const NO_THRESHOLD_WATERMARK: u64 = 256 << 20;
 
 pub struct RunOptions {
-    pub thresholds: Vec<Threshold>,
-    /// The memory cgroup that plays the node (its hierarchy root on a real node).
-    pub node: MemoryCgroup,
+    pub policy: Policy,
+    pub pressure: PressureOptions,
     pub housekeeping: Duration,
     pub ebpf: bool,
     pub timer: bool,
@@ -53,6 +55,18 @@ pub struct RunOptions {
     /// Stop after this long (scripts, tests); `None` runs until SIGINT/SIGTERM.
     pub duration: Option<Duration>,
     pub layout: CgroupLayout,
+}
+
+/// Everything the act side needs: the runtime, the pods' specs, and how the node is read.
+pub struct PressureOptions {
+    pub signals: crate::node_signals::NodeSignalSources,
+    pub fs_layout: crate::rank::FsLayout,
+    pub cri_endpoint: Option<String>,
+    pub cri_timeout: Duration,
+    pub dry_run: bool,
+    pub pods_file: Option<PathBuf>,
+    pub inventory_interval: Duration,
+    pub release_timeout: Duration,
 }
 
 /// The watermark for a given distance to the nearest threshold.
@@ -65,12 +79,69 @@ pub fn watermark_for(mode: Watermark, distance: Option<i64>) -> u64 {
 }
 
 /// The memory threshold closest to being crossed: (its text, available − its quantity).
-pub fn nearest_memory_threshold(thresholds: &[Threshold], sample: &MemorySample) -> Option<(String, i64)> {
+pub fn nearest_memory_threshold(thresholds: &[Threshold], obs: &Observations) -> Option<(String, i64)> {
     thresholds
         .iter()
-        .filter(|t| t.signal == crate::policy::Signal::MemoryAvailable)
-        .map(|t| (t.to_string(), sample.available() - t.value.resolve(sample.capacity as i64)))
+        .filter(|t| t.signal.is_memory())
+        .filter_map(|t| {
+            let o = obs.get(&t.signal)?;
+            Some((t.to_string(), o.available - t.value.resolve(o.capacity)))
+        })
         .min_by_key(|(_, d)| *d)
+}
+
+fn memory_view(thresholds: &[Threshold], obs: &Observations) -> MemoryView {
+    MemoryView {
+        available: obs.get(&crate::policy::Signal::MemoryAvailable).map(|o| o.available),
+        nearest: nearest_memory_threshold(thresholds, obs),
+    }
+}
+
+/// Wall-clock ns: the engine's clock (grace periods, transition period).
+fn wall_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Keeps the pod inventory current off the pressure path and publishes snapshots.
+fn spawn_inventory(
+    client: CriClient,
+    mut inventory: Inventory,
+    every: Duration,
+    kick: Arc<Notify>,
+) -> watch::Receiver<Arc<Vec<PodRecord>>> {
+    let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+    tokio::spawn(async move {
+        let mut up: Option<bool> = None;
+        loop {
+            match inventory.refresh(&client).await {
+                Ok(spec_warning) => {
+                    if up != Some(true) {
+                        tracing::info!(endpoint = client.endpoint(), "container runtime reachable");
+                    }
+                    up = Some(true);
+                    if let Some(w) = spec_warning {
+                        tracing::warn!("pods file: {w}; keeping the specs read before");
+                    }
+                    if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    if up != Some(false) {
+                        tracing::warn!(
+                            "container runtime unavailable: {e}; pods stay as last seen, retrying"
+                        );
+                    }
+                    up = Some(false);
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = kick.notified() => {}
+            }
+        }
+    });
+    rx
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
@@ -103,12 +174,42 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     }
     drop(tx);
 
-    let scope_dir: Option<PathBuf> = (!opts.node.is_root).then(|| opts.node.dir.clone());
+    let po = opts.pressure;
+    let client = match &po.cri_endpoint {
+        Some(ep) => Some(CriClient::new(ep, po.cri_timeout)?),
+        None => None,
+    };
+    let capacity = po.signals.node.read().map(|m| m.capacity as i64).unwrap_or(0);
+    let kick = Arc::new(Notify::new());
+    let mut pods_rx = match &client {
+        Some(c) => spawn_inventory(
+            c.clone(),
+            Inventory::new(po.pods_file.clone(), capacity),
+            po.inventory_interval,
+            kick.clone(),
+        ),
+        None => watch::channel(Arc::new(Vec::new())).1,
+    };
+    if po.dry_run {
+        tracing::info!("dry run: evictd decides and reports, and stops no pod");
+    }
+    let scope_dir: Option<PathBuf> = (!po.signals.node.is_root).then(|| po.signals.node.dir.clone());
+    let mut pressure = Pressure::new(
+        opts.policy,
+        po.fs_layout,
+        po.signals,
+        opts.layout.clone(),
+        client,
+        po.dry_run,
+        po.release_timeout,
+        crate::pressure::own_pod_uid(),
+    );
+    let thresholds = pressure.thresholds.clone();
     let mut names = CgroupNames::new(opts.layout.clone());
     let mut sink = opts.trace.map(|f| TraceSink::new(f, std::io::BufWriter::new(std::io::stdout())));
     let mut loop_state = LoopState::default();
 
-    let view = observe(&opts);
+    let view = memory_view(&thresholds, &pressure.observe(wall_ns()));
     loop_state.available = view.available;
     if let Some(p) = probes.as_mut() {
         refresh_scope(p, scope_dir.as_deref())?;
@@ -128,11 +229,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
+            Ok(()) = pods_rx.changed() => {
+                let pods = pods_rx.borrow_and_update().clone();
+                pressure.inventory_updated(&pods);
+            }
             n = rx.recv_many(&mut batch, 4096) => {
                 if n == 0 {
                     anyhow::bail!("every wake source has stopped");
                 }
-                let view = observe(&opts);
+                let pods = pods_rx.borrow().clone();
+                let evictions = pressure.pass(&pods, wall_ns).await;
+                let view = memory_view(&thresholds, &pressure.observe(wall_ns()));
                 for w in &batch {
                     loop_state.counts[w.cause.index()] += 1;
                     if let Some(s) = sink.as_mut() {
@@ -140,6 +247,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     }
                 }
                 batch.clear();
+                if !evictions.is_empty() {
+                    kick.notify_one();
+                }
+                for e in &evictions {
+                    if let Some(s) = sink.as_mut() {
+                        s.eviction(e)?;
+                    }
+                }
                 loop_state.available = view.available;
                 if let Some(p) = probes.as_mut() {
                     let w = watermark_for(opts.watermark, view.nearest.as_ref().map(|(_, d)| *d));
@@ -172,20 +287,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
-    }
-}
-
-fn observe(opts: &RunOptions) -> MemoryView {
-    match opts.node.read() {
-        Ok(sample) => MemoryView {
-            available: Some(sample.available()),
-            nearest: nearest_memory_threshold(&opts.thresholds, &sample),
-        },
-        Err(e) => {
-            // No number means no decision: the view says "unreadable" and nothing acts on it.
-            tracing::warn!("memory signal unreadable: {e}");
-            MemoryView::default()
-        }
     }
 }
 
@@ -271,10 +372,15 @@ mod tests {
             ..Default::default()
         };
         let all = crate::policy::build(&input, &mut Vec::new()).unwrap().thresholds;
-        let sample =
-            MemorySample { capacity: 1 << 30, usage: 300 << 20, inactive_file: 100 << 20, limited: true };
-        let (name, d) = nearest_memory_threshold(&all, &sample).unwrap();
+        let mut obs = Observations::new();
+        obs.insert(
+            crate::policy::Signal::MemoryAvailable,
+            crate::observations::Observation { available: 824 << 20, capacity: 1 << 30, time_ns: None },
+        );
+        let (name, d) = nearest_memory_threshold(&all, &obs).unwrap();
         assert_eq!(name, "memory.available<50%");
         assert_eq!(d, (824 << 20) - (512 << 20));
+        // Thresholds without an observation (allocatable here) are not "near".
+        assert!(all.iter().any(|t| t.signal == crate::policy::Signal::AllocatableMemoryAvailable));
     }
 }

@@ -123,6 +123,45 @@ impl<W: Write> TraceSink<W> {
         }
     }
 
+    /// One line per eviction (or dry-run decision), with its timings.
+    pub fn eviction(&mut self, e: &crate::pressure::EvictionRecord) -> io::Result<()> {
+        match self.format {
+            TraceFormat::Json => {
+                let mut v = serde_json::to_value(e)?;
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("type".into(), "eviction".into());
+                    o.insert("time".into(), now_text().into());
+                }
+                serde_json::to_writer(&mut self.out, &v)?;
+                writeln!(self.out)
+            }
+            TraceFormat::Text => {
+                let what = match (&e.error, e.dry_run) {
+                    (Some(err), _) => format!("FAILED ({err})"),
+                    (None, true) => "would evict (dry run)".into(),
+                    (None, false) => "EVICTED".into(),
+                };
+                let phases = e.phases.as_ref().map_or(String::new(), |p| {
+                    format!(
+                        " | decide {}µs, stop containers {:.1}ms, stop sandbox {:.1}ms, memory released {:.1}ms",
+                        e.decide_us, p.stop_containers_ms, p.stop_sandbox_ms, p.memory_released_ms
+                    )
+                });
+                writeln!(
+                    self.out,
+                    "{} {what} {}/{} for {} (available {}, threshold {}, grace {}s){phases}",
+                    now_text(),
+                    e.namespace,
+                    e.name,
+                    e.signal,
+                    units::bytes(e.available),
+                    units::bytes(e.threshold),
+                    e.grace_period_seconds
+                )
+            }
+        }
+    }
+
     pub fn summary(&mut self, s: &Summary) -> io::Result<()> {
         match self.format {
             TraceFormat::Json => {

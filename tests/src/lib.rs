@@ -1,5 +1,8 @@
 //! Shared harness for evictd's privileged tests: loud skips, test cgroups that clean up
-//! after themselves, and a workload process whose charge the test controls.
+//! after themselves, and a workload process whose charge the test controls; `containerd`
+//! runs a private containerd for the end-to-end tests.
+
+pub mod containerd;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},

@@ -39,16 +39,14 @@ fn pods(list: &[P]) -> Vec<Pod> {
             })
         })
         .collect();
-    let f = tempfile_with(&json!({"kind": "PodList", "items": items}).to_string());
-    offline::load_pods(&f).expect("pods")
-}
-
-fn tempfile_with(text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("evictd-scenarios-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(format!("{}.json", text.len() ^ (text.as_ptr() as usize)));
-    std::fs::write(&path, text).expect("write temp file");
-    path
+    // Through a file, as `--pods` reads it.
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("evictd-scenario-pods-{}-{n}.json", std::process::id()));
+    std::fs::write(&path, json!({"kind": "PodList", "items": items}).to_string()).expect("write pods file");
+    let pods = offline::load_pods(&path);
+    let _ = std::fs::remove_file(&path);
+    pods.expect("pods")
 }
 
 /// Per-pod usage in a step: (name, working set, processes, disk bytes in its emptyDir).

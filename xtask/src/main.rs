@@ -16,12 +16,17 @@ use anyhow::{Context as _, Result, anyhow, bail};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  setup              install what the build needs (nightly rust-src, bpf-linker); idempotent
+  setup              install what the build and tests need (nightly rust-src, Debian packages,
+                     bpf-linker); idempotent
   build [--release]  set up, then build evictd (the eBPF object is embedded in the binary)
   run [-- ARGS]      set up, build (release) and run evictd on this machine; default ARGS: --trace
   test               set up, then lint and run the whole test suite (privileged tests need root)";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Debian packages: protoc builds the CRI bindings (k8s-cri); containerd and runc run the
+/// end-to-end tests' private container runtime; gcc builds their static test binaries.
+const APT_PACKAGES: &[&str] = &["protobuf-compiler", "containerd", "runc", "gcc", "libc6-dev"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -121,7 +126,38 @@ fn setup() -> Result<BuildEnv> {
         )?;
     }
 
-    // 2. bpf-linker, built against the nightly toolchain's own libLLVM: no LLVM package of
+    // 2. Debian packages.
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .collect();
+    if !missing.is_empty() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!(
+                "step 3: Debian packages missing: {}; install them as root: apt-get install -y --no-install-recommends {}",
+                missing.join(" "),
+                missing.join(" ")
+            );
+        }
+        step(&format!("installing Debian packages: {}", missing.join(" ")));
+        run_status(Command::new("apt-get").arg("update").arg("-q"), "step 3 (apt-get update)")?;
+        run_status(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            "step 3 (apt-get install)",
+        )?;
+    }
+
+    // 3. bpf-linker, built against the nightly toolchain's own libLLVM: no LLVM package of
     //    that version exists here, and the linker must match the LLVM rustc emits bitcode for.
     let linker_ok = Command::new(bin.join("bpf-linker"))
         .arg("--version")
@@ -135,7 +171,7 @@ fn setup() -> Result<BuildEnv> {
 }
 
 fn install_bpf_linker(env: &BuildEnv) -> Result<()> {
-    let what = "step 3 (building bpf-linker)";
+    let what = "step 4 (building bpf-linker)";
     let vv = output(Command::new("rustc").args(["+nightly", "-vV"]), what)?;
     let major = vv
         .lines()

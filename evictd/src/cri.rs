@@ -1,0 +1,242 @@
+//! The container runtime, spoken to over the CRI (`runtime.v1`, gRPC on a unix socket), the
+//! way the kubelet does. Every call has a deadline; the channel reconnects by itself when the
+//! runtime restarts; every error names the endpoint and the call.
+
+use std::{path::PathBuf, time::Duration};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::{
+    self as cri, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub use k8s_cri::v1 as api;
+
+/// containerd's CRI socket, the kubelet's default too.
+pub const DEFAULT_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CriError {
+    #[error("CRI endpoint {0:?}: only unix:///path sockets are supported")]
+    Endpoint(String),
+    #[error("CRI {call} on {endpoint}: {status}")]
+    Call { endpoint: String, call: &'static str, status: Box<tonic::Status> },
+    #[error("CRI {call} on {endpoint}: no answer within {timeout:?}")]
+    Timeout { endpoint: String, call: &'static str, timeout: Duration },
+}
+
+impl CriError {
+    /// The runtime does not know the object (already gone): for stop and remove calls that is
+    /// success, as the CRI makes them idempotent.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, CriError::Call { status, .. } if status.code() == tonic::Code::NotFound)
+    }
+
+    /// The runtime could not be reached at all (socket missing, refused).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, CriError::Call { status, .. } if status.code() == tonic::Code::Unavailable)
+            || matches!(self, CriError::Timeout { .. })
+    }
+}
+
+#[derive(Clone)]
+pub struct CriClient {
+    endpoint: String,
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    timeout: Duration,
+}
+
+/// `unix:///run/x.sock` or a bare `/run/x.sock`.
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if !path.starts_with('/') {
+        return Err(CriError::Endpoint(endpoint.to_owned()));
+    }
+    Ok(PathBuf::from(path))
+}
+
+impl CriClient {
+    /// A client for `endpoint`. Connecting is lazy: this succeeds while the runtime is down,
+    /// and every call (re)connects as needed.
+    pub fn new(endpoint: &str, timeout: Duration) -> Result<Self, CriError> {
+        let path = socket_path(endpoint)?;
+        // The URI is a placeholder: the connector below always dials the socket.
+        let channel =
+            Endpoint::from_static("http://cri.invalid").connect_with_connector_lazy(tower::service_fn(
+                move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+                    }
+                },
+            ));
+        Ok(CriClient {
+            endpoint: endpoint.to_owned(),
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+            timeout,
+        })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Runs one call under `timeout`, mapping failures to errors that name the call.
+    async fn call<T, F>(&self, call: &'static str, timeout: Duration, fut: F) -> Result<T, CriError>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => {
+                Err(CriError::Call { endpoint: self.endpoint.clone(), call, status: Box::new(status) })
+            }
+            Err(_) => Err(CriError::Timeout { endpoint: self.endpoint.clone(), call, timeout }),
+        }
+    }
+
+    pub async fn version(&self) -> Result<cri::VersionResponse, CriError> {
+        let mut c = self.runtime.clone();
+        self.call("Version", self.timeout, c.version(cri::VersionRequest { version: "v1".into() })).await
+    }
+
+    pub async fn list_pod_sandboxes(&self) -> Result<Vec<cri::PodSandbox>, CriError> {
+        let mut c = self.runtime.clone();
+        let r = self.call(
+            "ListPodSandbox",
+            self.timeout,
+            c.list_pod_sandbox(cri::ListPodSandboxRequest::default()),
+        );
+        Ok(r.await?.items)
+    }
+
+    pub async fn pod_sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatusResponse, CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true };
+        self.call("PodSandboxStatus", self.timeout, c.pod_sandbox_status(req)).await
+    }
+
+    pub async fn list_containers(&self) -> Result<Vec<cri::Container>, CriError> {
+        let mut c = self.runtime.clone();
+        let r = self.call(
+            "ListContainers",
+            self.timeout,
+            c.list_containers(cri::ListContainersRequest::default()),
+        );
+        Ok(r.await?.containers)
+    }
+
+    pub async fn container_status(&self, id: &str) -> Result<cri::ContainerStatusResponse, CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::ContainerStatusRequest { container_id: id.into(), verbose: true };
+        self.call("ContainerStatus", self.timeout, c.container_status(req)).await
+    }
+
+    pub async fn list_pod_sandbox_stats(&self) -> Result<Vec<cri::PodSandboxStats>, CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::ListPodSandboxStatsRequest::default();
+        Ok(self.call("ListPodSandboxStats", self.timeout, c.list_pod_sandbox_stats(req)).await?.stats)
+    }
+
+    pub async fn list_container_stats(&self) -> Result<Vec<cri::ContainerStats>, CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::ListContainerStatsRequest::default();
+        Ok(self.call("ListContainerStats", self.timeout, c.list_container_stats(req)).await?.stats)
+    }
+
+    /// SIGTERM, then SIGKILL after `grace_seconds`. The call lasts as long as the grace period,
+    /// so its deadline is the grace period plus the usual timeout.
+    pub async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<(), CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::StopContainerRequest { container_id: id.into(), timeout: grace_seconds };
+        let deadline = self.timeout + Duration::from_secs(grace_seconds.max(0) as u64);
+        match self.call("StopContainer", deadline, c.stop_container(req)).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
+    pub async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::StopPodSandboxRequest { pod_sandbox_id: id.into() };
+        match self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(req)).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
+    pub async fn remove_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::RemovePodSandboxRequest { pod_sandbox_id: id.into() };
+        match self.call("RemovePodSandbox", self.timeout, c.remove_pod_sandbox(req)).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
+    pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
+        let mut c = self.runtime.clone();
+        let req = cri::RemoveContainerRequest { container_id: id.into() };
+        match self.call("RemoveContainer", self.timeout, c.remove_container(req)).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
+    pub async fn image_fs_info(&self) -> Result<cri::ImageFsInfoResponse, CriError> {
+        let mut c = self.images.clone();
+        self.call("ImageFsInfo", self.timeout, c.image_fs_info(cri::ImageFsInfoRequest::default())).await
+    }
+
+    pub async fn list_images(&self) -> Result<Vec<cri::Image>, CriError> {
+        let mut c = self.images.clone();
+        Ok(self
+            .call("ListImages", self.timeout, c.list_images(cri::ListImagesRequest::default()))
+            .await?
+            .images)
+    }
+
+    pub async fn remove_image(&self, id: &str) -> Result<(), CriError> {
+        let mut c = self.images.clone();
+        let req = cri::RemoveImageRequest {
+            image: Some(cri::ImageSpec { image: id.into(), ..Default::default() }),
+        };
+        match self.call("RemoveImage", self.timeout, c.remove_image(req)).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
+    /// The raw runtime client, for callers (the test harness) that create pods.
+    pub fn runtime(&self) -> RuntimeServiceClient<Channel> {
+        self.runtime.clone()
+    }
+
+    pub fn images(&self) -> ImageServiceClient<Channel> {
+        self.images.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(socket_path("unix:///run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
+        assert_eq!(socket_path("/run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
+        assert!(socket_path("tcp://1.2.3.4:5").is_err());
+        assert!(socket_path("unix://relative").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_missing_socket_is_an_error_naming_endpoint_and_call() {
+        let c = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(2)).unwrap();
+        let e = c.version().await.unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("/nonexistent/evictd-test.sock") && msg.contains("Version"), "{msg}");
+        assert!(e.is_unavailable(), "{e:?}");
+    }
+}

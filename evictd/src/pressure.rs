@@ -1,0 +1,280 @@
+//! One pass of observe → decide → act, run on every wake. Cheap when nothing is near: the
+//! engine first decides without pods, and only when a threshold is actionable are the pods'
+//! cgroups read for ranking. One pod per decision; when a kill fails the next candidate is
+//! taken, as the kubelet does; after an eviction the pass repeats at once (the kubelet's loop
+//! does not sleep after an eviction either).
+
+use std::{
+    collections::BTreeSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+use crate::{
+    cgroup_layout::CgroupLayout,
+    cri::CriClient,
+    engine::{self, EngineState},
+    evict::{self, Phases},
+    inventory::{self, PodRecord},
+    node_signals::NodeSignalSources,
+    observations::Observations,
+    policy::{Policy, Signal, Threshold},
+    rank::{FsLayout, PodEntry},
+};
+
+/// Candidates tried in one decision when kills fail.
+const MAX_CANDIDATES: usize = 5;
+/// Evictions in one pass before yielding to the loop again.
+const MAX_EVICTIONS_PER_PASS: usize = 16;
+/// How often a repeated warning may be logged.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What happened to one chosen pod, for the log, `--trace` and tests.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvictionRecord {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub signal: Signal,
+    pub available: i64,
+    pub threshold: i64,
+    pub grace_period_seconds: i64,
+    pub message: String,
+    pub dry_run: bool,
+    /// `None` when it worked (or was a dry run).
+    pub error: Option<String>,
+    pub decide_us: u64,
+    pub phases: Option<Phases>,
+}
+
+pub struct Pressure {
+    pub policy: Policy,
+    pub thresholds: Vec<Threshold>,
+    pub layout: FsLayout,
+    pub signals: NodeSignalSources,
+    pub cgroups: CgroupLayout,
+    pub client: Option<CriClient>,
+    pub dry_run: bool,
+    pub release_timeout: Duration,
+    pub own_pod_uid: Option<String>,
+    state: EngineState,
+    /// Sandboxes evicted until the inventory stops listing them.
+    gone: BTreeSet<String>,
+    last_warning: Option<(String, Instant)>,
+}
+
+impl Pressure {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        policy: Policy,
+        layout: FsLayout,
+        signals: NodeSignalSources,
+        cgroups: CgroupLayout,
+        client: Option<CriClient>,
+        dry_run: bool,
+        release_timeout: Duration,
+        own_pod_uid: Option<String>,
+    ) -> Self {
+        let thresholds = engine::thresholds_for_layout(&policy, layout);
+        Pressure {
+            policy,
+            thresholds,
+            layout,
+            signals,
+            cgroups,
+            client,
+            dry_run,
+            release_timeout,
+            own_pod_uid,
+            state: EngineState::default(),
+            gone: BTreeSet::new(),
+            last_warning: None,
+        }
+    }
+
+    pub fn observe(&self, now_ns: i64) -> Observations {
+        let mut missing = Vec::new();
+        let obs = self.signals.observe(now_ns, &mut missing);
+        for m in missing {
+            // No number, no decision on it: the signal simply has no observation.
+            tracing::debug!(signal = %m.signal, "signal unreadable: {}", m.reason);
+        }
+        obs
+    }
+
+    /// The inventory changed: forget evicted sandboxes it no longer lists.
+    pub fn inventory_updated(&mut self, pods: &[PodRecord]) {
+        self.gone.retain(|id| pods.iter().any(|p| &p.sandbox_id == id));
+    }
+
+    /// Observe, decide, act; repeated while evictions succeed. `pods` is the inventory's
+    /// latest snapshot.
+    pub async fn pass(
+        &mut self,
+        pods: &Arc<Vec<PodRecord>>,
+        now_ns: impl Fn() -> i64,
+    ) -> Vec<EvictionRecord> {
+        let mut records = Vec::new();
+        for _ in 0..MAX_EVICTIONS_PER_PASS {
+            let obs = self.observe(now_ns());
+            let Some(rec) = self.decide_and_act(pods, &obs, now_ns()).await else { break };
+            let succeeded = rec.error.is_none() && !rec.dry_run;
+            records.push(rec);
+            if !succeeded {
+                break;
+            }
+        }
+        records
+    }
+
+    async fn decide_and_act(
+        &mut self,
+        pods: &[PodRecord],
+        obs: &Observations,
+        now: i64,
+    ) -> Option<EvictionRecord> {
+        let t0 = Instant::now();
+        let input = engine::Input {
+            thresholds: &self.thresholds,
+            policy: &self.policy,
+            layout: self.layout,
+            observations: obs,
+            pods: &[],
+            now_ns: now,
+        };
+        let (state, first) = engine::decide(&input, &self.state);
+        if first.actionable.is_empty() {
+            self.state = state;
+            return None;
+        }
+        // Something is actionable: now, and only now, read the pods' cgroups.
+        let live: Vec<(&PodRecord, Option<crate::summary::PodStats>)> = pods
+            .iter()
+            .filter(|p| !self.gone.contains(&p.sandbox_id))
+            .filter_map(|p| {
+                let cg = self.cgroups_of(p);
+                // A pod whose cgroup is gone is terminating, not a candidate.
+                if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
+                    return None;
+                }
+                Some((p, inventory::pod_stats(p, cg.as_ref(), &self.cgroups)))
+            })
+            .collect();
+        let mut excluded: BTreeSet<usize> = BTreeSet::new();
+        for _ in 0..MAX_CANDIDATES {
+            let entries: Vec<PodEntry> = live
+                .iter()
+                .enumerate()
+                .map(|(i, (p, s))| PodEntry {
+                    pod: &p.spec,
+                    stats: s.as_ref(),
+                    protected: excluded.contains(&i) || self.own_pod_uid.as_deref() == Some(p.uid.as_str()),
+                })
+                .collect();
+            let input = engine::Input { pods: &entries, ..input };
+            let (state, d) = engine::decide(&input, &self.state);
+            let Some(e) = d.eviction else {
+                self.state = state;
+                if let Some(why) = d.no_eviction_reason {
+                    let signal = d.actionable.first().map(|&i| self.thresholds[i].signal);
+                    self.warn_limited(format!("pressure on {signal:?} but no eviction: {why}"));
+                }
+                return None;
+            };
+            let pod = live[e.pod].0;
+            let o = obs.get(&e.signal).copied();
+            let mut rec = EvictionRecord {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                signal: e.signal,
+                available: o.map_or(0, |o| o.available),
+                threshold: o.map_or(0, |o| self.thresholds[e.threshold].value.resolve(o.capacity)),
+                grace_period_seconds: e.grace_period_seconds,
+                message: e.message.clone(),
+                dry_run: self.dry_run,
+                error: None,
+                decide_us: t0.elapsed().as_micros() as u64,
+                phases: None,
+            };
+            if self.dry_run {
+                self.state = state;
+                tracing::info!(
+                    pod = %format!("{}/{}", rec.namespace, rec.name), signal = %rec.signal,
+                    available = rec.available, threshold = rec.threshold, grace = rec.grace_period_seconds,
+                    "dry run: would evict: {}", rec.message
+                );
+                return Some(rec);
+            }
+            let Some(client) = &self.client else {
+                self.state = state;
+                rec.error = Some("no CRI endpoint".into());
+                return Some(rec);
+            };
+            let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
+            match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout).await {
+                Ok(phases) => {
+                    self.state = state;
+                    self.gone.insert(pod.sandbox_id.clone());
+                    tracing::info!(
+                        pod = %format!("{}/{}", rec.namespace, rec.name), signal = %rec.signal,
+                        available = rec.available, threshold = rec.threshold, grace = rec.grace_period_seconds,
+                        decide_us = rec.decide_us,
+                        stop_containers_ms = phases.stop_containers_ms,
+                        stop_sandbox_ms = phases.stop_sandbox_ms,
+                        memory_released_ms = phases.memory_released_ms,
+                        "evicted: {}", rec.message
+                    );
+                    rec.phases = Some(phases);
+                    return Some(rec);
+                }
+                Err(err) => {
+                    tracing::warn!("eviction failed, trying the next candidate: {err}");
+                    // Only for this decision: the pod is still there, and the next pass may
+                    // well succeed where this one failed.
+                    excluded.insert(e.pod);
+                    rec.error = Some(err.to_string());
+                    if excluded.len() >= live.len() {
+                        self.state = state;
+                        return Some(rec);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The same warning at most every `WARN_EVERY`: wakes come many times a second.
+    fn warn_limited(&mut self, msg: String) {
+        let repeat = self.last_warning.as_ref().is_some_and(|(m, t)| *m == msg && t.elapsed() < WARN_EVERY);
+        if !repeat {
+            tracing::warn!("{msg}");
+            self.last_warning = Some((msg, Instant::now()));
+        }
+    }
+
+    fn cgroups_of(&self, p: &PodRecord) -> Option<inventory::PodCgroups> {
+        inventory::pod_cgroups(p, &self.cgroups)
+    }
+}
+
+/// evictd's own pod, never to be evicted: `POD_UID` from the downward API, or the pod
+/// cgroup evictd runs in.
+pub fn own_pod_uid() -> Option<String> {
+    if let Ok(uid) = std::env::var("POD_UID")
+        && !uid.is_empty()
+    {
+        return Some(uid);
+    }
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        l.split('/').find_map(|seg| {
+            let seg = seg.trim_end_matches(".slice");
+            let pod = seg.rsplit('-').next().unwrap_or(seg).strip_prefix("pod")?;
+            // systemd slices spell the uid's dashes as underscores.
+            (pod.len() >= 32).then(|| pod.replace('_', "-"))
+        })
+    })
+}

@@ -1,0 +1,525 @@
+//! A real containerd, private to one test: its own config, root, state, sockets and runc
+//! root under temporary directories; a locally built image (static pause and hog binaries)
+//! imported without a registry; pods created the way the kubelet creates them (labels,
+//! annotations, cgroup parents under a test node cgroup, limits); and a teardown that runs
+//! also when the test fails: sandboxes stopped and removed, containerd ended by PID,
+//! leftover shims and container processes (ours, found by our socket path and our cgroups)
+//! killed by PID, mounts detached, cgroup trees removed depth-first in every hierarchy.
+
+use std::{
+    collections::BTreeMap,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use evictd::cri::{CriClient, api as cri};
+
+pub const IMAGE: &str = "evictd.test/tools:1";
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// Why a containerd test cannot run here, if it cannot (checked before anything starts).
+pub fn unavailable() -> Option<String> {
+    for bin in ["containerd", "ctr", "runc", "gcc"] {
+        if which(bin).is_none() {
+            return Some(format!("{bin} is not installed (cargo xtask setup installs it)"));
+        }
+    }
+    None
+}
+
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
+pub struct Containerd {
+    pub name: String,
+    pub tmp: PathBuf,
+    pub run: PathBuf,
+    pub socket: PathBuf,
+    child: Option<Child>,
+    /// The memory cgroup that plays the node, relative to each hierarchy's root.
+    pub node_cgroup: String,
+    pub memory_root: PathBuf,
+    pub sandboxes: Vec<String>,
+}
+
+/// A pod as the test wants it.
+pub struct PodSpec<'a> {
+    pub name: &'a str,
+    /// `guaranteed`, `burstable` or `besteffort`: where its cgroup goes.
+    pub qos: &'a str,
+    pub memory_limit: Option<u64>,
+    pub oom_score_adj: i64,
+    pub annotations: BTreeMap<String, String>,
+    pub ignore_sigterm: bool,
+    pub termination_grace_seconds: i64,
+}
+
+/// A running pod: ids, and the control file whose MiB number its hog allocates up to.
+pub struct TestPod {
+    pub uid: String,
+    pub name: String,
+    pub sandbox_id: String,
+    pub container_id: String,
+    pub control: PathBuf,
+    /// Its pod cgroup in the memory hierarchy.
+    pub cgroup: PathBuf,
+}
+
+impl TestPod {
+    /// Grows the workload to `mib` MiB (it never shrinks).
+    pub fn set_mib(&self, mib: u64) {
+        std::fs::write(&self.control, mib.to_string()).expect("writing the hog's control file");
+    }
+
+    /// The pod's memory usage, from its cgroup (0 once gone).
+    pub fn usage(&self) -> u64 {
+        let f = self.cgroup.join("memory.usage_in_bytes");
+        std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// Waits until the pod's cgroup charges at least `bytes`.
+    pub fn wait_usage_at_least(&self, bytes: u64, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.usage() < bytes {
+            assert!(
+                Instant::now() < deadline,
+                "pod {} did not reach {bytes} bytes (at {})",
+                self.name,
+                self.usage()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Containerd {
+    /// Starts containerd with a node cgroup of `node_limit` bytes under the memory root.
+    pub fn start(node_limit: u64) -> Self {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let name = format!("evictd-e2e-{}-{n}", std::process::id());
+        let tmp = std::env::temp_dir().join(&name);
+        let run = PathBuf::from("/run").join(&name);
+        for d in [tmp.join("net.d"), tmp.join("logs"), tmp.join("ctl"), run.clone()] {
+            std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
+        }
+        let layout = evictd::cgroup_layout::CgroupLayout::detect().expect("cgroup layout");
+        let mut c = Containerd {
+            socket: run.join("containerd.sock"),
+            name: name.clone(),
+            tmp,
+            run,
+            child: None,
+            node_cgroup: format!("/{name}"),
+            memory_root: layout.memory_root,
+            sandboxes: Vec::new(),
+        };
+        let node = c.node_dir();
+        std::fs::create_dir_all(node.join("kubepods/burstable")).expect("node cgroup");
+        std::fs::create_dir_all(node.join("kubepods/besteffort")).expect("node cgroup");
+        std::fs::write(node.join("memory.limit_in_bytes"), node_limit.to_string()).expect("node limit");
+        c.write_config();
+        c.spawn();
+        c.import_image();
+        c
+    }
+
+    /// The node cgroup's directory in the memory hierarchy.
+    pub fn node_dir(&self) -> PathBuf {
+        self.memory_root.join(&self.name)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn client(&self) -> CriClient {
+        CriClient::new(&self.endpoint(), Duration::from_secs(10)).expect("CRI client")
+    }
+
+    fn write_config(&self) {
+        let (t, r) = (self.tmp.display(), self.run.display());
+        let config = format!(
+            r#"version = 2
+root = "{t}/root"
+state = "{r}/state"
+[grpc]
+  address = "{r}/containerd.sock"
+[ttrpc]
+  address = "{r}/containerd.sock.ttrpc"
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "{t}/opt"
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "{IMAGE}"
+    restrict_oom_score_adj = true
+    disable_apparmor = true
+    stats_collect_period = 1
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "{t}/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          BinaryName = "/usr/sbin/runc"
+          Root = "{r}/runc"
+"#
+        );
+        std::fs::write(self.tmp.join("config.toml"), config).expect("containerd config");
+    }
+
+    /// Starts (or restarts) containerd and waits until it answers.
+    pub fn spawn(&mut self) {
+        let log = std::fs::File::create(self.tmp.join("containerd.log")).expect("containerd log");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.tmp.join("config.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting containerd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.ctr(&["version"]).status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not come up; see {}/containerd.log",
+                self.tmp.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops containerd (pods keep running, as on a real node), by its PID.
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.wait();
+        }
+    }
+
+    fn ctr(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .expect("running ctr")
+    }
+
+    /// Builds the static binaries and a docker-save tarball, and imports it.
+    fn import_image(&self) {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("images");
+        let bin = self.tmp.join("image-bin");
+        std::fs::create_dir_all(&bin).expect("image dir");
+        for name in ["pause", "hog"] {
+            let out = Command::new("gcc")
+                .args(["-static", "-O2", "-o"])
+                .arg(bin.join(name))
+                .arg(src.join(format!("{name}.c")))
+                .output()
+                .expect("running gcc");
+            assert!(out.status.success(), "gcc {name}.c: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let tarball = self.tmp.join("image.tar");
+        write_image_tarball(&bin, &tarball);
+        let out = self.ctr(&["images", "import", &tarball.display().to_string()]);
+        assert!(out.status.success(), "ctr images import: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Creates and starts a pod as the kubelet would, with a hog container in it.
+    pub async fn run_pod(&mut self, spec: PodSpec<'_>) -> TestPod {
+        let uid = format!("{}-{}", spec.name, SEQ.fetch_add(1, Ordering::Relaxed));
+        let qos_dir = match spec.qos {
+            "guaranteed" => String::new(),
+            q => format!("/{q}"),
+        };
+        let cgroup_parent = format!("{}/kubepods{qos_dir}/pod{uid}", self.node_cgroup);
+        let pod_cgroup = self.memory_root.join(cgroup_parent.trim_start_matches('/'));
+        // The kubelet creates the pod cgroup (with the pod's limit) before the sandbox.
+        std::fs::create_dir_all(&pod_cgroup).expect("pod cgroup");
+        if let Some(l) = spec.memory_limit {
+            std::fs::write(pod_cgroup.join("memory.limit_in_bytes"), l.to_string()).expect("pod limit");
+        }
+        let labels: std::collections::HashMap<String, String> = [
+            ("io.kubernetes.pod.name", spec.name.to_owned()),
+            ("io.kubernetes.pod.namespace", "e2e".to_owned()),
+            ("io.kubernetes.pod.uid", uid.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let log_dir = self.tmp.join("logs").join(&uid);
+        std::fs::create_dir_all(&log_dir).expect("log dir");
+        let sandbox_config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: spec.name.into(),
+                uid: uid.clone(),
+                namespace: "e2e".into(),
+                attempt: 0,
+            }),
+            log_directory: log_dir.display().to_string(),
+            labels: labels.clone(),
+            annotations: spec.annotations.clone().into_iter().collect(),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                cgroup_parent: cgroup_parent.clone(),
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: cri::NamespaceMode::Node as i32,
+                        pid: cri::NamespaceMode::Container as i32,
+                        ipc: cri::NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut rt = self.client().runtime();
+        let sandbox_id = rt
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(sandbox_config.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .into_inner()
+            .pod_sandbox_id;
+        self.sandboxes.push(sandbox_id.clone());
+        let ctl_dir = self.tmp.join("ctl").join(&uid);
+        std::fs::create_dir_all(&ctl_dir).expect("control dir");
+        let control = ctl_dir.join("mib");
+        std::fs::write(&control, "0").expect("control file");
+        let mut args = vec!["/ctl/mib".to_owned()];
+        if spec.ignore_sigterm {
+            args.push("ignore-term".into());
+        }
+        let mut container_labels = labels.clone();
+        container_labels.insert("io.kubernetes.container.name".into(), "hog".into());
+        let container = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata { name: "hog".into(), attempt: 0 }),
+            image: Some(cri::ImageSpec { image: IMAGE.into(), ..Default::default() }),
+            command: vec!["/hog".into()],
+            args,
+            labels: container_labels,
+            annotations: [(
+                "io.kubernetes.pod.terminationGracePeriod".to_owned(),
+                spec.termination_grace_seconds.to_string(),
+            )]
+            .into_iter()
+            .collect(),
+            mounts: vec![cri::Mount {
+                container_path: "/ctl".into(),
+                host_path: ctl_dir.display().to_string(),
+                ..Default::default()
+            }],
+            log_path: "hog.log".into(),
+            linux: Some(cri::LinuxContainerConfig {
+                resources: Some(cri::LinuxContainerResources {
+                    memory_limit_in_bytes: spec.memory_limit.unwrap_or(0) as i64,
+                    oom_score_adj: spec.oom_score_adj,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let container_id = rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.clone(),
+                config: Some(container),
+                sandbox_config: Some(sandbox_config),
+            })
+            .await
+            .expect("CreateContainer")
+            .into_inner()
+            .container_id;
+        rt.start_container(cri::StartContainerRequest { container_id: container_id.clone() })
+            .await
+            .expect("StartContainer");
+        TestPod { uid, name: spec.name.into(), sandbox_id, container_id, control, cgroup: pod_cgroup }
+    }
+
+    /// Whether the runtime still has a ready sandbox with this id.
+    pub async fn sandbox_ready(&self, id: &str) -> bool {
+        self.client()
+            .list_pod_sandboxes()
+            .await
+            .expect("ListPodSandbox")
+            .iter()
+            .any(|s| s.id == id && s.state == cri::PodSandboxState::SandboxReady as i32)
+    }
+
+    fn teardown(&mut self) {
+        // CRI clean-up needs a runtime of its own: Drop may run inside a test's runtime.
+        if self.child.is_some() && !self.sandboxes.is_empty() {
+            let client = self.client();
+            let ids = std::mem::take(&mut self.sandboxes);
+            let _ = std::thread::spawn(move || {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                    return;
+                };
+                rt.block_on(async {
+                    for id in &ids {
+                        let _ = client.stop_pod_sandbox(id).await;
+                        let _ = client.remove_pod_sandbox(id).await;
+                    }
+                });
+            })
+            .join();
+        }
+        self.stop_daemon();
+        // Anything still alive in our cgroups, or a shim serving our socket, is ours.
+        let sock = self.socket.display().to_string();
+        for pid in pids_in_tree(&self.node_dir()).into_iter().chain(pids_with_cmdline(&sock)) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        detach_mounts_under(&[&self.tmp, &self.run]);
+        remove_cgroup_trees(&self.name);
+        let _ = std::fs::remove_dir_all(&self.run);
+        let _ = std::fs::remove_dir_all(&self.tmp);
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// A docker-save tarball with one layer holding /pause and /hog.
+fn write_image_tarball(bin: &Path, out: &Path) {
+    use sha2::Digest as _;
+    let mut layer = tar::Builder::new(Vec::new());
+    for name in ["pause", "hog"] {
+        let data = std::fs::read(bin.join(name)).expect("binary");
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o755);
+        h.set_cksum();
+        layer.append_data(&mut h, name, data.as_slice()).expect("layer entry");
+    }
+    let layer = layer.into_inner().expect("layer tar");
+    let diff_id = format!("sha256:{:x}", sha2::Sha256::digest(&layer));
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let config = serde_json::json!({
+        "architecture": arch, "os": "linux",
+        "config": {"Entrypoint": ["/pause"]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]}
+    })
+    .to_string();
+    let manifest =
+        serde_json::json!([{"Config": "config.json", "RepoTags": [IMAGE], "Layers": ["layer/layer.tar"]}])
+            .to_string();
+    let mut outer = tar::Builder::new(std::fs::File::create(out).expect("image tarball"));
+    for (path, data) in [
+        ("manifest.json", manifest.as_bytes()),
+        ("config.json", config.as_bytes()),
+        ("layer/layer.tar", &layer),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        outer.append_data(&mut h, path, data).expect("image entry");
+    }
+    outer.into_inner().expect("image tarball").flush().expect("flush");
+}
+
+/// Every PID in `dir`'s cgroup and below it.
+fn pids_in_tree(dir: &Path) -> Vec<i32> {
+    let mut out: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(pids_in_tree(&e.path()));
+            }
+        }
+    }
+    out
+}
+
+/// PIDs whose command line mentions `needle` (our shims carry our socket path).
+fn pids_with_cmdline(needle: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(needle))
+        })
+        .collect()
+}
+
+fn detach_mounts_under(roots: &[&Path]) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let mut points: Vec<&str> = info
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|p| roots.iter().any(|r| Path::new(p).starts_with(r)))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Removes /sys/fs/cgroup/<every hierarchy>/<name> depth-first.
+fn remove_cgroup_trees(name: &str) {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+    for h in hierarchies.flatten() {
+        let top = h.path().join(name);
+        if top.is_dir() {
+            remove_depth_first(&top);
+        }
+    }
+}
+
+fn remove_depth_first(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_depth_first(&e.path());
+            }
+        }
+    }
+    for _ in 0..50 {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("warning: could not remove cgroup {}", dir.display());
+}

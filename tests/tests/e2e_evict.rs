@@ -1,0 +1,388 @@
+//! End to end on a real containerd: a test memory cgroup plays the node (its limit is the
+//! capacity), pods are created the way the kubelet creates them, evictd runs as the binary
+//! users run (`--trace --json`), and the assertions read its eviction lines and the runtime's
+//! own view of the pods. Needs root, BPF and containerd; skipped loudly otherwise.
+//!
+//! The scenarios share one machine's memory, so they run one at a time.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use evictd_tests::{
+    containerd::{self, Containerd, PodSpec, TestPod},
+    evictd_binary, privileged,
+};
+use serde_json::{Value, json};
+
+const MI: u64 = 1 << 20;
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn skip(test: &str) -> bool {
+    if !privileged(test) {
+        return true;
+    }
+    if let Some(why) = containerd::unavailable() {
+        if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+            panic!("{test}: {why}");
+        }
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+        return true;
+    }
+    false
+}
+
+/// evictd running against the test's containerd; its JSON lines and log are collected.
+struct Evictd {
+    child: Child,
+    lines: Arc<Mutex<Vec<Value>>>,
+    log: Arc<Mutex<String>>,
+}
+
+impl Evictd {
+    fn start(ctd: &Containerd, pods_file: &std::path::Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(evictd_binary())
+            .args(["--trace", "--json", "--housekeeping-interval", "200ms", "--inventory-interval", "200ms"])
+            .arg("--node-cgroup")
+            .arg(ctd.node_dir())
+            .arg("--cri-endpoint")
+            .arg(ctd.endpoint())
+            .arg("--pods-file")
+            .arg(pods_file)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting evictd");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::new(Mutex::new(String::new()));
+        let stdout = child.stdout.take().expect("stdout");
+        let l = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v: Value =
+                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                l.lock().expect("lines").push(v);
+            }
+        });
+        let stderr = child.stderr.take().expect("stderr");
+        let g = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut g = g.lock().expect("log");
+                g.push_str(&line);
+                g.push('\n');
+            }
+        });
+        let e = Evictd { child, lines, log };
+        // The first summary means it is up and armed.
+        e.wait_for("the first summary", Duration::from_secs(20), |l| {
+            l.iter().any(|v| v["type"] == "summary")
+        });
+        e
+    }
+
+    fn evictions(&self) -> Vec<Value> {
+        self.lines.lock().expect("lines").iter().filter(|v| v["type"] == "eviction").cloned().collect()
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().expect("log").clone()
+    }
+
+    fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[Value]) -> bool) {
+        let deadline = Instant::now() + within;
+        loop {
+            if pred(&self.lines.lock().expect("lines")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; evictd log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_eviction(&self, within: Duration) -> Value {
+        self.wait_for("an eviction", within, |l| l.iter().any(|v| v["type"] == "eviction"));
+        self.evictions().remove(0)
+    }
+}
+
+impl Drop for Evictd {
+    fn drop(&mut self) {
+        // Ours, by PID.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct PodDef {
+    name: &'static str,
+    qos: &'static str,
+    priority: i64,
+    request_mib: Option<u64>,
+    limit_mib: Option<u64>,
+    static_pod: bool,
+    ignore_sigterm: bool,
+    grace: i64,
+}
+
+impl PodDef {
+    fn new(name: &'static str, qos: &'static str) -> Self {
+        PodDef {
+            name,
+            qos,
+            priority: 0,
+            request_mib: None,
+            limit_mib: None,
+            static_pod: false,
+            ignore_sigterm: false,
+            grace: 30,
+        }
+    }
+}
+
+async fn make_pods(ctd: &mut Containerd, defs: &[PodDef]) -> (Vec<TestPod>, std::path::PathBuf) {
+    let mut pods = Vec::new();
+    let mut items = Vec::new();
+    for d in defs {
+        let mut annotations = std::collections::BTreeMap::new();
+        if d.static_pod {
+            annotations.insert("kubernetes.io/config.source".to_owned(), "file".to_owned());
+        }
+        let oom = match d.qos {
+            "guaranteed" => -997,
+            "besteffort" => 1000,
+            _ => 900,
+        };
+        let p = ctd
+            .run_pod(PodSpec {
+                name: d.name,
+                qos: d.qos,
+                memory_limit: d.limit_mib.map(|m| m * MI),
+                oom_score_adj: oom,
+                annotations: annotations.clone(),
+                ignore_sigterm: d.ignore_sigterm,
+                termination_grace_seconds: d.grace,
+            })
+            .await;
+        let requests = d.request_mib.map_or(json!({}), |r| json!({"memory": format!("{r}Mi")}));
+        items.push(json!({
+            "metadata": {"name": d.name, "namespace": "e2e", "uid": p.uid, "annotations": annotations},
+            "spec": {"priority": d.priority, "terminationGracePeriodSeconds": d.grace,
+                     "containers": [{"name": "hog", "resources": {"requests": requests}}]},
+            "status": {"phase": "Running"}
+        }));
+        pods.push(p);
+    }
+    let file = ctd.tmp.join("pods.json");
+    std::fs::write(&file, json!({"kind": "PodList", "items": items}).to_string()).expect("pods file");
+    (pods, file)
+}
+
+fn node_usage(ctd: &Containerd) -> u64 {
+    std::fs::read_to_string(ctd.node_dir().join("memory.usage_in_bytes"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// (a) Three pods of different QoS and priority; one grows past its request until the
+/// node-level threshold is crossed: exactly the pod the engine ranks first is evicted, no
+/// other, and its memory is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
+    let _serial = SERIAL.lock().await;
+    if skip("evicts_exactly_the_top_ranked_pod_and_frees_its_memory") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(
+        &mut ctd,
+        &[
+            PodDef {
+                priority: 1000,
+                request_mib: Some(200),
+                limit_mib: Some(200),
+                ..PodDef::new("api", "guaranteed")
+            },
+            PodDef { request_mib: Some(100), ..PodDef::new("worker", "burstable") },
+            PodDef::new("batch", "besteffort"),
+        ],
+    )
+    .await;
+    let (api, worker, batch) = (&pods[0], &pods[1], &pods[2]);
+    api.set_mib(150);
+    batch.set_mib(100);
+    worker.set_mib(150);
+    for (p, mib) in [(api, 150), (batch, 100), (worker, 150)] {
+        p.wait_usage_at_least(mib * MI, Duration::from_secs(10));
+    }
+    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<400Mi"]);
+    assert!(evictd.evictions().is_empty(), "nothing to evict yet");
+    let before = node_usage(&ctd);
+    worker.set_mib(450);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "worker", "{e}");
+    assert_eq!(e["signal"], "memory.available");
+    assert_eq!(e["grace_period_seconds"], 1, "hard threshold");
+    assert!(e["error"].is_null(), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The node was low on resource: memory. Threshold quantity: 400Mi")
+    );
+    // No second eviction: the pressure is gone.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(evictd.evictions().len(), 1, "{:?}", evictd.evictions());
+    assert!(!ctd.sandbox_ready(&worker.sandbox_id).await, "worker must be stopped");
+    assert!(ctd.sandbox_ready(&api.sandbox_id).await && ctd.sandbox_ready(&batch.sandbox_id).await);
+    // No process is left; a few KiB of kernel memory may stay charged to the pod cgroup.
+    assert!(worker.usage() < MI, "the evicted pod's memory is released: {} bytes left", worker.usage());
+    assert!(node_usage(&ctd) < before, "memory freed: {} → {}", before, node_usage(&ctd));
+    let phases = &e["phases"];
+    println!(
+        "eviction phases: decide {} µs, stop containers {} ms, stop sandbox {} ms, memory released {} ms",
+        e["decide_us"], phases["stop_containers_ms"], phases["stop_sandbox_ms"], phases["memory_released_ms"]
+    );
+}
+
+/// (b) A static pod is never evicted, even when it is the largest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_pod_is_never_evicted_even_when_largest() {
+    let _serial = SERIAL.lock().await;
+    if skip("a_static_pod_is_never_evicted_even_when_largest") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(
+        &mut ctd,
+        &[
+            PodDef { static_pod: true, ..PodDef::new("kube-proxy", "besteffort") },
+            PodDef::new("app", "besteffort"),
+        ],
+    )
+    .await;
+    let (kube_proxy, app) = (&pods[0], &pods[1]);
+    kube_proxy.set_mib(400);
+    app.set_mib(100);
+    kube_proxy.wait_usage_at_least(400 * MI, Duration::from_secs(10));
+    app.wait_usage_at_least(100 * MI, Duration::from_secs(10));
+    // After app goes, the static pod's 400Mi still leaves less than 700Mi available.
+    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<700Mi"]);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "app", "{e}");
+    // Pressure remains (the static pod holds 400Mi), yet it is never chosen.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(evictd.evictions().iter().all(|e| e["name"] != "kube-proxy"));
+    assert!(ctd.sandbox_ready(&kube_proxy.sandbox_id).await);
+    assert!(evictd.log().contains("critical"), "evictd says why it does not evict:\n{}", evictd.log());
+}
+
+/// (c) `--dry-run` decides and says so, and kills nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_kills_nothing() {
+    let _serial = SERIAL.lock().await;
+    if skip("dry_run_kills_nothing") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) =
+        make_pods(&mut ctd, &[PodDef::new("hog", "besteffort"), PodDef::new("quiet", "besteffort")]).await;
+    pods[0].set_mib(500);
+    pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
+    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<600Mi", "--dry-run"]);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "hog");
+    assert_eq!(e["dry_run"], true);
+    std::thread::sleep(Duration::from_secs(1));
+    for p in &pods {
+        assert!(ctd.sandbox_ready(&p.sandbox_id).await, "{} was stopped in a dry run", p.name);
+    }
+    assert!(pods[0].usage() >= 500 * MI);
+}
+
+/// (d) The CRI socket goes away and comes back: evictd says so, keeps running, and evicts
+/// correctly afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_the_runtime_going_away_and_evicts_after_it_returns() {
+    let _serial = SERIAL.lock().await;
+    if skip("survives_the_runtime_going_away_and_evicts_after_it_returns") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) =
+        make_pods(&mut ctd, &[PodDef::new("grower", "besteffort"), PodDef::new("idle", "besteffort")]).await;
+    pods[1].set_mib(50);
+    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<500Mi"]);
+    let seen = |n: usize| move |log: &str| log.matches("container runtime reachable").count() >= n;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen(1)(&evictd.log()) {
+        assert!(Instant::now() < deadline, "evictd never reached the runtime:\n{}", evictd.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ctd.stop_daemon();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !evictd.log().contains("container runtime unavailable") {
+        assert!(Instant::now() < deadline, "evictd did not report the runtime gone:\n{}", evictd.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ctd.spawn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen(2)(&evictd.log()) {
+        assert!(Instant::now() < deadline, "evictd did not see the runtime back:\n{}", evictd.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pods[0].set_mib(600);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "grower", "{e}");
+    assert!(e["error"].is_null(), "{e}");
+    assert!(!ctd.sandbox_ready(&pods[0].sandbox_id).await);
+    assert!(ctd.sandbox_ready(&pods[1].sandbox_id).await);
+}
+
+/// (e) A pod that ignores SIGTERM, evicted for a soft threshold, is killed after its grace
+/// period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_ignoring_sigterm_is_killed_after_its_grace_period() {
+    let _serial = SERIAL.lock().await;
+    if skip("a_pod_ignoring_sigterm_is_killed_after_its_grace_period") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(
+        &mut ctd,
+        &[PodDef { ignore_sigterm: true, grace: 2, ..PodDef::new("stubborn", "besteffort") }],
+    )
+    .await;
+    pods[0].set_mib(500);
+    pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
+    let evictd = Evictd::start(
+        &ctd,
+        &file,
+        &[
+            "--eviction-hard=",
+            "--eviction-soft",
+            "memory.available<600Mi",
+            "--eviction-soft-grace-period",
+            "memory.available=1s",
+        ],
+    );
+    let t = Instant::now();
+    let e = evictd.wait_eviction(Duration::from_secs(30));
+    assert_eq!(e["name"], "stubborn");
+    assert_eq!(e["grace_period_seconds"], 2, "the pod's own grace period (max-pod-grace 0)");
+    assert!(e["error"].is_null(), "{e}");
+    let stop_ms = e["phases"]["stop_containers_ms"].as_f64().expect("phase timings");
+    assert!(
+        stop_ms >= 1900.0,
+        "SIGTERM was ignored, so the stop must take the 2 s grace period, took {stop_ms} ms"
+    );
+    assert!(t.elapsed() >= Duration::from_secs(1), "the soft grace period (1s) passed first");
+    assert!(!ctd.sandbox_ready(&pods[0].sandbox_id).await);
+    assert!(pods[0].usage() < MI, "memory released: {} bytes left", pods[0].usage());
+}
