@@ -45,6 +45,8 @@ pub struct PodRecord {
     /// The pod cgroup as given to the runtime (cgroupfs path or systemd slice).
     pub cgroup_parent: Option<String>,
     pub log_directory: Option<String>,
+    /// The image the sandbox (pause) container runs.
+    pub sandbox_image: Option<String>,
     pub containers: Vec<ContainerRecord>,
     pub spec: Pod,
     pub spec_inferred: bool,
@@ -224,6 +226,8 @@ impl Inventory {
             .map(str::to_owned);
         let log_directory =
             config.and_then(|c| c.get("log_directory")).and_then(|v| v.as_str()).map(str::to_owned);
+        let sandbox_image =
+            info.as_ref().and_then(|i| i.get("image")).and_then(|v| v.as_str()).map(str::to_owned);
         let annotations: BTreeMap<String, String> = sb.annotations.clone().into_iter().collect();
         let mut rec = PodRecord {
             sandbox_id: sb.id.clone(),
@@ -233,6 +237,7 @@ impl Inventory {
             annotations,
             cgroup_parent,
             log_directory,
+            sandbox_image,
             containers: Vec::new(),
             spec: Pod::default(),
             spec_inferred: true,
@@ -432,6 +437,7 @@ mod tests {
             annotations: BTreeMap::new(),
             cgroup_parent: Some(parent.into()),
             log_directory: None,
+            sandbox_image: None,
             containers,
             spec: Pod::default(),
             spec_inferred: true,

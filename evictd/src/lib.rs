@@ -29,6 +29,7 @@ pub mod probe;
 pub mod psi;
 pub mod quantity;
 pub mod rank;
+pub mod reclaim;
 pub mod stat_items;
 pub mod summary;
 pub mod trace;

@@ -22,6 +22,7 @@ use crate::{
     observations::Observations,
     policy::{Policy, Signal, Threshold},
     rank::{FsLayout, PodEntry},
+    reclaim,
 };
 
 /// Candidates tried in one decision when kills fail.
@@ -148,6 +149,27 @@ impl Pressure {
         if first.actionable.is_empty() {
             self.state = state;
             return None;
+        }
+        // Disk pressure: node-level reclaim first; evict only if a threshold is still met.
+        if !first.node_reclaim.is_empty()
+            && !self.dry_run
+            && let Some(client) = &self.client
+        {
+            let sandbox_images = pods.iter().filter_map(|p| p.sandbox_image.clone()).collect();
+            let report = reclaim::reclaim(client, &first.node_reclaim, &sandbox_images).await;
+            tracing::info!(
+                containers_removed = report.containers_removed,
+                images_removed = report.images_removed,
+                errors = ?report.errors,
+                "node-level reclaim for {:?}",
+                first.actionable.first().map(|&i| self.thresholds[i].signal)
+            );
+            let after = self.observe(now);
+            if !engine::any_met(&self.thresholds, &after, true) {
+                tracing::info!("node-level reclaim resolved the pressure: no pod evicted");
+                self.state = state;
+                return None;
+            }
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
         let live: Vec<(&PodRecord, Option<crate::summary::PodStats>)> = pods

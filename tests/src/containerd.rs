@@ -242,10 +242,17 @@ state = "{r}/state"
                 .expect("running gcc");
             assert!(out.status.success(), "gcc {name}.c: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let tarball = self.tmp.join("image.tar");
-        write_image_tarball(&bin, &tarball);
+        let files: Vec<(&str, Vec<u8>)> =
+            ["pause", "hog"].iter().map(|n| (*n, std::fs::read(bin.join(n)).expect("binary"))).collect();
+        self.import(IMAGE, &files);
+    }
+
+    /// Imports an image named `tag` holding `files` (each executable).
+    pub fn import(&self, tag: &str, files: &[(&str, Vec<u8>)]) {
+        let tarball = self.tmp.join(format!("image-{}.tar", tag.replace(['/', ':'], "_")));
+        write_image_tarball(tag, files, &tarball);
         let out = self.ctr(&["images", "import", &tarball.display().to_string()]);
-        assert!(out.status.success(), "ctr images import: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "ctr images import {tag}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// Creates and starts a pod as the kubelet would, with a hog container in it.
@@ -410,12 +417,11 @@ impl Drop for Containerd {
     }
 }
 
-/// A docker-save tarball with one layer holding /pause and /hog.
-fn write_image_tarball(bin: &Path, out: &Path) {
+/// A docker-save tarball named `tag` with one layer holding `files` at the root.
+fn write_image_tarball(tag: &str, files: &[(&str, Vec<u8>)], out: &Path) {
     use sha2::Digest as _;
     let mut layer = tar::Builder::new(Vec::new());
-    for name in ["pause", "hog"] {
-        let data = std::fs::read(bin.join(name)).expect("binary");
+    for (name, data) in files {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
         h.set_mode(0o755);
@@ -436,7 +442,7 @@ fn write_image_tarball(bin: &Path, out: &Path) {
     })
     .to_string();
     let manifest =
-        serde_json::json!([{"Config": "config.json", "RepoTags": [IMAGE], "Layers": ["layer/layer.tar"]}])
+        serde_json::json!([{"Config": "config.json", "RepoTags": [tag], "Layers": ["layer/layer.tar"]}])
             .to_string();
     let mut outer = tar::Builder::new(std::fs::File::create(out).expect("image tarball"));
     for (path, data) in [

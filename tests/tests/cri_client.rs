@@ -74,3 +74,89 @@ async fn every_call_the_daemon_uses_works_on_containerd() {
     c.remove_pod_sandbox("no-such-sandbox").await.expect("NotFound counts as removed");
     assert!(!ctd.sandbox_ready(&p.sandbox_id).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
+    if skip("inventory_infers_specs_from_the_node_without_a_pods_file") {
+        return;
+    }
+    let mut ctd = Containerd::start(2 << 30);
+    let capacity: i64 = 1000 << 20;
+    let guaranteed = ctd
+        .run_pod(PodSpec {
+            qos: "guaranteed",
+            memory_limit: Some(128 << 20),
+            oom_score_adj: -997,
+            ..pod("db")
+        })
+        .await;
+    let burstable = ctd.run_pod(PodSpec { oom_score_adj: 900, memory_limit: None, ..pod("web") }).await;
+    let mut annotations = std::collections::BTreeMap::new();
+    annotations.insert("kubernetes.io/config.source".to_owned(), "file".to_owned());
+    let besteffort = ctd
+        .run_pod(PodSpec {
+            qos: "besteffort",
+            memory_limit: None,
+            oom_score_adj: 1000,
+            annotations,
+            ..pod("proxy")
+        })
+        .await;
+    let mut inv = evictd::inventory::Inventory::new(None, capacity);
+    inv.refresh(&ctd.client()).await.expect("refresh");
+    let find = |uid: &str| inv.pods().find(|p| p.uid == uid).expect("pod in inventory").clone();
+    let db = find(&guaranteed.uid);
+    assert!(db.spec_inferred);
+    assert_eq!(
+        db.spec.request_nanos("memory"),
+        (128i128 << 20) * 1_000_000_000,
+        "guaranteed: request = limit"
+    );
+    assert_eq!(db.spec.spec.termination_grace_period_seconds, Some(30));
+    assert!(
+        db.cgroup_parent.as_deref().is_some_and(|c| c.ends_with(&format!("kubepods/pod{}", guaranteed.uid)))
+    );
+    let web = find(&burstable.uid);
+    // oom_score_adj 900 = 1000 − 1000·request/capacity → request = capacity / 10.
+    assert_eq!(web.spec.request_nanos("memory"), i128::from(capacity / 10) * 1_000_000_000);
+    let proxy = find(&besteffort.uid);
+    assert_eq!(proxy.spec.request_nanos("memory"), 0);
+    assert!(proxy.spec.is_critical(), "the static annotation reaches the sandbox");
+    // The pod cgroups are where evictd looks for them.
+    let layout = evictd::cgroup_layout::CgroupLayout::detect().unwrap();
+    web.containers.iter().for_each(|c| assert!(c.running, "{c:?}"));
+    burstable.set_mib(16);
+    burstable.wait_usage_at_least(16 << 20, Duration::from_secs(10));
+    let cg = evictd::inventory::pod_cgroups(&web, &layout).expect("cgroups");
+    let stats = evictd::inventory::pod_stats(&web, Some(&cg), &layout).expect("stats");
+    let ws = stats.memory.and_then(|m| m.working_set_bytes).unwrap();
+    assert!(ws >= 16 << 20, "working set {ws}");
+    // The pause container has its own cgroup under the pod too: pause + hog.
+    assert_eq!(stats.process_stats.and_then(|p| p.process_count), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
+    if skip("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
+        return;
+    }
+    use evictd::{rank::NodeReclaim, reclaim};
+    let mut ctd = Containerd::start(2 << 30);
+    ctd.import("evictd.test/unused:1", &[("marker", b"not used by anything".to_vec())]);
+    let p = ctd.run_pod(pod("app")).await;
+    let c = ctd.client();
+    c.stop_container(&p.container_id, 1).await.expect("StopContainer");
+    let mut inv = evictd::inventory::Inventory::new(None, 1 << 30);
+    inv.refresh(&c).await.expect("refresh");
+    let sandbox_images = inv.pods().filter_map(|p| p.sandbox_image.clone()).collect();
+    let report =
+        reclaim::reclaim(&c, &[NodeReclaim::UnusedContainers, NodeReclaim::UnusedImages], &sandbox_images)
+            .await;
+    assert_eq!(report.errors, Vec::<String>::new());
+    assert_eq!(report.containers_removed, 1, "{report:?}");
+    assert_eq!(report.images_removed, 1, "{report:?}");
+    let tags: Vec<String> = c.list_images().await.unwrap().into_iter().flat_map(|i| i.repo_tags).collect();
+    assert!(tags.iter().any(|t| t.contains("evictd.test/tools")), "the sandbox's image stays: {tags:?}");
+    assert!(!tags.iter().any(|t| t.contains("evictd.test/unused")), "{tags:?}");
+    assert!(ctd.sandbox_ready(&p.sandbox_id).await, "reclaim never touches running pods");
+}

@@ -19,7 +19,8 @@ commands:
   setup              install what the build and tests need (nightly rust-src, Debian packages,
                      bpf-linker); idempotent
   build [--release]  set up, then build evictd (the eBPF object is embedded in the binary)
-  run [-- ARGS]      set up, build (release) and run evictd on this machine; default ARGS: --trace
+  run [-- ARGS]      set up, build (release) and run evictd on this machine;
+                     default ARGS: --trace --dry-run
   test               set up, then lint and run the whole test suite (privileged tests need root)";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -228,7 +229,8 @@ fn run(env: &BuildEnv, args: &[String]) -> Result<()> {
     let args: Vec<&str> = match args.first().map(String::as_str) {
         Some("--") => args[1..].iter().map(String::as_str).collect(),
         Some(_) => args.iter().map(String::as_str).collect(),
-        None => vec!["--trace"],
+        // Watch this node and decide, but stop nothing: the safe default on any machine.
+        None => vec!["--trace", "--dry-run"],
     };
     let bin = workspace_root().join("target/release/evictd");
     step(&format!("running {} {}", bin.display(), args.join(" ")));
