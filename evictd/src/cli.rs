@@ -208,8 +208,10 @@ pub struct RunArgs {
     /// The fallback timer's period.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub housekeeping_interval: Duration,
-    /// Which wake sources to use, comma-separated: ebpf, timer.
-    #[arg(long, value_name = "LIST", default_value = "ebpf,timer")]
+    /// Which wake sources to use, comma-separated: ebpf, eventfd (cgroup v1 memory
+    /// thresholds), psi (pressure stall triggers), timer. Each that this kernel does not
+    /// allow is reported and skipped.
+    #[arg(long, value_name = "LIST", default_value = "ebpf,eventfd,psi,timer")]
     pub wake_sources: String,
     /// Charge growth after which the kernel wakes evictd: `auto` (half the distance to the
     /// nearest memory threshold) or a quantity such as `64Mi` (`0`: every page).
@@ -242,16 +244,19 @@ impl RunArgs {
             tracing::warn!("{w}");
         }
 
-        let mut ebpf = false;
-        let mut timer = false;
+        let (mut ebpf, mut timer, mut eventfd, mut psi) = (false, false, false, false);
         for s in self.wake_sources.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match s {
                 "ebpf" => ebpf = true,
                 "timer" => timer = true,
-                other => bail!("--wake-sources: unknown wake source {other:?} (known: ebpf, timer)"),
+                "eventfd" => eventfd = true,
+                "psi" => psi = true,
+                other => {
+                    bail!("--wake-sources: unknown wake source {other:?} (known: ebpf, eventfd, psi, timer)")
+                }
             }
         }
-        if !ebpf && !timer {
+        if !(ebpf || timer || eventfd || psi) {
             bail!("--wake-sources: at least one wake source is needed");
         }
 
@@ -332,6 +337,8 @@ impl RunArgs {
             housekeeping: self.housekeeping_interval,
             ebpf,
             timer,
+            eventfd,
+            psi,
             load: LoadOptions {
                 charge_items,
                 ring_buffer_bytes: ring as u32,
@@ -363,7 +370,7 @@ mod tests {
         assert!(o.pressure.signals.node.is_root);
         assert!(!o.pressure.dry_run);
         assert_eq!(o.pressure.cri_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
-        assert!(o.ebpf && o.timer);
+        assert!(o.ebpf && o.timer && o.eventfd && o.psi);
         assert_eq!(o.housekeeping, Duration::from_secs(10));
         assert_eq!(o.watermark, Watermark::Auto);
         assert!(args(&["--eviction-hard="]).unwrap().policy.thresholds.is_empty());

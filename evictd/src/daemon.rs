@@ -49,6 +49,8 @@ pub struct RunOptions {
     pub housekeeping: Duration,
     pub ebpf: bool,
     pub timer: bool,
+    pub eventfd: bool,
+    pub psi: bool,
     pub load: LoadOptions,
     pub watermark: Watermark,
     pub trace: Option<TraceFormat>,
@@ -172,6 +174,25 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     if opts.timer {
         wake::spawn_timer(opts.housekeeping, tx.clone());
     }
+    let node_cg = opts.pressure.signals.node.clone();
+    if opts.psi {
+        // A v2 node cgroup has its own pressure file; on v1 only the system-wide one exists.
+        let path = match node_cg.version {
+            crate::cgroup_layout::CgroupVersion::V2 => node_cg.dir.join("memory.pressure"),
+            crate::cgroup_layout::CgroupVersion::V1 => PathBuf::from("/proc/pressure/memory"),
+        };
+        if let Err(e) = wake::psi::spawn(&path, tx.clone()) {
+            tracing::warn!(path = %path.display(), "PSI wake source unavailable: {e}");
+        }
+    }
+    let mut eventfd = match (opts.eventfd, node_cg.version) {
+        (true, crate::cgroup_layout::CgroupVersion::V1) => Some(wake::eventfd::EventfdWake::new(tx.clone())),
+        (true, _) => {
+            tracing::info!("eventfd wake source: cgroup v1 only, this node's memory is on v2");
+            None
+        }
+        (false, _) => None,
+    };
     drop(tx);
 
     let po = opts.pressure;
@@ -209,8 +230,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let mut sink = opts.trace.map(|f| TraceSink::new(f, std::io::BufWriter::new(std::io::stdout())));
     let mut loop_state = LoopState::default();
 
-    let view = memory_view(&thresholds, &pressure.observe(wall_ns()));
+    let obs = pressure.observe(wall_ns());
+    let view = memory_view(&thresholds, &obs);
     loop_state.available = view.available;
+    if let Some(ev) = eventfd.as_mut()
+        && let Err(e) = ev.update(&eventfd_levels(&thresholds, &pressure, &obs))
+    {
+        tracing::warn!("eventfd wake source: {e}; disabling it");
+        eventfd = None;
+    }
     if let Some(p) = probes.as_mut() {
         refresh_scope(p, scope_dir.as_deref())?;
         let w = watermark_for(opts.watermark, view.nearest.as_ref().map(|(_, d)| *d));
@@ -232,14 +260,27 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             Ok(()) = pods_rx.changed() => {
                 let pods = pods_rx.borrow_and_update().clone();
                 pressure.inventory_updated(&pods);
+                // New pods mean new cgroups whose charge must count at once.
+                if let Some(p) = probes.as_mut() {
+                    refresh_scope(p, scope_dir.as_deref())?;
+                }
             }
             n = rx.recv_many(&mut batch, 4096) => {
                 if n == 0 {
                     anyhow::bail!("every wake source has stopped");
                 }
                 let pods = pods_rx.borrow().clone();
-                let evictions = pressure.pass(&pods, wall_ns).await;
-                let view = memory_view(&thresholds, &pressure.observe(wall_ns()));
+                // The wake to account the decision to: the earliest in the batch.
+                let first = batch.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
+                let evictions = pressure.pass(&pods, wall_ns, first).await;
+                let obs = pressure.observe(wall_ns());
+                let view = memory_view(&thresholds, &obs);
+                if let Some(ev) = eventfd.as_mut()
+                    && let Err(e) = ev.update(&eventfd_levels(&thresholds, &pressure, &obs))
+                {
+                    tracing::warn!("eventfd wake source: {e}; disabling it");
+                    eventfd = None;
+                }
                 for w in &batch {
                     loop_state.counts[w.cause.index()] += 1;
                     if let Some(s) = sink.as_mut() {
@@ -281,6 +322,31 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     }
     tracing::info!("stopping");
     Ok(())
+}
+
+/// Where memory.usage_in_bytes must not go for each memory threshold, per cgroup: the
+/// kubelet's notifier level, usage + (available − threshold), i.e.
+/// capacity − threshold + inactive_file. With the distance, for drift tolerance.
+fn eventfd_levels(
+    thresholds: &[Threshold],
+    pressure: &Pressure,
+    obs: &Observations,
+) -> Vec<(PathBuf, u64, u64)> {
+    use crate::policy::Signal;
+    let mut out = Vec::new();
+    for (signal, cg) in [
+        (Signal::MemoryAvailable, Some(&pressure.signals.node)),
+        (Signal::AllocatableMemoryAvailable, pressure.signals.kubepods.as_ref()),
+    ] {
+        let (Some(cg), Some(o)) = (cg, obs.get(&signal)) else { continue };
+        let Ok(sample) = cg.read() else { continue };
+        for t in thresholds.iter().filter(|t| t.signal == signal) {
+            let distance = o.available - t.value.resolve(o.capacity);
+            let level = (sample.usage as i64 + distance).max(0) as u64;
+            out.push((cg.dir.clone(), level, distance.max(0) as u64));
+        }
+    }
+    out
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -23,6 +23,7 @@ use crate::{
     policy::{Policy, Signal, Threshold},
     rank::{FsLayout, PodEntry},
     reclaim,
+    wake::{Wake, WakeCause, monotonic_ns},
 };
 
 /// Candidates tried in one decision when kills fail.
@@ -48,6 +49,14 @@ pub struct EvictionRecord {
     pub error: Option<String>,
     pub decide_us: u64,
     pub phases: Option<Phases>,
+    /// What woke evictd for this decision, and when (CLOCK_MONOTONIC ns throughout, the
+    /// clock of `bpf_ktime_get_ns`, so latencies can be taken against any other process's).
+    pub wake_cause: Option<WakeCause>,
+    pub wake_kernel_ts_ns: Option<u64>,
+    pub wake_received_ns: Option<u64>,
+    pub observed_ns: u64,
+    pub decided_ns: u64,
+    pub released_ns: Option<u64>,
 }
 
 pub struct Pressure {
@@ -116,11 +125,22 @@ impl Pressure {
         &mut self,
         pods: &Arc<Vec<PodRecord>>,
         now_ns: impl Fn() -> i64,
+        wake: Option<Wake>,
     ) -> Vec<EvictionRecord> {
         let mut records = Vec::new();
         for _ in 0..MAX_EVICTIONS_PER_PASS {
             let obs = self.observe(now_ns());
-            let Some(rec) = self.decide_and_act(pods, &obs, now_ns()).await else { break };
+            let observed_ns = monotonic_ns();
+            let Some(mut rec) = self.decide_and_act(pods, &obs, now_ns()).await else { break };
+            rec.observed_ns = observed_ns;
+            // Only the first decision of a pass answers the wake; the rest follow evictions.
+            if records.is_empty()
+                && let Some(w) = wake
+            {
+                rec.wake_cause = Some(w.cause);
+                rec.wake_kernel_ts_ns = w.kernel_ts_ns;
+                rec.wake_received_ns = Some(w.received_ns);
+            }
             let succeeded = rec.error.is_none() && !rec.dry_run;
             records.push(rec);
             if !succeeded {
@@ -220,6 +240,12 @@ impl Pressure {
                 error: None,
                 decide_us: t0.elapsed().as_micros() as u64,
                 phases: None,
+                wake_cause: None,
+                wake_kernel_ts_ns: None,
+                wake_received_ns: None,
+                observed_ns: 0,
+                decided_ns: monotonic_ns(),
+                released_ns: None,
             };
             if self.dry_run {
                 self.state = state;
@@ -238,6 +264,7 @@ impl Pressure {
             let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
             match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout).await {
                 Ok(phases) => {
+                    rec.released_ns = Some(monotonic_ns());
                     self.state = state;
                     self.gone.insert(pod.sandbox_id.clone());
                     tracing::info!(

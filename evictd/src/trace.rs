@@ -75,9 +75,12 @@ impl<W: Write> TraceSink<W> {
     }
 
     pub fn event(&mut self, wake: &Wake, names: &mut CgroupNames, mem: &MemoryView) -> io::Result<()> {
-        let cgroup = match wake.cause {
-            WakeCause::Timer => String::from("-"),
-            _ => names.describe(wake.cgroup_kind, wake.cgroup_id, wake.pid),
+        // Only kernel events name a cgroup, a pid and an amount.
+        let from_kernel = wake.kernel_ts_ns.is_some();
+        let cgroup = if from_kernel {
+            names.describe(wake.cgroup_kind, wake.cgroup_id, wake.pid)
+        } else {
+            String::from("-")
         };
         let delivery_us = wake.delivery_ns().map(|ns| ns as f64 / 1000.0);
         match self.format {
@@ -113,7 +116,7 @@ impl<W: Write> TraceSink<W> {
                     self.out,
                     "{clock}  {:<14} {:>9}  {:<40} pid {:<7} cpu {:<3} lat {:>7}  memory.available {avail}{near}",
                     wake.cause.as_str(),
-                    if wake.cause == WakeCause::Timer { "-".into() } else { units::bytes(wake.amount_bytes) },
+                    if from_kernel { units::bytes(wake.amount_bytes) } else { "-".into() },
                     cgroup,
                     wake.pid,
                     wake.cpu,

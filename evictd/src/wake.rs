@@ -20,6 +20,9 @@ use tokio::{
     task::JoinHandle,
 };
 
+pub mod eventfd;
+pub mod psi;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum WakeCause {
@@ -28,15 +31,24 @@ pub enum WakeCause {
     MemcgReclaim,
     OomKill,
     Timer,
+    /// A cgroup v1 memory threshold (eventfd) was crossed.
+    Eventfd,
+    /// A PSI trigger fired.
+    Psi,
 }
 
+// Per-cause arrays are indexed by `index()`: ALL must end with the last variant.
+const _: () = assert!(WakeCause::Psi as usize + 1 == WakeCause::ALL.len());
+
 impl WakeCause {
-    pub const ALL: [WakeCause; 5] = [
+    pub const ALL: [WakeCause; 7] = [
         WakeCause::Charge,
         WakeCause::DirectReclaim,
         WakeCause::MemcgReclaim,
         WakeCause::OomKill,
         WakeCause::Timer,
+        WakeCause::Eventfd,
+        WakeCause::Psi,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +58,8 @@ impl WakeCause {
             WakeCause::MemcgReclaim => "memcg-reclaim",
             WakeCause::OomKill => "oom-kill",
             WakeCause::Timer => "timer",
+            WakeCause::Eventfd => "eventfd",
+            WakeCause::Psi => "psi",
         }
     }
 
@@ -94,8 +108,13 @@ impl Wake {
     }
 
     fn timer() -> Self {
+        Wake::now(WakeCause::Timer)
+    }
+
+    /// A userspace wake source's wake, stamped now.
+    pub fn now(cause: WakeCause) -> Self {
         Wake {
-            cause: WakeCause::Timer,
+            cause,
             kernel_ts_ns: None,
             received_ns: monotonic_ns(),
             cgroup_id: 0,

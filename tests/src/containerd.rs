@@ -61,6 +61,8 @@ pub struct PodSpec<'a> {
     pub annotations: BTreeMap<String, String>,
     pub ignore_sigterm: bool,
     pub termination_grace_seconds: i64,
+    /// Arguments for /hog instead of the control-file mode (e.g. the benchmark's rate mode).
+    pub hog_args: Option<Vec<String>>,
 }
 
 /// A running pod: ids, and the control file whose MiB number its hog allocates up to.
@@ -70,6 +72,8 @@ pub struct TestPod {
     pub sandbox_id: String,
     pub container_id: String,
     pub control: PathBuf,
+    /// The host directory mounted at /ctl in the container.
+    pub ctl_dir: PathBuf,
     /// Its pod cgroup in the memory hierarchy.
     pub cgroup: PathBuf,
 }
@@ -323,6 +327,9 @@ state = "{r}/state"
         if spec.ignore_sigterm {
             args.push("ignore-term".into());
         }
+        if let Some(a) = &spec.hog_args {
+            args = a.clone();
+        }
         let mut container_labels = labels.clone();
         container_labels.insert("io.kubernetes.container.name".into(), "hog".into());
         let container = cri::ContainerConfig {
@@ -366,7 +373,15 @@ state = "{r}/state"
         rt.start_container(cri::StartContainerRequest { container_id: container_id.clone() })
             .await
             .expect("StartContainer");
-        TestPod { uid, name: spec.name.into(), sandbox_id, container_id, control, cgroup: pod_cgroup }
+        TestPod {
+            uid,
+            name: spec.name.into(),
+            sandbox_id,
+            container_id,
+            control,
+            ctl_dir,
+            cgroup: pod_cgroup,
+        }
     }
 
     /// Whether the runtime still has a ready sandbox with this id.

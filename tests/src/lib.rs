@@ -3,6 +3,7 @@
 //! runs a private containerd for the end-to-end tests.
 
 pub mod containerd;
+pub mod evictd_proc;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -157,11 +158,15 @@ pub fn evictd_binary() -> PathBuf {
     sibling_binary("evictd")
 }
 
-/// A binary of the workspace in the test's target directory: target/<profile>/deps/<test>
-/// -> target/<profile>/<name>.
+/// A binary of the workspace in the same target directory as the running executable.
 fn sibling_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe.parent().and_then(Path::parent).map(|d| d.join(name)).expect("target dir");
+    // Test executables live in target/<profile>/deps, binaries in target/<profile>.
+    let mut dir = exe.parent().expect("executable directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target dir");
+    }
+    let bin = dir.join(name);
     assert!(
         bin.exists(),
         "{} is missing: run `cargo build --workspace` first (cargo xtask test does)",

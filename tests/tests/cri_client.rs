@@ -32,6 +32,7 @@ fn pod(name: &str) -> PodSpec<'_> {
         annotations: Default::default(),
         ignore_sigterm: false,
         termination_grace_seconds: 30,
+        hog_args: None,
     }
 }
 

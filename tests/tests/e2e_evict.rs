@@ -5,18 +5,14 @@
 //!
 //! The scenarios share one machine's memory, so they run one at a time.
 
-use std::{
-    io::{BufRead as _, BufReader},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use evictd_tests::{
     containerd::{self, Containerd, PodSpec, TestPod},
-    evictd_binary, privileged,
+    evictd_proc::Evictd,
+    privileged,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 const MI: u64 = 1 << 20;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -34,89 +30,6 @@ fn skip(test: &str) -> bool {
         return true;
     }
     false
-}
-
-/// evictd running against the test's containerd; its JSON lines and log are collected.
-struct Evictd {
-    child: Child,
-    lines: Arc<Mutex<Vec<Value>>>,
-    log: Arc<Mutex<String>>,
-}
-
-impl Evictd {
-    fn start(ctd: &Containerd, pods_file: &std::path::Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(evictd_binary())
-            .args(["--trace", "--json", "--housekeeping-interval", "200ms", "--inventory-interval", "200ms"])
-            .arg("--node-cgroup")
-            .arg(ctd.node_dir())
-            .arg("--cri-endpoint")
-            .arg(ctd.endpoint())
-            .arg("--pods-file")
-            .arg(pods_file)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting evictd");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let log = Arc::new(Mutex::new(String::new()));
-        let stdout = child.stdout.take().expect("stdout");
-        let l = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let v: Value =
-                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-                l.lock().expect("lines").push(v);
-            }
-        });
-        let stderr = child.stderr.take().expect("stderr");
-        let g = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut g = g.lock().expect("log");
-                g.push_str(&line);
-                g.push('\n');
-            }
-        });
-        let e = Evictd { child, lines, log };
-        // The first summary means it is up and armed.
-        e.wait_for("the first summary", Duration::from_secs(20), |l| {
-            l.iter().any(|v| v["type"] == "summary")
-        });
-        e
-    }
-
-    fn evictions(&self) -> Vec<Value> {
-        self.lines.lock().expect("lines").iter().filter(|v| v["type"] == "eviction").cloned().collect()
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().expect("log").clone()
-    }
-
-    fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[Value]) -> bool) {
-        let deadline = Instant::now() + within;
-        loop {
-            if pred(&self.lines.lock().expect("lines")) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; evictd log:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn wait_eviction(&self, within: Duration) -> Value {
-        self.wait_for("an eviction", within, |l| l.iter().any(|v| v["type"] == "eviction"));
-        self.evictions().remove(0)
-    }
-}
-
-impl Drop for Evictd {
-    fn drop(&mut self) {
-        // Ours, by PID.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 struct PodDef {
@@ -167,6 +80,7 @@ async fn make_pods(ctd: &mut Containerd, defs: &[PodDef]) -> (Vec<TestPod>, std:
                 annotations: annotations.clone(),
                 ignore_sigterm: d.ignore_sigterm,
                 termination_grace_seconds: d.grace,
+                hog_args: None,
             })
             .await;
         let requests = d.request_mib.map_or(json!({}), |r| json!({"memory": format!("{r}Mi")}));
@@ -221,7 +135,7 @@ async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
     for (p, mib) in [(api, 150), (batch, 100), (worker, 150)] {
         p.wait_usage_at_least(mib * MI, Duration::from_secs(10));
     }
-    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<400Mi"]);
+    let evictd = Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<400Mi"]);
     assert!(evictd.evictions().is_empty(), "nothing to evict yet");
     let before = node_usage(&ctd);
     worker.set_mib(450);
@@ -273,7 +187,7 @@ async fn a_static_pod_is_never_evicted_even_when_largest() {
     kube_proxy.wait_usage_at_least(400 * MI, Duration::from_secs(10));
     app.wait_usage_at_least(100 * MI, Duration::from_secs(10));
     // After app goes, the static pod's 400Mi still leaves less than 700Mi available.
-    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<700Mi"]);
+    let evictd = Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<700Mi"]);
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "app", "{e}");
     // Pressure remains (the static pod holds 400Mi), yet it is never chosen.
@@ -295,7 +209,8 @@ async fn dry_run_kills_nothing() {
         make_pods(&mut ctd, &[PodDef::new("hog", "besteffort"), PodDef::new("quiet", "besteffort")]).await;
     pods[0].set_mib(500);
     pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
-    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<600Mi", "--dry-run"]);
+    let evictd =
+        Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<600Mi", "--dry-run"]);
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "hog");
     assert_eq!(e["dry_run"], true);
@@ -318,7 +233,7 @@ async fn survives_the_runtime_going_away_and_evicts_after_it_returns() {
     let (pods, file) =
         make_pods(&mut ctd, &[PodDef::new("grower", "besteffort"), PodDef::new("idle", "besteffort")]).await;
     pods[1].set_mib(50);
-    let evictd = Evictd::start(&ctd, &file, &["--eviction-hard", "memory.available<500Mi"]);
+    let evictd = Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<500Mi"]);
     let seen = |n: usize| move |log: &str| log.matches("container runtime reachable").count() >= n;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !seen(1)(&evictd.log()) {
@@ -363,7 +278,7 @@ async fn a_pod_ignoring_sigterm_is_killed_after_its_grace_period() {
     pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
     let evictd = Evictd::start(
         &ctd,
-        &file,
+        Some(&file),
         &[
             "--eviction-hard=",
             "--eviction-soft",

@@ -21,7 +21,10 @@ commands:
   build [--release]  set up, then build evictd (the eBPF object is embedded in the binary)
   run [-- ARGS]      set up, build (release) and run evictd on this machine;
                      default ARGS: --trace --dry-run
-  test               set up, then lint and run the whole test suite (privileged tests need root)";
+  test               set up, then lint and run the whole test suite (privileged tests need root)
+  bench reaction [--smoke] [ARGS]
+                     eviction reaction time per wake mode and allocation rate (root);
+                     --smoke: one short debug-build run, as CI does; ARGS go to evictd-bench";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
         Some("build") => setup().and_then(|env| build(&env, args.iter().any(|a| a == "--release"))),
         Some("run") => setup().and_then(|env| run(&env, &args[1..])),
         Some("test") => setup().and_then(|env| test(&env)),
+        Some("bench") => setup().and_then(|env| bench(&env, &args[1..])),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -262,4 +266,40 @@ fn test(env: &BuildEnv) -> Result<()> {
     run_status(&mut cmd, "cargo test --workspace")?;
     step(&format!("all checks passed in {:.0}s", started.elapsed().as_secs_f64()));
     Ok(())
+}
+
+fn bench(env: &BuildEnv, args: &[String]) -> Result<()> {
+    let Some(kind) = args.first() else { bail!("{USAGE}") };
+    if kind != "reaction" {
+        bail!("unknown benchmark {kind:?}\n{USAGE}");
+    }
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let rest: Vec<&str> = args[1..].iter().map(String::as_str).filter(|a| *a != "--smoke").collect();
+    // The smoke run uses the debug build the tests already made; numbers need release.
+    let profile = if smoke { "debug" } else { "release" };
+    step(&format!("building evictd and evictd-bench ({profile})"));
+    let mut cmd = env.cargo();
+    cmd.args(["build", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd", "--bin", "evictd-bench"]);
+    if !smoke {
+        cmd.arg("--release");
+    }
+    run_status(&mut cmd, "building the benchmark")?;
+    let bin = workspace_root().join("target").join(profile).join("evictd-bench");
+    let mut run = Command::new(&bin);
+    run.arg("reaction").env("PATH", &env.path).current_dir(workspace_root());
+    if smoke {
+        run.args([
+            "--runs",
+            "1",
+            "--rates",
+            "512",
+            "--modes",
+            "ebpf,eventfd,poll-100ms",
+            "--out",
+            "target/bench-smoke",
+        ]);
+    }
+    run.args(&rest);
+    step(&format!("running {} reaction {}", bin.display(), rest.join(" ")));
+    run_status(&mut run, "evictd-bench reaction")
 }

@@ -1,0 +1,108 @@
+//! evictd as a child process against a test containerd, its `--trace --json` lines and its
+//! log collected as they come, for the end-to-end tests and the benchmark.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{containerd::Containerd, evictd_binary};
+
+/// evictd running against the test's containerd; its JSON lines and log are collected.
+pub struct Evictd {
+    child: Child,
+    pub lines: Arc<Mutex<Vec<Value>>>,
+    log: Arc<Mutex<String>>,
+}
+
+impl Evictd {
+    /// Starts evictd on `ctd`'s node cgroup and socket; returns once it is armed.
+    pub fn start(ctd: &Containerd, pods_file: Option<&Path>, extra: &[&str]) -> Self {
+        // Tests want a quick fallback timer; a caller that sets its own keeps it.
+        let timer: &[&str] = if extra.contains(&"--housekeeping-interval") {
+            &[]
+        } else {
+            &["--housekeeping-interval", "200ms"]
+        };
+        let mut child = Command::new(evictd_binary())
+            .args(["--trace", "--json", "--inventory-interval", "100ms"])
+            .args(timer)
+            .arg("--node-cgroup")
+            .arg(ctd.node_dir())
+            .arg("--cri-endpoint")
+            .arg(ctd.endpoint())
+            .args(
+                pods_file
+                    .map(|f| vec![std::ffi::OsStr::new("--pods-file"), f.as_os_str()])
+                    .unwrap_or_default(),
+            )
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting evictd");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::new(Mutex::new(String::new()));
+        let stdout = child.stdout.take().expect("stdout");
+        let l = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v: Value =
+                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                l.lock().expect("lines").push(v);
+            }
+        });
+        let stderr = child.stderr.take().expect("stderr");
+        let g = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut g = g.lock().expect("log");
+                g.push_str(&line);
+                g.push('\n');
+            }
+        });
+        let e = Evictd { child, lines, log };
+        // The first summary means it is up and armed.
+        e.wait_for("the first summary", Duration::from_secs(20), |l| {
+            l.iter().any(|v| v["type"] == "summary")
+        });
+        e
+    }
+
+    pub fn evictions(&self) -> Vec<Value> {
+        self.lines.lock().expect("lines").iter().filter(|v| v["type"] == "eviction").cloned().collect()
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log").clone()
+    }
+
+    pub fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[Value]) -> bool) {
+        let deadline = Instant::now() + within;
+        loop {
+            if pred(&self.lines.lock().expect("lines")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; evictd log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn wait_eviction(&self, within: Duration) -> Value {
+        self.wait_for("an eviction", within, |l| l.iter().any(|v| v["type"] == "eviction"));
+        self.evictions().remove(0)
+    }
+}
+
+impl Drop for Evictd {
+    fn drop(&mut self) {
+        // Ours, by PID.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
