@@ -31,7 +31,8 @@ pub const COUNTER_COUNT: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
 pub struct KernelConfig {
     /// Bit `i` set: stat item `i` counts as charge.
     pub charge_items: [u64; STAT_ITEM_WORDS],
-    /// A CPU emits a charge event once its own page sum reaches this. Userspace divides its
+    /// A CPU emits a charge event once its own page sum (charges only: frees are not
+    /// subtracted, so it can only fire early) reaches this. Userspace divides its
     /// byte watermark by the CPU count, so the node cannot grow by more than the watermark
     /// before some CPU fires (early is harmless, late is not). `<= 1` means every page.
     pub watermark_pages_per_cpu: i64,

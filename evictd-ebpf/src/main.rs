@@ -1,4 +1,4 @@
-//! evictd's kernel side. Per event the work is a mask test, an add and a compare; a ring-buffer
+//! evictd's kernel side. Per event the work is two loads, a mask test, an add and a compare; a ring-buffer
 //! record goes out only when userspace must look (charge past the watermark, reclaim started,
 //! the OOM killer acted). Field offsets below are those of the tracepoint formats in
 //! /sys/kernel/tracing/events/...; userspace checks them against the running kernel's format
@@ -9,6 +9,7 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 use aya_ebpf::{
+    EbpfContext as _,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
     },
@@ -99,6 +100,16 @@ fn bump(counter: u32) {
     }
 }
 
+/// A field of the tracepoint record, loaded directly: tracepoint programs may read their
+/// context, and a plain load is far cheaper than a `bpf_probe_read` helper call, which
+/// matters on a path that runs for every page charged and freed.
+#[inline(always)]
+fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    // SAFETY: offset and size match the record layout userspace checked against this
+    // kernel's format file before attaching; the verifier bounds-checks the access.
+    unsafe { core::ptr::read_unaligned(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
+}
+
 #[inline(always)]
 fn on_memcg_stat(ctx: &TracePointContext) {
     bump(COUNTER_MEMCG_HITS);
@@ -106,27 +117,24 @@ fn on_memcg_stat(ctx: &TracePointContext) {
     if cfg.flags & FLAG_CHARGE == 0 {
         return;
     }
-    // SAFETY: offsets checked against the kernel's format file by userspace.
-    let Ok(item) = (unsafe { ctx.read_at::<i32>(MEMCG_ITEM_OFF) }) else {
-        return;
-    };
+    let item: i32 = field(ctx, MEMCG_ITEM_OFF);
     // Most stat updates are for items that do not count (dirty, writeback, mapped...):
     // reject them before any other work.
     if !cfg.counts_item(item) {
         return;
     }
-    // SAFETY: as above.
-    let Ok(id) = (unsafe { ctx.read_at::<u64>(MEMCG_ID_OFF) }) else {
+    // Frees are skipped, so the sum is the gross charge since userspace last re-armed: it can
+    // only reach the watermark earlier than the net growth would, never later. Skipping them
+    // keeps a process's exit (one event per page freed) nearly free of probe cost.
+    let val: i32 = field(ctx, MEMCG_VAL_OFF);
+    if val <= 0 {
         return;
-    };
+    }
+    let id: u64 = field(ctx, MEMCG_ID_OFF);
     // SAFETY: map value read only, u8 is Copy.
     if cfg.flags & FLAG_SCOPE != 0 && unsafe { SCOPE.get(id) }.is_none() {
         return;
     }
-    // SAFETY: as above.
-    let Ok(val) = (unsafe { ctx.read_at::<i32>(MEMCG_VAL_OFF) }) else {
-        return;
-    };
     bump(COUNTER_CHARGE_MATCHED);
     let Some(st) = CPU_STATE.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot; a tracepoint program is not re-entered on the same CPU.
@@ -162,8 +170,7 @@ fn on_reclaim(ctx: &TracePointContext, cause: u32) {
         return;
     }
     st.last_reclaim_ns = now;
-    // SAFETY: offset checked by userspace.
-    let order = unsafe { ctx.read_at::<i32>(RECLAIM_ORDER_OFF) }.unwrap_or(0);
+    let order: i32 = field(ctx, RECLAIM_ORDER_OFF);
     let pages = 1i64 << (order & 31);
     // SAFETY: helper with no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
@@ -186,15 +193,10 @@ fn on_oom(ctx: &TracePointContext) {
         return;
     }
     st.last_oom_ns = now;
-    // SAFETY: offsets checked by userspace.
-    let (pid, anon, file, shmem) = unsafe {
-        (
-            ctx.read_at::<i32>(OOM_PID_OFF).unwrap_or(0),
-            ctx.read_at::<u64>(OOM_ANON_RSS_OFF).unwrap_or(0),
-            ctx.read_at::<u64>(OOM_FILE_RSS_OFF).unwrap_or(0),
-            ctx.read_at::<u64>(OOM_SHMEM_RSS_OFF).unwrap_or(0),
-        )
-    };
+    let pid: i32 = field(ctx, OOM_PID_OFF);
+    let anon: u64 = field(ctx, OOM_ANON_RSS_OFF);
+    let file: u64 = field(ctx, OOM_FILE_RSS_OFF);
+    let shmem: u64 = field(ctx, OOM_SHMEM_RSS_OFF);
     let rss_bytes = (anon + file + shmem) << 10;
     // The victim is marked from the allocating task's context, so the current cgroup is
     // the one that ran out; userspace resolves the victim's memcg from its pid.

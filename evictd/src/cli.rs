@@ -227,6 +227,10 @@ pub struct RunArgs {
     /// Minimum gap between two reclaim or OOM wake events on one CPU.
     #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = parse_duration)]
     pub reclaim_min_interval: Duration,
+    /// Serve Prometheus metrics (wakes, evictions, latency histograms) at
+    /// http://ADDR/metrics, e.g. `0.0.0.0:9808`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Exit after this long (for scripts and tests).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<Duration>,
@@ -349,6 +353,7 @@ impl RunArgs {
             trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),
             duration: self.duration,
             layout,
+            metrics_addr: self.metrics_addr,
         })
     }
 }

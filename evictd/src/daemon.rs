@@ -57,6 +57,8 @@ pub struct RunOptions {
     /// Stop after this long (scripts, tests); `None` runs until SIGINT/SIGTERM.
     pub duration: Option<Duration>,
     pub layout: CgroupLayout,
+    /// Serve Prometheus metrics here.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Everything the act side needs: the runtime, the pods' specs, and how the node is read.
@@ -195,6 +197,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     };
     drop(tx);
 
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    if let Some(addr) = opts.metrics_addr {
+        let bound = crate::metrics::serve(addr, metrics.clone())
+            .await
+            .with_context(|| format!("--metrics-addr: cannot listen on {addr}"))?;
+        tracing::info!("metrics on http://{bound}/metrics");
+    }
     let po = opts.pressure;
     let client = match &po.cri_endpoint {
         Some(ep) => Some(CriClient::new(ep, po.cri_timeout)?),
@@ -283,6 +292,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 }
                 for w in &batch {
                     loop_state.counts[w.cause.index()] += 1;
+                    metrics.wake(w);
                     if let Some(s) = sink.as_mut() {
                         s.event(w, &mut names, &view)?;
                     }
@@ -292,6 +302,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     kick.notify_one();
                 }
                 for e in &evictions {
+                    metrics.eviction(e);
                     if let Some(s) = sink.as_mut() {
                         s.eviction(e)?;
                     }

@@ -19,6 +19,7 @@ pub mod inventory;
 pub mod kubelet_config;
 pub mod memcg_threshold;
 pub mod memory;
+pub mod metrics;
 pub mod node_signals;
 pub mod observations;
 pub mod offline;

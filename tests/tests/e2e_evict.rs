@@ -32,6 +32,24 @@ fn skip(test: &str) -> bool {
     false
 }
 
+/// A port that was free a moment ago (the test then binds evictd to it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A plain HTTP/1.1 GET, body returned.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out
+}
+
 struct PodDef {
     name: &'static str,
     qos: &'static str,
@@ -135,7 +153,13 @@ async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
     for (p, mib) in [(api, 150), (batch, 100), (worker, 150)] {
         p.wait_usage_at_least(mib * MI, Duration::from_secs(10));
     }
-    let evictd = Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<400Mi"]);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &["--eviction-hard", "memory.available<400Mi", "--metrics-addr", &addr],
+    );
     assert!(evictd.evictions().is_empty(), "nothing to evict yet");
     let before = node_usage(&ctd);
     worker.set_mib(450);
@@ -158,6 +182,10 @@ async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
     // No process is left; a few KiB of kernel memory may stay charged to the pod cgroup.
     assert!(worker.usage() < MI, "the evicted pod's memory is released: {} bytes left", worker.usage());
     assert!(node_usage(&ctd) < before, "memory freed: {} → {}", before, node_usage(&ctd));
+    // The metrics tell the same story.
+    let metrics = http_get(&addr, "/metrics");
+    assert!(metrics.contains("evictd_evictions_total{eviction_signal=\"memory.available\"} 1"), "{metrics}");
+    assert!(metrics.contains("evictd_eviction_phase_seconds_count{phase=\"stop_sandbox\"} 1"), "{metrics}");
     let phases = &e["phases"];
     println!(
         "eviction phases: decide {} µs, stop containers {} ms, stop sandbox {} ms, memory released {} ms",

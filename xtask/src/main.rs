@@ -22,9 +22,11 @@ commands:
   run [-- ARGS]      set up, build (release) and run evictd on this machine;
                      default ARGS: --trace --dry-run
   test               set up, then lint and run the whole test suite (privileged tests need root)
-  bench reaction [--smoke] [ARGS]
-                     eviction reaction time per wake mode and allocation rate (root);
-                     --smoke: one short debug-build run, as CI does; ARGS go to evictd-bench";
+  bench reaction|overhead [--smoke] [ARGS]
+                     reaction: eviction reaction time per wake mode and allocation rate;
+                     overhead: the probes' cost on the allocation path, evictd's RSS and CPU
+                     (root; --smoke: one short debug-build run, as CI does; ARGS go to
+                     evictd-bench)";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -270,7 +272,7 @@ fn test(env: &BuildEnv) -> Result<()> {
 
 fn bench(env: &BuildEnv, args: &[String]) -> Result<()> {
     let Some(kind) = args.first() else { bail!("{USAGE}") };
-    if kind != "reaction" {
+    if kind != "reaction" && kind != "overhead" {
         bail!("unknown benchmark {kind:?}\n{USAGE}");
     }
     let smoke = args.iter().any(|a| a == "--smoke");
@@ -286,20 +288,15 @@ fn bench(env: &BuildEnv, args: &[String]) -> Result<()> {
     run_status(&mut cmd, "building the benchmark")?;
     let bin = workspace_root().join("target").join(profile).join("evictd-bench");
     let mut run = Command::new(&bin);
-    run.arg("reaction").env("PATH", &env.path).current_dir(workspace_root());
+    run.arg(kind).env("PATH", &env.path).current_dir(workspace_root());
     if smoke {
-        run.args([
-            "--runs",
-            "1",
-            "--rates",
-            "512",
-            "--modes",
-            "ebpf,eventfd,poll-100ms",
-            "--out",
-            "target/bench-smoke",
-        ]);
+        let short: &[&str] = match kind.as_str() {
+            "reaction" => &["--runs", "1", "--rates", "512", "--modes", "ebpf,eventfd,poll-100ms"],
+            _ => &["--rounds", "1", "--seconds", "0.5"],
+        };
+        run.args(short).args(["--out", "target/bench-smoke"]);
     }
     run.args(&rest);
-    step(&format!("running {} reaction {}", bin.display(), rest.join(" ")));
-    run_status(&mut run, "evictd-bench reaction")
+    step(&format!("running {} {kind} {}", bin.display(), rest.join(" ")));
+    run_status(&mut run, &format!("evictd-bench {kind}"))
 }

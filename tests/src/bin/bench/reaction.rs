@@ -1,6 +1,4 @@
-//! evictd's benchmarks, run through `cargo xtask bench reaction|overhead`.
-//!
-//! reaction: a test memory cgroup plays the node (its limit is the capacity) under a private
+//! `cargo xtask bench reaction`: a test memory cgroup plays the node (its limit is the capacity) under a private
 //! containerd; one BestEffort pod allocates at a fixed rate until it is stopped; evictd runs
 //! with one wake mode at a time and a hard threshold below the limit. The crossing time comes
 //! from the workload's own allocation log (CLOCK_MONOTONIC), independent of the mode under
@@ -11,7 +9,6 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     path::{Path, PathBuf},
-    process::ExitCode,
     time::{Duration, Instant},
 };
 
@@ -60,7 +57,7 @@ impl Mode {
     }
 }
 
-struct Opts {
+pub struct Opts {
     runs: usize,
     rates: Vec<u64>,
     modes: Vec<Mode>,
@@ -82,28 +79,7 @@ struct Sample {
     phases: Option<(f64, f64, f64)>,
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("reaction") => parse_opts(&args[1..]).and_then(|o| {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-            rt.block_on(reaction(&o))
-        }),
-        _ => Err(anyhow::anyhow!(
-            "usage: evictd-bench reaction [--runs N] [--rates MiB/s,...] [--modes ebpf,eventfd,psi,poll-100ms,poll-10s] \
-             [--capacity MiB] [--threshold MiB] [--out DIR]"
-        )),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("evictd-bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn parse_opts(args: &[String]) -> anyhow::Result<Opts> {
+pub fn parse_opts(args: &[String]) -> anyhow::Result<Opts> {
     let mut o = Opts {
         runs: 5,
         rates: vec![256, 1024, 4096],
@@ -170,7 +146,7 @@ fn alloc_log(path: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
-async fn reaction(o: &Opts) -> anyhow::Result<()> {
+pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
     let cap = o.capacity_mib * MI;
     let threshold = format!("memory.available<{}Mi", o.threshold_mib);
     eprintln!(
@@ -249,7 +225,9 @@ async fn one_run(
         if let Some(e) = evictd.evictions().into_iter().skip(seen).find(|e| e["uid"] == pod.uid.as_str()) {
             break Some(e);
         }
-        if oom_kills(node) > ooms && !ctd.sandbox_ready(&pod.sandbox_id).await {
+        // The kernel got there first. (cgroup v1 counts an OOM kill only in the victim's own
+        // memcg, the container's, so the node's counter cannot tell; the runtime can.)
+        if oom_kills(node) > ooms || oom_killed(ctd, &pod.container_id).await {
             break None;
         }
         if Instant::now() > deadline {
@@ -257,10 +235,9 @@ async fn one_run(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    // An OOM kill counts as first if it happened at all before the decision: give the
-    // kernel's counter a moment, then compare.
+    // An OOM kill at any point means the kernel acted before evictd's stop took effect.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let oom_first = oom_kills(node) > ooms;
+    let oom_first = oom_kills(node) > ooms || oom_killed(ctd, &pod.container_id).await;
     let log = alloc_log(&pod.ctl_dir.join("alloc.log"));
     let limit = cap - threshold;
     // The node's working set is the workload's allocation plus a little it does not log
@@ -322,6 +299,12 @@ async fn one_run(
 
 /// One table row: rate, mode, detection p50 and p99, OOM-first count, runs.
 type Row = (u64, Mode, Option<f64>, Option<f64>, usize, usize);
+
+/// Whether the runtime reports the container as killed by the kernel OOM killer.
+async fn oom_killed(ctd: &Containerd, container: &str) -> bool {
+    let Ok(st) = ctd.client().container_status(container).await else { return false };
+    st.status.is_some_and(|s| s.reason == "OOMKilled")
+}
 
 fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {

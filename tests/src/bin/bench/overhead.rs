@@ -1,0 +1,221 @@
+//! `cargo xtask bench overhead`: what evictd's probes cost the allocation path.
+//!
+//! - A page-fault-heavy workload (map, touch every page, unmap, again) runs for a fixed time
+//!   without and with evictd attached (whole node, eBPF wake source), interleaved round by
+//!   round in one run; the ratio of the medians is the throughput cost.
+//! - The BPF programs' own run time per event, from the kernel's BPF statistics
+//!   (`BPF_ENABLE_STATS`, on only while this benchmark holds its fd).
+//! - The time for a process holding 1 GiB to die after SIGKILL (one probe hit per page
+//!   freed), without and with evictd.
+//! - evictd's resident memory and its CPU use while the node is idle.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use evictd_tests::evictd_binary;
+
+pub struct Opts {
+    rounds: usize,
+    seconds: f64,
+    out: PathBuf,
+}
+
+pub fn parse_opts(args: &[String]) -> anyhow::Result<Opts> {
+    let mut o = Opts { rounds: 5, seconds: 2.0, out: PathBuf::from("target/bench") };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));
+        match flag.as_str() {
+            "--rounds" => o.rounds = value()?.parse()?,
+            "--seconds" => o.seconds = value()?.parse()?,
+            "--out" => o.out = value()?.into(),
+            other => anyhow::bail!("unknown flag {other}"),
+        }
+    }
+    anyhow::ensure!(o.rounds > 0 && o.seconds > 0.0, "nothing to run");
+    Ok(o)
+}
+
+/// Pages faulted in per second: map 64 MiB, touch each page, unmap, repeat.
+fn fault_rate(seconds: f64) -> f64 {
+    const LEN: usize = 64 << 20;
+    let page = 4096;
+    let start = Instant::now();
+    let mut pages = 0u64;
+    while start.elapsed().as_secs_f64() < seconds {
+        // SAFETY: a private anonymous mapping of LEN bytes, written within bounds, unmapped
+        // before the next iteration.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return 0.0;
+            }
+            let b = p.cast::<u8>();
+            for off in (0..LEN).step_by(page) {
+                b.add(off).write_volatile(1);
+            }
+            libc::munmap(p, LEN);
+        }
+        pages += (LEN / page) as u64;
+    }
+    pages as f64 / start.elapsed().as_secs_f64()
+}
+
+struct Daemon(Child);
+
+impl Daemon {
+    fn start() -> anyhow::Result<Self> {
+        let child = Command::new(evictd_binary())
+            .args(["--wake-sources", "ebpf", "--cri-endpoint", "none"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        // Loading and attaching takes a moment; the probes are live once it is armed.
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(Daemon(child))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Ours, by PID.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// SIGKILL → reaped, for a child holding `mib` MiB.
+fn exit_time(mib: usize) -> anyhow::Result<f64> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["overhead-hold", &mib.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    // The child prints a line once its memory is touched.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+        &mut line,
+    )?;
+    let t = Instant::now();
+    child.kill()?;
+    child.wait()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// The helper child of `exit_time`: holds `mib` MiB, touched, until killed.
+pub fn hold(mib: usize) -> ! {
+    let v = vec![1u8; mib << 20];
+    println!("ready");
+    std::hint::black_box(&v);
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Our programs' total run time and count, summed over the evictd programs loaded now.
+fn bpf_totals() -> (u128, u64) {
+    let ours = ["mod_memcg_lruve", "mod_memcg_state", "direct_reclaim_", "memcg_reclaim_b", "mark_victim"];
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str().is_some_and(|n| ours.iter().any(|o| n.starts_with(o))))
+        .fold((0, 0), |(t, c), p| (t + p.run_time().as_nanos(), c + p.run_count()))
+}
+
+pub fn overhead(o: &Opts) -> anyhow::Result<()> {
+    eprintln!("[bench] overhead: {} interleaved rounds of {}s each way", o.rounds, o.seconds);
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| anyhow::anyhow!("enabling BPF run-time statistics: {e}"))?;
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    let (mut bpf_ns, mut bpf_runs) = (0u128, 0u64);
+    for round in 0..o.rounds {
+        without.push(fault_rate(o.seconds));
+        let d = Daemon::start()?;
+        let (t0, c0) = bpf_totals();
+        with.push(fault_rate(o.seconds));
+        let (t1, c1) = bpf_totals();
+        bpf_ns += t1.saturating_sub(t0);
+        bpf_runs += c1.saturating_sub(c0);
+        drop(d);
+        eprintln!(
+            "[bench] round {}: {:.0} pages/s without, {:.0} with",
+            round + 1,
+            without[round],
+            with[round]
+        );
+    }
+    let (mw, mi) = (median(without.clone()), median(with.clone()));
+    let ratio = mi / mw;
+
+    let mut exit_without = Vec::new();
+    let mut exit_with = Vec::new();
+    for _ in 0..3 {
+        exit_without.push(exit_time(1024)?);
+    }
+    let d = Daemon::start()?;
+    for _ in 0..3 {
+        exit_with.push(exit_time(1024)?);
+    }
+    let rss_kib = proc_field(d.pid(), "status", "VmRSS:").unwrap_or(0);
+    let c0 = cpu_seconds(d.pid()).unwrap_or(0.0);
+    std::thread::sleep(Duration::from_secs(5));
+    let idle_cpu = (cpu_seconds(d.pid()).unwrap_or(0.0) - c0) / 5.0 * 100.0;
+    drop(d);
+
+    let per_event = if bpf_runs > 0 { bpf_ns as f64 / bpf_runs as f64 } else { f64::NAN };
+    let report = format!(
+        "page-fault throughput: {mw:.0} pages/s without evictd, {mi:.0} with (median of {} interleaved rounds): \
+         ratio {ratio:.4} ({:+.2}%)\n\
+         BPF programs: {bpf_runs} runs, {per_event:.0} ns per run on average\n\
+         process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with evictd (median of 3)\n\
+         evictd: RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
+        o.rounds,
+        (ratio - 1.0) * 100.0,
+        median(exit_without),
+        median(exit_with),
+        rss_kib as f64 / 1024.0,
+    );
+    print!("{report}");
+    std::fs::create_dir_all(&o.out)?;
+    std::fs::write(o.out.join("overhead.txt"), &report)?;
+    let mut csv = String::from("round,without_pages_s,with_pages_s\n");
+    for (i, (a, b)) in without.iter().zip(&with).enumerate() {
+        csv += &format!("{},{a:.0},{b:.0}\n", i + 1);
+    }
+    std::fs::write(o.out.join("overhead.csv"), csv)?;
+    Ok(())
+}
