@@ -18,19 +18,45 @@ pub const STAT_ITEM_WORDS: usize = 2;
 pub const STAT_ITEM_LIMIT: usize = STAT_ITEM_WORDS * 64;
 
 /// Per-CPU counters, indices into the `COUNTERS` map.
-pub const COUNTER_MEMCG_HITS: u32 = 0;
-pub const COUNTER_CHARGE_MATCHED: u32 = 1;
-pub const COUNTER_RING_DROPS: u32 = 2;
-pub const COUNTER_RATE_LIMITED: u32 = 3;
+pub const COUNTER_CHARGE_MATCHED: u32 = 0;
+pub const COUNTER_RING_DROPS: u32 = 1;
+pub const COUNTER_RATE_LIMITED: u32 = 2;
 /// Events emitted, by cause: `COUNTER_EMITTED_BASE + cause`.
-pub const COUNTER_EMITTED_BASE: u32 = 4;
+pub const COUNTER_EMITTED_BASE: u32 = 3;
 pub const COUNTER_COUNT: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
+
+/// Which stat items count as charge: bit `i` set means item `i` does. Written once, at load
+/// time, into the program's read-only data (the `CHARGE_ITEMS` global), so the kernel side
+/// tests it without a map lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ChargeItems(pub [u64; STAT_ITEM_WORDS]);
+
+impl ChargeItems {
+    /// Whether stat item `item` is selected; out-of-range items never are.
+    #[inline(always)]
+    pub fn counts_item(&self, item: i32) -> bool {
+        if item < 0 || item as usize >= STAT_ITEM_LIMIT {
+            return false;
+        }
+        let item = item as usize;
+        self.0[item / 64] & (1u64 << (item % 64)) != 0
+    }
+
+    /// Select stat item `item`; returns false when it does not fit the mask.
+    pub fn select_item(&mut self, item: u32) -> bool {
+        let item = item as usize;
+        if item >= STAT_ITEM_LIMIT {
+            return false;
+        }
+        self.0[item / 64] |= 1u64 << (item % 64);
+        true
+    }
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct KernelConfig {
-    /// Bit `i` set: stat item `i` counts as charge.
-    pub charge_items: [u64; STAT_ITEM_WORDS],
     /// A CPU emits a charge event once its own page sum (charges only: frees are not
     /// subtracted, so it can only fire early) reaches this. Userspace divides its
     /// byte watermark by the CPU count, so the node cannot grow by more than the watermark
@@ -44,35 +70,24 @@ pub struct KernelConfig {
     pub page_shift: u32,
     /// `FLAG_*` bits.
     pub flags: u32,
+    /// Byte offsets, resolved from the running kernel's BTF, of the path from a
+    /// `struct mem_cgroup *` to its cgroup id: mem_cgroup.css + cgroup_subsys_state.cgroup,
+    /// then cgroup.kn, then kernfs_node.id.
+    pub memcg_cgroup_off: u32,
+    pub cgroup_kn_off: u32,
+    pub kn_id_off: u32,
+    pub _pad: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<KernelConfig>() == 48);
 
-impl KernelConfig {
-    /// Whether stat item `item` is selected; out-of-range items never are.
-    #[inline(always)]
-    pub fn counts_item(&self, item: i32) -> bool {
-        if item < 0 || item as usize >= STAT_ITEM_LIMIT {
-            return false;
-        }
-        let item = item as usize;
-        self.charge_items[item / 64] & (1u64 << (item % 64)) != 0
-    }
-
-    /// Select stat item `item`; returns false when it does not fit the mask.
-    pub fn select_item(&mut self, item: u32) -> bool {
-        let item = item as usize;
-        if item >= STAT_ITEM_LIMIT {
-            return false;
-        }
-        self.charge_items[item / 64] |= 1u64 << (item % 64);
-        true
-    }
-}
-
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding (asserted above).
 unsafe impl aya::Pod for KernelConfig {}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), only integers.
+unsafe impl aya::Pod for ChargeItems {}
 
 #[cfg(test)]
 mod tests {
@@ -80,7 +95,7 @@ mod tests {
 
     #[test]
     fn item_mask_round_trip_and_bounds() {
-        let mut c = KernelConfig::default();
+        let mut c = ChargeItems::default();
         for i in [0u32, 3, 63, 64, 127] {
             assert!(c.select_item(i));
             assert!(c.counts_item(i as i32));

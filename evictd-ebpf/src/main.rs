@@ -1,8 +1,10 @@
-//! evictd's kernel side. Per event the work is two loads, a mask test, an add and a compare; a ring-buffer
+//! evictd's kernel side. Per event the work is a mask test, an add and a compare; a ring-buffer
 //! record goes out only when userspace must look (charge past the watermark, reclaim started,
-//! the OOM killer acted). Field offsets below are those of the tracepoint formats in
-//! /sys/kernel/tracing/events/...; userspace checks them against the running kernel's format
-//! files before attaching, so a kernel with a different layout is refused, never misread.
+//! the OOM killer acted). The memcg programs are raw tracepoints whose prototypes userspace
+//! checks in the kernel's BTF, which also gives the struct offsets they follow; the others
+//! read fields at the offsets of the tracepoint formats in /sys/kernel/tracing/events/...,
+//! checked against the running kernel's format files. A kernel with a different layout is
+//! refused, never misread.
 // Host builds (`cargo build --workspace`, clippy) type-check the programs as an ordinary
 // binary; only the bpfel-unknown-none build is loaded into the kernel.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -12,16 +14,17 @@ use aya_ebpf::{
     EbpfContext as _,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
     },
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::{RawTracePointContext, TracePointContext},
 };
 use evictd_common::{
     CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, CGROUP_KIND_DEFAULT,
-    CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_COUNT, COUNTER_EMITTED_BASE, COUNTER_MEMCG_HITS,
-    COUNTER_RATE_LIMITED, COUNTER_RING_DROPS, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig,
-    WakeEvent,
+    CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_COUNT, COUNTER_EMITTED_BASE, COUNTER_RATE_LIMITED,
+    COUNTER_RING_DROPS, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, STAT_ITEM_LIMIT,
+    STAT_ITEM_WORDS, WakeEvent,
 };
 
 /// Wake events to userspace. Userspace may resize it at load time.
@@ -45,15 +48,13 @@ struct CpuState {
     generation: u64,
     last_reclaim_ns: u64,
     last_oom_ns: u64,
+    last_memcg: u64,
+    last_id: u64,
 }
 
 #[map]
 static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
-// memcg:mod_memcg_state and memcg:mod_memcg_lruvec_state share this layout.
-const MEMCG_ID_OFF: usize = 8; // u64 id (cgroup id of the memcg)
-const MEMCG_ITEM_OFF: usize = 16; // int item
-const MEMCG_VAL_OFF: usize = 20; // int val (pages)
 // vmscan:mm_vmscan_{direct,memcg}_reclaim_begin
 const RECLAIM_ORDER_OFF: usize = 8; // int order
 // oom:mark_victim
@@ -62,14 +63,17 @@ const OOM_ANON_RSS_OFF: usize = 24; // unsigned long, kB
 const OOM_FILE_RSS_OFF: usize = 32; // unsigned long, kB
 const OOM_SHMEM_RSS_OFF: usize = 40; // unsigned long, kB
 
-#[tracepoint]
-pub fn mod_memcg_lruvec_state(ctx: TracePointContext) -> u32 {
+// Raw tracepoints: the kernel calls them with the tracepoint's arguments, without building
+// a trace record first, which is most of a classic tracepoint's cost on a path that runs for
+// every page charged and freed. Arguments: (struct mem_cgroup *memcg, int item, int val).
+#[raw_tracepoint(tracepoint = "mod_memcg_lruvec_state")]
+pub fn mod_memcg_lruvec_state(ctx: RawTracePointContext) -> i32 {
     on_memcg_stat(&ctx);
     0
 }
 
-#[tracepoint]
-pub fn mod_memcg_state(ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "mod_memcg_state")]
+pub fn mod_memcg_state(ctx: RawTracePointContext) -> i32 {
     on_memcg_stat(&ctx);
     0
 }
@@ -110,39 +114,61 @@ fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
     unsafe { core::ptr::read_unaligned(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
 }
 
+/// Which stat items count as charge: a bit per `enum node_stat_item`/`memcg_stat_item`
+/// value. Set once by userspace at load time (from BTF names), so it lives in read-only data
+/// and the test below needs no map lookup: most calls end there.
+#[unsafe(no_mangle)]
+static CHARGE_ITEMS: [u64; STAT_ITEM_WORDS] = [0; STAT_ITEM_WORDS];
+
 #[inline(always)]
-fn on_memcg_stat(ctx: &TracePointContext) {
-    bump(COUNTER_MEMCG_HITS);
+fn on_memcg_stat(ctx: &RawTracePointContext) {
+    // Register arguments: no memory access at all until an event is known to count.
+    let item = ctx.arg::<u64>(1) as i32;
+    // Most stat updates are for items that do not count (dirty, writeback, mapped...).
+    if item < 0 || item as usize >= STAT_ITEM_LIMIT {
+        return;
+    }
+    // SAFETY: a plain read of a global; volatile so the compiler keeps the load (the real
+    // value is set at load time, after compilation).
+    let word =
+        unsafe { core::ptr::read_volatile(&CHARGE_ITEMS[(item as usize / 64) & (STAT_ITEM_WORDS - 1)]) };
+    if word & (1u64 << (item as usize % 64)) == 0 {
+        return;
+    }
+    // Frees are skipped, so the sum is the gross charge since userspace last re-armed: it can
+    // only reach the watermark earlier than the net growth would, never later.
+    let val = ctx.arg::<u64>(2) as i32;
+    if val <= 0 {
+        return;
+    }
     let Some(cfg) = CONFIG.get(0) else { return };
     if cfg.flags & FLAG_CHARGE == 0 {
         return;
     }
-    let item: i32 = field(ctx, MEMCG_ITEM_OFF);
-    // Most stat updates are for items that do not count (dirty, writeback, mapped...):
-    // reject them before any other work.
-    if !cfg.counts_item(item) {
-        return;
+    let memcg = ctx.arg::<u64>(0);
+    let Some(st) = CPU_STATE.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU slot; a program is not re-entered on the same CPU.
+    let st = unsafe { &mut *st };
+    if st.generation != cfg.generation {
+        st.generation = cfg.generation;
+        st.charge_pages = 0;
+        // A re-arm also forgets the memcg → id memo (a freed memcg's address can be reused).
+        st.last_memcg = 0;
     }
-    // Frees are skipped, so the sum is the gross charge since userspace last re-armed: it can
-    // only reach the watermark earlier than the net growth would, never later. Skipping them
-    // keeps a process's exit (one event per page freed) nearly free of probe cost.
-    let val: i32 = field(ctx, MEMCG_VAL_OFF);
-    if val <= 0 {
-        return;
-    }
-    let id: u64 = field(ctx, MEMCG_ID_OFF);
+    // Charges come in runs from one memcg: remember its id instead of chasing three pointers.
+    let id = if memcg == st.last_memcg {
+        st.last_id
+    } else {
+        let Some(id) = memcg_cgroup_id(cfg, memcg) else { return };
+        st.last_memcg = memcg;
+        st.last_id = id;
+        id
+    };
     // SAFETY: map value read only, u8 is Copy.
     if cfg.flags & FLAG_SCOPE != 0 && unsafe { SCOPE.get(id) }.is_none() {
         return;
     }
     bump(COUNTER_CHARGE_MATCHED);
-    let Some(st) = CPU_STATE.get_ptr_mut(0) else { return };
-    // SAFETY: per-CPU slot; a tracepoint program is not re-entered on the same CPU.
-    let st = unsafe { &mut *st };
-    if st.generation != cfg.generation {
-        st.generation = cfg.generation;
-        st.charge_pages = 0;
-    }
     st.charge_pages += val as i64;
     if st.charge_pages < cfg.watermark_pages_per_cpu {
         return;
@@ -150,6 +176,17 @@ fn on_memcg_stat(ctx: &TracePointContext) {
     let pages = st.charge_pages;
     st.charge_pages = 0;
     emit(CAUSE_CHARGE, id, CGROUP_KIND_MEMCG, pages << cfg.page_shift, current_tgid());
+}
+
+/// memcg->css.cgroup->kn->id, with the offsets userspace resolved from this kernel's BTF.
+#[inline(always)]
+fn memcg_cgroup_id(cfg: &KernelConfig, memcg: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_kernel checks every address itself; a bad one is an error.
+    unsafe {
+        let cgroup: u64 = bpf_probe_read_kernel((memcg + cfg.memcg_cgroup_off as u64) as *const u64).ok()?;
+        let kn: u64 = bpf_probe_read_kernel((cgroup + cfg.cgroup_kn_off as u64) as *const u64).ok()?;
+        bpf_probe_read_kernel((kn + cfg.kn_id_off as u64) as *const u64).ok()
+    }
 }
 
 #[inline(always)]

@@ -7,14 +7,15 @@ use std::{collections::HashSet, path::PathBuf, time::Duration};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{RawTracePoint, TracePoint},
 };
 use evictd_common::{
-    CAUSE_COUNT, COUNTER_CHARGE_MATCHED, COUNTER_EMITTED_BASE, COUNTER_MEMCG_HITS, COUNTER_RATE_LIMITED,
-    COUNTER_RING_DROPS, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig,
+    CAUSE_COUNT, COUNTER_CHARGE_MATCHED, COUNTER_EMITTED_BASE, COUNTER_RATE_LIMITED, COUNTER_RING_DROPS,
+    ChargeItems, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig,
 };
 
 use crate::{
+    btf_layout::{KernelBtf, LayoutError},
     stat_items::{self, StatItem, StatItemError},
     tracefs::{self, TracefsError},
 };
@@ -27,10 +28,12 @@ pub struct TracepointSpec {
     pub program: &'static str,
     pub group: &'static str,
     pub name: &'static str,
+    /// Raw tracepoint (prototype checked in BTF) rather than a classic one (record layout
+    /// checked in the format file).
+    pub raw: bool,
     pub fields: &'static [(&'static str, usize, usize)],
 }
 
-const MEMCG_FIELDS: &[(&str, usize, usize)] = &[("id", 8, 8), ("item", 16, 4), ("val", 20, 4)];
 const RECLAIM_FIELDS: &[(&str, usize, usize)] = &[("order", 8, 4)];
 
 pub const TRACEPOINTS: [TracepointSpec; 5] = [
@@ -38,30 +41,35 @@ pub const TRACEPOINTS: [TracepointSpec; 5] = [
         program: "mod_memcg_lruvec_state",
         group: "memcg",
         name: "mod_memcg_lruvec_state",
-        fields: MEMCG_FIELDS,
+        raw: true,
+        fields: &[],
     },
     TracepointSpec {
         program: "mod_memcg_state",
         group: "memcg",
         name: "mod_memcg_state",
-        fields: MEMCG_FIELDS,
+        raw: true,
+        fields: &[],
     },
     TracepointSpec {
         program: "direct_reclaim_begin",
         group: "vmscan",
         name: "mm_vmscan_direct_reclaim_begin",
+        raw: false,
         fields: RECLAIM_FIELDS,
     },
     TracepointSpec {
         program: "memcg_reclaim_begin",
         group: "vmscan",
         name: "mm_vmscan_memcg_reclaim_begin",
+        raw: false,
         fields: RECLAIM_FIELDS,
     },
     TracepointSpec {
         program: "mark_victim",
         group: "oom",
         name: "mark_victim",
+        raw: false,
         fields: &[("pid", 8, 4), ("anon_rss", 24, 8), ("file_rss", 32, 8), ("shmem_rss", 40, 8)],
     },
 ];
@@ -72,6 +80,8 @@ pub enum EbpfError {
     Tracefs(#[from] TracefsError),
     #[error(transparent)]
     StatItems(#[from] StatItemError),
+    #[error(transparent)]
+    BtfLayout(#[from] LayoutError),
     #[error("loading evictd's eBPF object failed: {0} (evictd needs root, or CAP_BPF with CAP_PERFMON)")]
     Load(#[source] aya::EbpfError),
     #[error("BPF map {name}: {source}")]
@@ -116,7 +126,6 @@ impl Default for LoadOptions {
 /// Per-CPU counters summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
-    pub memcg_hits: u64,
     pub charge_matched: u64,
     pub ring_drops: u64,
     pub rate_limited: u64,
@@ -145,18 +154,26 @@ impl KernelProbes {
         let tracefs = tracefs::ensure_mounted()?;
         let all_items = stat_items::kernel_items(&opts.btf_path)?;
         let items = stat_items::select(&all_items, &opts.charge_items)?;
+        let mut mask = ChargeItems::default();
+        for item in &items {
+            mask.select_item(item.value);
+        }
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", opts.ring_buffer_bytes)
+            .override_global("CHARGE_ITEMS", &mask, true)
             .load(EBPF_OBJECT)
             .map_err(EbpfError::Load)?;
 
+        let btf = KernelBtf::open(&opts.btf_path)?;
+        let id_path = btf.memcg_id_path()?;
         let mut programs = Vec::new();
         for tp in &TRACEPOINTS {
-            let error = attach(&mut ebpf, &tracefs, tp).err();
+            let error = attach(&mut ebpf, &tracefs, &btf, tp).err();
             if let Some(e) = &error {
                 tracing::warn!(tracepoint = %format!("{}:{}", tp.group, tp.name), "not attached: {e}");
             }
-            programs.push(ProgramStatus { tracepoint: format!("{}:{}", tp.group, tp.name), error });
+            let kind = if tp.raw { " (raw)" } else { "" };
+            programs.push(ProgramStatus { tracepoint: format!("{}:{}{kind}", tp.group, tp.name), error });
         }
         if programs.iter().all(|p| p.error.is_some()) {
             let why: Vec<String> = programs
@@ -175,14 +192,14 @@ impl KernelProbes {
             .unwrap_or(4096) as u64;
         let ncpus = aya::util::nr_cpus().map_err(|(what, e)| EbpfError::Cpus(format!("{what}: {e}")))? as u64;
 
-        let mut config = KernelConfig {
+        let config = KernelConfig {
             min_interval_ns: opts.min_interval.as_nanos() as u64,
             page_shift: page_size.trailing_zeros(),
+            memcg_cgroup_off: id_path.memcg_cgroup_off,
+            cgroup_kn_off: id_path.cgroup_kn_off,
+            kn_id_off: id_path.kn_id_off,
             ..Default::default()
         };
-        for item in &items {
-            config.select_item(item.value);
-        }
         let probes = KernelProbes {
             ebpf,
             config,
@@ -235,7 +252,6 @@ impl KernelProbes {
             Ok(map.get(&i, 0).map_err(map_err("COUNTERS"))?.iter().sum())
         };
         let mut c = Counters {
-            memcg_hits: sum(COUNTER_MEMCG_HITS)?,
             charge_matched: sum(COUNTER_CHARGE_MATCHED)?,
             ring_drops: sum(COUNTER_RING_DROPS)?,
             rate_limited: sum(COUNTER_RATE_LIMITED)?,
@@ -259,19 +275,33 @@ impl KernelProbes {
     }
 }
 
-fn attach(ebpf: &mut Ebpf, tracefs: &std::path::Path, tp: &TracepointSpec) -> Result<(), String> {
-    tracefs::check_layout(tracefs, tp.group, tp.name, tp.fields).map_err(|e| e.to_string())?;
-    let program: &mut TracePoint = ebpf
-        .program_mut(tp.program)
-        .ok_or_else(|| format!("program {} missing from the eBPF object", tp.program))?
-        .try_into()
-        .map_err(|e| format!("program {}: {e}", tp.program))?;
-    program.load().map_err(|e| match &e {
+fn attach(
+    ebpf: &mut Ebpf,
+    tracefs: &std::path::Path,
+    btf: &KernelBtf,
+    tp: &TracepointSpec,
+) -> Result<(), String> {
+    let load_err = |e: aya::programs::ProgramError| match &e {
         aya::programs::ProgramError::LoadError { verifier_log, .. } => {
             format!("the verifier rejected {}: {e}\n{verifier_log}", tp.program)
         }
         _ => format!("loading {}: {e}", tp.program),
-    })?;
-    program.attach(tp.group, tp.name).map_err(|e| format!("attaching {}: {e}", tp.program))?;
+    };
+    let program = ebpf
+        .program_mut(tp.program)
+        .ok_or_else(|| format!("program {} missing from the eBPF object", tp.program))?;
+    if tp.raw {
+        btf.check_memcg_tracepoint(tp.name).map_err(|e| e.to_string())?;
+        let program: &mut RawTracePoint =
+            program.try_into().map_err(|e| format!("program {}: {e}", tp.program))?;
+        program.load().map_err(load_err)?;
+        program.attach(tp.name).map_err(|e| format!("attaching {}: {e}", tp.program))?;
+    } else {
+        tracefs::check_layout(tracefs, tp.group, tp.name, tp.fields).map_err(|e| e.to_string())?;
+        let program: &mut TracePoint =
+            program.try_into().map_err(|e| format!("program {}: {e}", tp.program))?;
+        program.load().map_err(load_err)?;
+        program.attach(tp.group, tp.name).map_err(|e| format!("attaching {}: {e}", tp.program))?;
+    }
     Ok(())
 }

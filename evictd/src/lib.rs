@@ -6,6 +6,7 @@
 // Daemon paths return errors; only tests may take the shortcut.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod btf_layout;
 pub mod cgroup_layout;
 pub mod cgroup_names;
 pub mod cli;

@@ -77,7 +77,7 @@ pub fn run() -> ProbeReport {
         Err(e) => {
             checks.push(check("bpf", Err(e.to_string())));
             if let Some(root) = tracefs::find() {
-                for tp in &TRACEPOINTS {
+                for tp in TRACEPOINTS.iter().filter(|tp| !tp.raw) {
                     checks.push(check(
                         format!("tracepoint {}:{}", tp.group, tp.name),
                         tracefs::check_layout(&root, tp.group, tp.name, tp.fields)
@@ -148,5 +148,4 @@ pub fn print_text(r: &ProbeReport) {
         println!("  {:<4} {:<50} {}", if c.ok { "ok" } else { "NO" }, c.name, c.detail);
     }
     println!("evictd will use: {}", r.wake_sources.join(", "));
-    println!("(this version wires in the ebpf and timer wake sources; eventfd and psi are detected only)");
 }

@@ -72,7 +72,7 @@ async fn charge_in_a_test_cgroup_wakes_with_its_id() {
     assert!(w.amount_bytes >= (8 << 20) / 2, "amount {} below the per-CPU watermark", w.amount_bytes);
     assert!(w.kernel_ts_ns.is_some_and(|k| k <= w.received_ns));
     let c = probes.counters().expect("counters");
-    assert!(c.charge_matched > 0 && c.memcg_hits >= c.charge_matched, "{c:?}");
+    assert!(c.charge_matched > 0, "{c:?}");
     assert!(c.emitted[CAUSE_CHARGE as usize] >= wakes.len() as u64, "{c:?}");
 }
 
