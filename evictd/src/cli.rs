@@ -54,31 +54,32 @@ pub enum Command {
         /// A kubelet Summary (/api/v1/nodes/<node>/proxy/stats/summary).
         #[arg(long, value_name = "FILE")]
         summary: PathBuf,
-        /// A PodList (kubectl get pods -o json), joined to the summary by pod UID.
-        #[arg(long, value_name = "FILE")]
-        pods: PathBuf,
         #[command(flatten)]
-        policy: PolicyArgs,
-        /// The node has a dedicated imagefs (changes disk ranking and reclaim).
-        #[arg(long)]
-        dedicated_imagefs: bool,
-        #[arg(long, value_enum, default_value = "table")]
-        output: OutputFormat,
+        offline: OfflineArgs,
     },
     /// Decide on a sequence of Summary documents (JSON Lines, in time order), carrying the
     /// engine's state from step to step.
     Replay {
         #[arg(long, value_name = "FILE.jsonl")]
         summaries: PathBuf,
-        #[arg(long, value_name = "FILE")]
-        pods: PathBuf,
         #[command(flatten)]
-        policy: PolicyArgs,
-        #[arg(long)]
-        dedicated_imagefs: bool,
-        #[arg(long, value_enum, default_value = "table")]
-        output: OutputFormat,
+        offline: OfflineArgs,
     },
+}
+
+/// What `simulate` and `replay` share.
+#[derive(Args, Debug)]
+pub struct OfflineArgs {
+    /// A PodList (kubectl get pods -o json), joined to the summaries by pod UID.
+    #[arg(long, value_name = "FILE")]
+    pub pods: PathBuf,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// The node has a dedicated imagefs (changes disk ranking and reclaim).
+    #[arg(long)]
+    pub dedicated_imagefs: bool,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

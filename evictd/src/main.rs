@@ -1,7 +1,7 @@
 use anyhow::Context as _;
 use clap::Parser as _;
 use evictd::{
-    cli::{Cli, Command, OutputFormat, PolicyArgs},
+    cli::{Cli, Command, OfflineArgs, OutputFormat, PolicyArgs},
     daemon, offline,
     podspec::Pod,
     policy::Policy,
@@ -30,19 +30,19 @@ fn main() -> std::process::ExitCode {
             }
         }
         Some(Command::CheckConfig { policy, output }) => check_config(&policy, output),
-        Some(Command::Simulate { summary, pods, policy, dedicated_imagefs, output }) => {
-            offline_session(&policy, &pods, dedicated_imagefs).and_then(|(policy, pods, layout)| {
+        Some(Command::Simulate { summary, offline: o }) => {
+            offline_session(&o).and_then(|(policy, pods, layout)| {
                 let mut session = offline::Session::new(&policy, layout, &pods);
                 offline::simulate(
                     &mut session,
                     &summary,
-                    output == OutputFormat::Json,
+                    o.output == OutputFormat::Json,
                     &mut std::io::stdout().lock(),
                 )
             })
         }
-        Some(Command::Replay { summaries, pods, policy, dedicated_imagefs, output }) => {
-            offline_session(&policy, &pods, dedicated_imagefs).and_then(|(policy, pods, layout)| {
+        Some(Command::Replay { summaries, offline: o }) => {
+            offline_session(&o).and_then(|(policy, pods, layout)| {
                 let file = std::fs::File::open(&summaries)
                     .with_context(|| format!("reading summaries file {}", summaries.display()))?;
                 let mut session = offline::Session::new(&policy, layout, &pods);
@@ -50,7 +50,7 @@ fn main() -> std::process::ExitCode {
                     &mut session,
                     std::io::BufReader::new(file),
                     &summaries.display().to_string(),
-                    output == OutputFormat::Json,
+                    o.output == OutputFormat::Json,
                     &mut std::io::stdout().lock(),
                 )
             })
@@ -95,13 +95,9 @@ fn check_config(args: &PolicyArgs, output: OutputFormat) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn offline_session(
-    args: &PolicyArgs,
-    pods: &std::path::Path,
-    dedicated_imagefs: bool,
-) -> anyhow::Result<(Policy, Vec<Pod>, FsLayout)> {
-    let policy = valid_policy(args)?;
-    let pods = offline::load_pods(pods)?;
-    let layout = if dedicated_imagefs { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
+fn offline_session(o: &OfflineArgs) -> anyhow::Result<(Policy, Vec<Pod>, FsLayout)> {
+    let policy = valid_policy(&o.policy)?;
+    let pods = offline::load_pods(&o.pods)?;
+    let layout = if o.dedicated_imagefs { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
     Ok((policy, pods, layout))
 }

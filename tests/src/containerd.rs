@@ -20,6 +20,21 @@ use evictd::cri::{CriClient, api as cri};
 pub const IMAGE: &str = "evictd.test/tools:1";
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether a containerd test can run here: privileged (see `crate::privileged`) and with
+/// containerd, runc and gcc installed. Otherwise says why on stderr (or, in CI, fails).
+pub fn available(test: &str) -> bool {
+    if !crate::privileged(test) {
+        return false;
+    }
+    let Some(why) = unavailable() else { return true };
+    if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+        panic!("{test}: {why}");
+    }
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+    false
+}
+
 /// Why a containerd test cannot run here, if it cannot (checked before anything starts).
 pub fn unavailable() -> Option<String> {
     for bin in ["containerd", "ctr", "runc", "gcc"] {

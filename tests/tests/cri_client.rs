@@ -3,25 +3,7 @@
 
 use std::time::Duration;
 
-use evictd_tests::{
-    containerd::{self, Containerd, PodSpec},
-    privileged,
-};
-
-fn skip(test: &str) -> bool {
-    if !privileged(test) {
-        return true;
-    }
-    if let Some(why) = containerd::unavailable() {
-        if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
-            panic!("{test}: {why}");
-        }
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-        return true;
-    }
-    false
-}
+use evictd_tests::containerd::{self, Containerd, PodSpec};
 
 fn pod(name: &str) -> PodSpec<'_> {
     PodSpec {
@@ -38,7 +20,7 @@ fn pod(name: &str) -> PodSpec<'_> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_the_daemon_uses_works_on_containerd() {
-    if skip("every_call_the_daemon_uses_works_on_containerd") {
+    if !containerd::available("every_call_the_daemon_uses_works_on_containerd") {
         return;
     }
     let mut ctd = Containerd::start(2 << 30);
@@ -78,7 +60,7 @@ async fn every_call_the_daemon_uses_works_on_containerd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
-    if skip("inventory_infers_specs_from_the_node_without_a_pods_file") {
+    if !containerd::available("inventory_infers_specs_from_the_node_without_a_pods_file") {
         return;
     }
     let mut ctd = Containerd::start(2 << 30);
@@ -138,7 +120,7 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
-    if skip("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
+    if !containerd::available("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
         return;
     }
     use evictd::{rank::NodeReclaim, reclaim};

@@ -10,27 +10,11 @@ use std::time::{Duration, Instant};
 use evictd_tests::{
     containerd::{self, Containerd, PodSpec, TestPod},
     evictd_proc::Evictd,
-    privileged,
 };
 use serde_json::json;
 
 const MI: u64 = 1 << 20;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn skip(test: &str) -> bool {
-    if !privileged(test) {
-        return true;
-    }
-    if let Some(why) = containerd::unavailable() {
-        if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
-            panic!("{test}: {why}");
-        }
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-        return true;
-    }
-    false
-}
 
 /// A port that was free a moment ago (the test then binds evictd to it).
 fn free_port() -> u16 {
@@ -128,7 +112,7 @@ fn node_usage(ctd: &Containerd) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
     let _serial = SERIAL.lock().await;
-    if skip("evicts_exactly_the_top_ranked_pod_and_frees_its_memory") {
+    if !containerd::available("evicts_exactly_the_top_ranked_pod_and_frees_its_memory") {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
@@ -197,7 +181,7 @@ async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_pod_is_never_evicted_even_when_largest() {
     let _serial = SERIAL.lock().await;
-    if skip("a_static_pod_is_never_evicted_even_when_largest") {
+    if !containerd::available("a_static_pod_is_never_evicted_even_when_largest") {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
@@ -229,7 +213,7 @@ async fn a_static_pod_is_never_evicted_even_when_largest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_kills_nothing() {
     let _serial = SERIAL.lock().await;
-    if skip("dry_run_kills_nothing") {
+    if !containerd::available("dry_run_kills_nothing") {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
@@ -254,7 +238,7 @@ async fn dry_run_kills_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_the_runtime_going_away_and_evicts_after_it_returns() {
     let _serial = SERIAL.lock().await;
-    if skip("survives_the_runtime_going_away_and_evicts_after_it_returns") {
+    if !containerd::available("survives_the_runtime_going_away_and_evicts_after_it_returns") {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
@@ -293,7 +277,7 @@ async fn survives_the_runtime_going_away_and_evicts_after_it_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_ignoring_sigterm_is_killed_after_its_grace_period() {
     let _serial = SERIAL.lock().await;
-    if skip("a_pod_ignoring_sigterm_is_killed_after_its_grace_period") {
+    if !containerd::available("a_pod_ignoring_sigterm_is_killed_after_its_grace_period") {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
