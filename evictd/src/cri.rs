@@ -39,6 +39,14 @@ impl CriError {
     }
 }
 
+/// Stop and remove calls are idempotent in the CRI: an object that is already gone is done.
+fn gone_is_done<T>(r: Result<T, CriError>) -> Result<(), CriError> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        r => r.map(|_| ()),
+    }
+}
+
 #[derive(Clone)]
 pub struct CriClient {
     endpoint: String,
@@ -152,37 +160,25 @@ impl CriClient {
         let mut c = self.runtime.clone();
         let req = cri::StopContainerRequest { container_id: id.into(), timeout: grace_seconds };
         let deadline = self.timeout + Duration::from_secs(grace_seconds.max(0) as u64);
-        match self.call("StopContainer", deadline, c.stop_container(req)).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            r => r.map(|_| ()),
-        }
+        gone_is_done(self.call("StopContainer", deadline, c.stop_container(req)).await)
     }
 
     pub async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::StopPodSandboxRequest { pod_sandbox_id: id.into() };
-        match self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(req)).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            r => r.map(|_| ()),
-        }
+        gone_is_done(self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(req)).await)
     }
 
     pub async fn remove_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::RemovePodSandboxRequest { pod_sandbox_id: id.into() };
-        match self.call("RemovePodSandbox", self.timeout, c.remove_pod_sandbox(req)).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            r => r.map(|_| ()),
-        }
+        gone_is_done(self.call("RemovePodSandbox", self.timeout, c.remove_pod_sandbox(req)).await)
     }
 
     pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::RemoveContainerRequest { container_id: id.into() };
-        match self.call("RemoveContainer", self.timeout, c.remove_container(req)).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            r => r.map(|_| ()),
-        }
+        gone_is_done(self.call("RemoveContainer", self.timeout, c.remove_container(req)).await)
     }
 
     pub async fn image_fs_info(&self) -> Result<cri::ImageFsInfoResponse, CriError> {
@@ -203,10 +199,7 @@ impl CriClient {
         let req = cri::RemoveImageRequest {
             image: Some(cri::ImageSpec { image: id.into(), ..Default::default() }),
         };
-        match self.call("RemoveImage", self.timeout, c.remove_image(req)).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            r => r.map(|_| ()),
-        }
+        gone_is_done(self.call("RemoveImage", self.timeout, c.remove_image(req)).await)
     }
 
     /// The raw runtime client, for callers (the test harness) that create pods.

@@ -281,8 +281,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 let pods = pods_rx.borrow().clone();
                 // The wake to account the decision to: the earliest in the batch.
                 let first = batch.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
-                let evictions = pressure.pass(&pods, wall_ns, first).await;
-                let obs = pressure.observe(wall_ns());
+                let (evictions, obs) = pressure.pass(&pods, wall_ns, first).await;
                 let view = memory_view(&thresholds, &obs);
                 if let Some(ev) = eventfd.as_mut()
                     && let Err(e) = ev.update(&eventfd_levels(&thresholds, &pressure, &obs))

@@ -120,16 +120,16 @@ impl Pressure {
     }
 
     /// Observe, decide, act; repeated while evictions succeed. `pods` is the inventory's
-    /// latest snapshot.
+    /// latest snapshot. Returns what was done and the node's latest observation.
     pub async fn pass(
         &mut self,
         pods: &Arc<Vec<PodRecord>>,
         now_ns: impl Fn() -> i64,
         wake: Option<Wake>,
-    ) -> Vec<EvictionRecord> {
+    ) -> (Vec<EvictionRecord>, Observations) {
         let mut records = Vec::new();
+        let mut obs = self.observe(now_ns());
         for _ in 0..MAX_EVICTIONS_PER_PASS {
-            let obs = self.observe(now_ns());
             let observed_ns = monotonic_ns();
             let Some(mut rec) = self.decide_and_act(pods, &obs, now_ns()).await else { break };
             rec.observed_ns = observed_ns;
@@ -146,8 +146,10 @@ impl Pressure {
             if !succeeded {
                 break;
             }
+            // The node after the eviction: what the next decision (and the caller) sees.
+            obs = self.observe(now_ns());
         }
-        records
+        (records, obs)
     }
 
     async fn decide_and_act(
