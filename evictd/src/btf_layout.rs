@@ -48,6 +48,19 @@ impl KernelBtf {
         }
     }
 
+    /// The members of an enum, by name and value.
+    pub fn enum_members(&self, name: &str) -> Result<Vec<(String, u32)>, LayoutError> {
+        let mut out = Vec::new();
+        for t in self.btf.resolve_types_by_name(name).map_err(|e| self.err(e))? {
+            if let Type::Enum(e) = t {
+                for m in &e.members {
+                    out.push((self.btf.resolve_name(m).map_err(|e| self.err(e))?, m.val()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A member's byte offset in a struct.
     pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, LayoutError> {
         for t in self.btf.resolve_types_by_name(strukt).map_err(|e| self.err(e))? {

@@ -152,7 +152,9 @@ impl KernelProbes {
     /// the wake stream; events flow once `rearm` has been called.
     pub fn load(opts: &LoadOptions) -> Result<(Self, RingBuf<MapData>), EbpfError> {
         let tracefs = tracefs::ensure_mounted()?;
-        let all_items = stat_items::kernel_items(&opts.btf_path)?;
+        // One BTF read serves the stat items, the raw tracepoint checks and the offsets.
+        let btf = KernelBtf::open(&opts.btf_path)?;
+        let all_items = stat_items::kernel_items(&btf)?;
         let items = stat_items::select(&all_items, &opts.charge_items)?;
         let mut mask = ChargeItems::default();
         for item in &items {
@@ -164,7 +166,6 @@ impl KernelProbes {
             .load(EBPF_OBJECT)
             .map_err(EbpfError::Load)?;
 
-        let btf = KernelBtf::open(&opts.btf_path)?;
         let id_path = btf.memcg_id_path()?;
         let mut programs = Vec::new();
         for tp in &TRACEPOINTS {
@@ -261,10 +262,6 @@ impl KernelProbes {
             *slot = sum(COUNTER_EMITTED_BASE + cause as u32)?;
         }
         Ok(c)
-    }
-
-    pub fn config(&self) -> &KernelConfig {
-        &self.config
     }
 
     fn write_config(&mut self) -> Result<(), EbpfError> {

@@ -113,14 +113,6 @@ impl Inventory {
         self.pods.values()
     }
 
-    pub fn get(&self, sandbox_id: &str) -> Option<&PodRecord> {
-        self.pods.get(sandbox_id)
-    }
-
-    pub fn forget(&mut self, sandbox_id: &str) {
-        self.pods.remove(sandbox_id);
-    }
-
     /// Re-reads the pods file when it changed. A file that cannot be read or parsed keeps the
     /// previous specs and is reported: a half-written file must not erase what is known.
     fn refresh_specs(&mut self) -> Result<bool, String> {

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::{
+    btf_layout::KernelBtf,
     cgroup_layout::{CgroupLayout, CgroupVersion},
     ebpf::{KernelProbes, LoadOptions, TRACEPOINTS},
     memcg_threshold, psi, stat_items, tracefs,
@@ -42,7 +43,9 @@ pub fn run() -> ProbeReport {
     let btf = Path::new(stat_items::VMLINUX_BTF);
     checks.push(check(
         "btf",
-        stat_items::kernel_items(btf)
+        KernelBtf::open(btf)
+            .map_err(stat_items::StatItemError::from)
+            .and_then(|b| stat_items::kernel_items(&b))
             .and_then(|all| stat_items::select(&all, stat_items::DEFAULT_CHARGE_ITEMS))
             .map(|items| {
                 let list: Vec<String> = items.iter().map(|i| format!("{}={}", i.name, i.value)).collect();

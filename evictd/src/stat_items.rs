@@ -2,7 +2,7 @@
 //! The numbers of `enum node_stat_item` and `enum memcg_stat_item` change between kernel
 //! builds, so they are never compiled in.
 
-use std::path::Path;
+use crate::btf_layout::{KernelBtf, LayoutError};
 
 /// The LRU lists that make up a working set (usage − inactive_file) plus kernel memory.
 /// NR_ANON_MAPPED / NR_FILE_PAGES are deliberately absent: they count the same pages as the
@@ -16,8 +16,8 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatItemError {
-    #[error("reading kernel BTF {path}: {reason} (evictd needs a kernel built with CONFIG_DEBUG_INFO_BTF)")]
-    Btf { path: String, reason: String },
+    #[error("{0} (evictd needs a kernel built with CONFIG_DEBUG_INFO_BTF)")]
+    Btf(#[from] LayoutError),
     #[error("stat item {0} is not in enum node_stat_item or memcg_stat_item of this kernel")]
     Unknown(String),
 }
@@ -30,20 +30,11 @@ pub struct StatItem {
 }
 
 /// All members of the two stat enums, by name.
-pub fn kernel_items(btf_path: &Path) -> Result<Vec<StatItem>, StatItemError> {
-    let btf_err =
-        |e: btf_rs::Error| StatItemError::Btf { path: btf_path.display().to_string(), reason: e.to_string() };
-    // Mmap keeps the daemon's RSS small: the parsed vmlinux BTF would cost tens of MiB.
-    let btf = btf_rs::Btf::from_file_with_backend(btf_path, btf_rs::Backend::Mmap).map_err(btf_err)?;
+pub fn kernel_items(btf: &KernelBtf) -> Result<Vec<StatItem>, StatItemError> {
     let mut items = Vec::new();
     for name in ENUMS {
-        let types = btf.resolve_types_by_name(name).map_err(btf_err)?;
-        for t in types {
-            if let btf_rs::Type::Enum(e) = t {
-                for m in &e.members {
-                    items.push(StatItem { name: btf.resolve_name(m).map_err(btf_err)?, value: m.val() });
-                }
-            }
+        for (name, value) in btf.enum_members(name)? {
+            items.push(StatItem { name, value });
         }
     }
     Ok(items)
@@ -74,13 +65,14 @@ mod tests {
 
     #[test]
     fn missing_btf_names_the_file() {
-        let err = kernel_items(Path::new("/nonexistent/vmlinux")).unwrap_err();
+        let err =
+            StatItemError::from(KernelBtf::open(std::path::Path::new("/nonexistent/vmlinux")).err().unwrap());
         assert!(err.to_string().contains("/nonexistent/vmlinux"), "{err}");
     }
 
     #[test]
     fn resolves_default_items_on_this_kernel() {
-        let path = Path::new(VMLINUX_BTF);
+        let path = std::path::Path::new(VMLINUX_BTF);
         if !path.exists() {
             use std::io::Write as _;
             // Not eprintln!: libtest would swallow it, and a skip must be seen.
@@ -90,7 +82,8 @@ mod tests {
             );
             return;
         }
-        let items = kernel_items(path).expect("parse vmlinux BTF");
+        let items =
+            kernel_items(&KernelBtf::open(path).expect("open vmlinux BTF")).expect("parse vmlinux BTF");
         let chosen = select(&items, DEFAULT_CHARGE_ITEMS).expect("default items");
         assert_eq!(chosen.len(), DEFAULT_CHARGE_ITEMS.len());
         // The LRU base is 0 on every kernel since the enum was introduced.

@@ -116,9 +116,7 @@ fn soft_thresholds_need_a_grace_period() {
 fn soft_with_zero_grace_is_hard() {
     let (p, _) = build_ok(&input(Some(""), "memory.available<1Gi", "memory.available=0s", ""));
     assert!(p.thresholds[0].is_hard());
-    // ... and hard memory thresholds get an allocatable copy, even this one? No: the copy is
-    // made from the hard list before soft parsing in the kubelet only for evictionHard
-    // entries; evictd follows the grace-0 rule, so it counts as hard here too.
+    // Being hard by the grace-0 rule, it also gets the allocatable copy hard thresholds get.
     assert_eq!(p.thresholds.len(), 2);
 }
 
