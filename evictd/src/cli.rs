@@ -9,15 +9,12 @@ use crate::{
     cgroup_layout::CgroupLayout,
     daemon::{PressureOptions, RunOptions, Watermark},
     ebpf::LoadOptions,
-    kubelet_config,
     memory::MemoryCgroup,
     node_signals::NodeSignalSources,
-    policy::{self, MapSetting, Policy, PolicyInput},
-    quantity::Quantity,
-    rank::FsLayout,
     stat_items,
     trace::TraceFormat,
 };
+use evictd_policy::{flags::PolicyArgs, quantity::Quantity, rank::FsLayout};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -86,80 +83,6 @@ pub struct OfflineArgs {
 pub enum OutputFormat {
     Table,
     Json,
-}
-
-/// The kubelet's eviction flags, and `--config` for a KubeletConfiguration file whose
-/// eviction fields they override one by one.
-#[derive(Args, Debug, Default, Clone)]
-pub struct PolicyArgs {
-    /// A KubeletConfiguration file (YAML or JSON) to read the eviction fields from.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`.
-    /// Omitted: the kubelet's Linux defaults. Empty (`--eviction-hard=`): none.
-    #[arg(long, value_name = "LIST")]
-    pub eviction_hard: Option<String>,
-    /// Soft eviction thresholds, same syntax; each needs a grace period.
-    #[arg(long, value_name = "LIST")]
-    pub eviction_soft: Option<String>,
-    /// Grace periods of the soft thresholds, e.g. `memory.available=1m30s`.
-    #[arg(long, value_name = "LIST")]
-    pub eviction_soft_grace_period: Option<String>,
-    /// Minimum reclaim per signal, e.g. `memory.available=500Mi,nodefs.available=1%`.
-    #[arg(long, value_name = "LIST")]
-    pub eviction_minimum_reclaim: Option<String>,
-    /// Upper bound on the grace period given to pods evicted for a soft threshold (0: the
-    /// pod's own).
-    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
-    pub eviction_max_pod_grace_period: Option<i64>,
-    /// How long a pressure condition stays after its threshold stops being met.
-    #[arg(long, value_name = "DURATION")]
-    pub eviction_pressure_transition_period: Option<String>,
-    /// Which node-allocatable levels are enforced (`pods` makes allocatableMemory copies of
-    /// the hard memory thresholds).
-    #[arg(long, value_name = "LIST")]
-    pub enforce_node_allocatable: Option<String>,
-}
-
-impl PolicyArgs {
-    /// The policy inputs: the config file's fields, each replaced by its flag when given.
-    pub fn input(&self) -> anyhow::Result<PolicyInput> {
-        let mut input = match &self.config {
-            Some(path) => kubelet_config::read(path)?,
-            None => PolicyInput::default(),
-        };
-        if let Some(h) = &self.eviction_hard {
-            input.hard = Some(MapSetting::from_flag("--eviction-hard", h, '<')?);
-        }
-        if let Some(v) = &self.eviction_soft {
-            input.soft = MapSetting::from_flag("--eviction-soft", v, '<')?;
-        }
-        if let Some(v) = &self.eviction_soft_grace_period {
-            input.soft_grace = MapSetting::from_flag("--eviction-soft-grace-period", v, '=')?;
-        }
-        if let Some(v) = &self.eviction_minimum_reclaim {
-            input.min_reclaim = MapSetting::from_flag("--eviction-minimum-reclaim", v, '=')?;
-        }
-        if let Some(v) = self.eviction_max_pod_grace_period {
-            input.max_pod_grace_period_seconds = v;
-        }
-        if let Some(v) = &self.eviction_pressure_transition_period {
-            input.pressure_transition_period =
-                Some(("--eviction-pressure-transition-period".into(), v.clone()));
-        }
-        if let Some(v) = &self.enforce_node_allocatable {
-            let list = v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
-            input.enforce_node_allocatable = Some(("--enforce-node-allocatable".into(), list));
-        }
-        Ok(input)
-    }
-
-    /// The validated policy and the kubelet surprises worth a warning.
-    pub fn policy(&self) -> anyhow::Result<(Policy, Vec<String>)> {
-        let mut warnings = Vec::new();
-        let policy = policy::build(&self.input()?, &mut warnings)?;
-        Ok((policy, warnings))
-    }
 }
 
 #[derive(Args, Debug)]
@@ -324,7 +247,7 @@ impl RunArgs {
             }
         };
         if let Some(p) = &self.pods_file {
-            crate::offline::load_pods(p).context("--pods-file")?;
+            evictd_policy::offline::load_pods(p).context("--pods-file")?;
         }
 
         Ok(RunOptions {

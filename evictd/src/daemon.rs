@@ -21,12 +21,14 @@ use crate::{
     cri::CriClient,
     ebpf::{KernelProbes, LoadOptions},
     inventory::{Inventory, PodRecord},
-    observations::Observations,
-    policy::{Policy, Threshold},
     pressure::Pressure,
     trace::{MemoryView, Summary, TraceFormat, TraceSink},
     units,
     wake::{self, Wake, WakeCause, WakeStats},
+};
+use evictd_policy::{
+    observations::Observations,
+    policy::{Policy, Threshold},
 };
 
 /// How far ahead the kernel should wake evictd.
@@ -64,7 +66,7 @@ pub struct RunOptions {
 /// Everything the act side needs: the runtime, the pods' specs, and how the node is read.
 pub struct PressureOptions {
     pub signals: crate::node_signals::NodeSignalSources,
-    pub fs_layout: crate::rank::FsLayout,
+    pub fs_layout: evictd_policy::rank::FsLayout,
     pub cri_endpoint: Option<String>,
     pub cri_timeout: Duration,
     pub dry_run: bool,
@@ -96,7 +98,7 @@ pub fn nearest_memory_threshold(thresholds: &[Threshold], obs: &Observations) ->
 
 fn memory_view(thresholds: &[Threshold], obs: &Observations) -> MemoryView {
     MemoryView {
-        available: obs.get(&crate::policy::Signal::MemoryAvailable).map(|o| o.available),
+        available: obs.get(&evictd_policy::policy::Signal::MemoryAvailable).map(|o| o.available),
         nearest: nearest_memory_threshold(thresholds, obs),
     }
 }
@@ -342,7 +344,7 @@ fn eventfd_levels(
     pressure: &Pressure,
     obs: &Observations,
 ) -> Vec<(PathBuf, u64, u64)> {
-    use crate::policy::Signal;
+    use evictd_policy::policy::Signal;
     let mut out = Vec::new();
     for (signal, cg) in [
         (Signal::MemoryAvailable, Some(&pressure.signals.node)),
@@ -426,7 +428,7 @@ impl LoopState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{MapSetting, PolicyInput};
+    use evictd_policy::policy::{MapSetting, PolicyInput};
 
     #[test]
     fn watermark_is_half_the_distance_with_a_floor() {
@@ -447,16 +449,20 @@ mod tests {
             soft_grace: MapSetting::from_flag("g", "memory.available=1m", '=').unwrap(),
             ..Default::default()
         };
-        let all = crate::policy::build(&input, &mut Vec::new()).unwrap().thresholds;
+        let all = evictd_policy::policy::build(&input, &mut Vec::new()).unwrap().thresholds;
         let mut obs = Observations::new();
         obs.insert(
-            crate::policy::Signal::MemoryAvailable,
-            crate::observations::Observation { available: 824 << 20, capacity: 1 << 30, time_ns: None },
+            evictd_policy::policy::Signal::MemoryAvailable,
+            evictd_policy::observations::Observation {
+                available: 824 << 20,
+                capacity: 1 << 30,
+                time_ns: None,
+            },
         );
         let (name, d) = nearest_memory_threshold(&all, &obs).unwrap();
         assert_eq!(name, "memory.available<50%");
         assert_eq!(d, (824 << 20) - (512 << 20));
         // Thresholds without an observation (allocatable here) are not "near".
-        assert!(all.iter().any(|t| t.signal == crate::policy::Signal::AllocatableMemoryAvailable));
+        assert!(all.iter().any(|t| t.signal == evictd_policy::policy::Signal::AllocatableMemoryAvailable));
     }
 }

@@ -18,6 +18,8 @@ use crate::{
     cgroup_layout::{CgroupLayout, CgroupVersion},
     cri::{CriClient, CriError, api as cri},
     memory::MemoryCgroup,
+};
+use evictd_policy::{
     podspec::{Container, ObjectMeta, Pod, PodSpec, Resources},
     quantity::Quantity,
     summary::{ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats},
@@ -123,10 +125,8 @@ impl Inventory {
         if *seen == Some(mtime) {
             return Ok(false);
         }
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let list: crate::podspec::PodList =
-            serde_json::from_str(&text).map_err(|e| format!("{}: not a PodList: {e}", path.display()))?;
-        self.specs = list.items.into_iter().map(|p| (p.metadata.uid.clone(), p)).collect();
+        let pods = evictd_policy::podspec::read_pod_list(path).map_err(|e| e.to_string())?;
+        self.specs = pods.into_iter().map(|p| (p.metadata.uid.clone(), p)).collect();
         self.pods_file = Some((path.clone(), Some(mtime)));
         Ok(true)
     }

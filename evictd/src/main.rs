@@ -1,13 +1,10 @@
 use anyhow::Context as _;
 use clap::Parser as _;
 use evictd::{
-    cli::{Cli, Command, OfflineArgs, OutputFormat, PolicyArgs},
-    daemon, offline,
-    podspec::Pod,
-    policy::Policy,
-    probe,
-    rank::FsLayout,
+    cli::{Cli, Command, OfflineArgs, OutputFormat},
+    daemon, probe,
 };
+use evictd_policy::{flags::PolicyArgs, offline, podspec::Pod, policy::Policy, rank::FsLayout};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> std::process::ExitCode {
@@ -39,6 +36,7 @@ fn main() -> std::process::ExitCode {
                     o.output == OutputFormat::Json,
                     &mut std::io::stdout().lock(),
                 )
+                .map_err(anyhow::Error::from)
             })
         }
         Some(Command::Replay { summaries, offline: o }) => {
@@ -53,6 +51,7 @@ fn main() -> std::process::ExitCode {
                     o.output == OutputFormat::Json,
                     &mut std::io::stdout().lock(),
                 )
+                .map_err(anyhow::Error::from)
             })
         }
         None => run_daemon(cli.run),

@@ -164,7 +164,7 @@ mod tests {
             namespace: "ns".into(),
             name: "p".into(),
             uid: "u".into(),
-            signal: crate::policy::Signal::MemoryAvailable,
+            signal: evictd_policy::policy::Signal::MemoryAvailable,
             available: 1,
             threshold: 2,
             grace_period_seconds: 1,

@@ -5,8 +5,8 @@
 
 use std::{os::unix::fs::MetadataExt as _, path::PathBuf};
 
-use crate::{
-    memory::MemoryCgroup,
+use crate::memory::MemoryCgroup;
+use evictd_policy::{
     observations::{Observation, Observations},
     policy::Signal,
 };

@@ -15,15 +15,17 @@ use serde::Serialize;
 use crate::{
     cgroup_layout::CgroupLayout,
     cri::CriClient,
-    engine::{self, EngineState},
     evict::{self, Phases},
     inventory::{self, PodRecord},
     node_signals::NodeSignalSources,
+    reclaim,
+    wake::{Wake, WakeCause, monotonic_ns},
+};
+use evictd_policy::{
+    engine::{self, EngineState},
     observations::Observations,
     policy::{Policy, Signal, Threshold},
     rank::{FsLayout, PodEntry},
-    reclaim,
-    wake::{Wake, WakeCause, monotonic_ns},
 };
 
 /// Candidates tried in one decision when kills fail.
@@ -194,7 +196,7 @@ impl Pressure {
             }
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
-        let live: Vec<(&PodRecord, Option<crate::summary::PodStats>)> = pods
+        let live: Vec<(&PodRecord, Option<evictd_policy::summary::PodStats>)> = pods
             .iter()
             .filter(|p| !self.gone.contains(&p.sandbox_id))
             .filter_map(|p| {

@@ -4,10 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::{
-    cri::{CriClient, CriError, api as cri},
-    rank::NodeReclaim,
-};
+use crate::cri::{CriClient, CriError, api as cri};
+use evictd_policy::rank::NodeReclaim;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReclaimReport {

@@ -123,7 +123,8 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     if !containerd::available("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
         return;
     }
-    use evictd::{rank::NodeReclaim, reclaim};
+    use evictd::reclaim;
+    use evictd_policy::rank::NodeReclaim;
     let mut ctd = Containerd::start(2 << 30);
     ctd.import("evictd.test/unused:1", &[("marker", b"not used by anything".to_vec())]);
     let p = ctd.run_pod(pod("app")).await;

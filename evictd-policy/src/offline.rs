@@ -7,42 +7,50 @@ use std::{
     path::Path,
 };
 
-use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use crate::{
     engine::{self, Decision, EngineState},
-    observations::{self, Observations},
-    podspec::{Pod, PodList},
+    observations::{self, ObservationError, Observations},
+    podspec::{self, Pod, PodListError},
     policy::{Policy, Threshold},
     rank::{FsLayout, PodEntry},
     summary::{self, Summary},
 };
 
-/// Reads a PodList and keeps the active pods (not Succeeded or Failed).
-pub fn load_pods(path: &Path) -> anyhow::Result<Vec<Pod>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading pods file {}", path.display()))?;
-    let list: PodList = serde_json::from_str(&text).with_context(|| {
-        format!("{}: not a Kubernetes PodList (kubectl get pods -o json)", path.display())
-    })?;
-    for (i, p) in list.items.iter().enumerate() {
-        if p.metadata.uid.is_empty() {
-            bail!(
-                "{}: items[{i}] ({}/{}) has no metadata.uid",
-                path.display(),
-                p.metadata.namespace,
-                p.metadata.name
-            );
-        }
-    }
-    Ok(list.items.into_iter().filter(Pod::is_active).collect())
+/// Recorded input that cannot be used, named by file (and line, for replay).
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineError {
+    #[error(transparent)]
+    Pods(#[from] PodListError),
+    #[error("reading {what}: {error}")]
+    Read { what: String, error: std::io::Error },
+    #[error("{what}: not JSON: {error}")]
+    NotJson { what: String, error: serde_json::Error },
+    #[error("{what}: not a kubelet Summary API document: {error}")]
+    NotSummary { what: String, error: serde_json::Error },
+    #[error("{what}: {error}")]
+    Observation { what: String, error: ObservationError },
+    #[error("{what}: no `time` field anywhere in the document; replay needs timestamps to order the steps")]
+    NoTime { what: String },
+    #[error("{what}: time {time} is before the previous step's")]
+    TimeBackwards { what: String, time: String },
+    #[error("writing the output: {0}")]
+    Write(#[from] std::io::Error),
+    #[error("writing the output: {0}")]
+    Encode(#[from] serde_json::Error),
 }
 
-fn parse_summary(text: &str, what: &str) -> anyhow::Result<(Summary, Value)> {
-    let raw: Value = serde_json::from_str(text).with_context(|| format!("{what}: not JSON"))?;
+/// Reads a PodList and keeps the active pods (not Succeeded or Failed).
+pub fn load_pods(path: &Path) -> Result<Vec<Pod>, OfflineError> {
+    Ok(podspec::read_pod_list(path)?.into_iter().filter(Pod::is_active).collect())
+}
+
+fn parse_summary(text: &str, what: &str) -> Result<(Summary, Value), OfflineError> {
+    let raw: Value =
+        serde_json::from_str(text).map_err(|error| OfflineError::NotJson { what: what.into(), error })?;
     let s: Summary = serde_json::from_value(raw.clone())
-        .with_context(|| format!("{what}: not a kubelet Summary API document"))?;
+        .map_err(|error| OfflineError::NotSummary { what: what.into(), error })?;
     Ok((s, raw))
 }
 
@@ -68,14 +76,13 @@ impl<'a> Session<'a> {
         Session { policy, thresholds, layout, pods, state: EngineState::default() }
     }
 
-    pub fn step(&mut self, text: &str, what: &str, need_time: bool) -> anyhow::Result<Step> {
+    pub fn step(&mut self, text: &str, what: &str, need_time: bool) -> Result<Step, OfflineError> {
         let (s, raw) = parse_summary(text, what)?;
-        let observations = observations::from_summary(&s).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        let observations = observations::from_summary(&s)
+            .map_err(|error| OfflineError::Observation { what: what.into(), error })?;
         let time_ns = summary::newest_time(&raw);
         if need_time && time_ns.is_none() {
-            bail!(
-                "{what}: no `time` field anywhere in the document; replay needs timestamps to order the steps"
-            );
+            return Err(OfflineError::NoTime { what: what.into() });
         }
         let by_uid = s.pods_by_uid();
         let entries: Vec<PodEntry> = self
@@ -200,9 +207,11 @@ pub fn simulate(
     summary_path: &Path,
     json_out: bool,
     out: &mut impl Write,
-) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(summary_path)
-        .with_context(|| format!("reading summary file {}", summary_path.display()))?;
+) -> Result<(), OfflineError> {
+    let text = std::fs::read_to_string(summary_path).map_err(|error| OfflineError::Read {
+        what: format!("summary file {}", summary_path.display()),
+        error,
+    })?;
     let step = session.step(&text, &summary_path.display().to_string(), false)?;
     if json_out {
         serde_json::to_writer(&mut *out, &session.step_json(&step))?;
@@ -220,10 +229,10 @@ pub fn replay(
     name: &str,
     json_out: bool,
     out: &mut impl Write,
-) -> anyhow::Result<()> {
+) -> Result<(), OfflineError> {
     let mut last = None;
     for (n, line) in input.lines().enumerate() {
-        let line = line.with_context(|| format!("reading {name}"))?;
+        let line = line.map_err(|error| OfflineError::Read { what: name.into(), error })?;
         if line.trim().is_empty() {
             continue;
         }
@@ -232,7 +241,7 @@ pub fn replay(
         if let (Some(prev), Some(t)) = (last, step.time_ns)
             && t < prev
         {
-            bail!("{what}: time {} is before the previous step's", summary::format_time(t));
+            return Err(OfflineError::TimeBackwards { what, time: summary::format_time(t) });
         }
         last = step.time_ns;
         if json_out {

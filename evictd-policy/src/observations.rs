@@ -6,8 +6,16 @@ use std::collections::BTreeMap;
 
 use crate::{
     policy::Signal,
-    summary::{FsStats, MemoryStats, Summary, parse_time},
+    summary::{FsStats, MemoryStats, Summary, TimeError, parse_time},
 };
+
+/// A Summary whose stats carry a time that cannot be read; names the field.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{field}.time: {error}")]
+pub struct ObservationError {
+    pub field: &'static str,
+    pub error: TimeError,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Observation {
@@ -19,11 +27,11 @@ pub struct Observation {
 
 pub type Observations = BTreeMap<Signal, Observation>;
 
-fn time(t: &Option<String>, what: &str) -> Result<Option<i64>, String> {
-    t.as_deref().map(|s| parse_time(s).map_err(|e| format!("{what}.time: {e}"))).transpose()
+fn time(t: &Option<String>, field: &'static str) -> Result<Option<i64>, ObservationError> {
+    t.as_deref().map(|s| parse_time(s).map_err(|error| ObservationError { field, error })).transpose()
 }
 
-fn memory(m: &MemoryStats, what: &str) -> Result<Option<Observation>, String> {
+fn memory(m: &MemoryStats, what: &'static str) -> Result<Option<Observation>, ObservationError> {
     Ok(match (m.available_bytes, m.working_set_bytes) {
         (Some(a), Some(ws)) => Some(Observation {
             available: a as i64,
@@ -34,7 +42,13 @@ fn memory(m: &MemoryStats, what: &str) -> Result<Option<Observation>, String> {
     })
 }
 
-fn fs(f: &FsStats, what: &str, bytes: Signal, inodes: Signal, out: &mut Observations) -> Result<(), String> {
+fn fs(
+    f: &FsStats,
+    what: &'static str,
+    bytes: Signal,
+    inodes: Signal,
+    out: &mut Observations,
+) -> Result<(), ObservationError> {
     let t = time(&f.time, what)?;
     if let (Some(a), Some(c)) = (f.available_bytes, f.capacity_bytes) {
         out.insert(bytes, Observation { available: a as i64, capacity: c as i64, time_ns: t });
@@ -47,7 +61,7 @@ fn fs(f: &FsStats, what: &str, bytes: Signal, inodes: Signal, out: &mut Observat
 
 /// The kubelet's `makeSignalObservations`: a signal is observed only when both of its
 /// numbers are present.
-pub fn from_summary(s: &Summary) -> Result<Observations, String> {
+pub fn from_summary(s: &Summary) -> Result<Observations, ObservationError> {
     let mut out = Observations::new();
     let n = &s.node;
     if let Some(m) = &n.memory
@@ -123,6 +137,6 @@ mod tests {
         }))
         .unwrap();
         let e = from_summary(&s).unwrap_err();
-        assert!(e.contains("node.memory.time"), "{e}");
+        assert!(e.to_string().contains("node.memory.time"), "{e}");
     }
 }

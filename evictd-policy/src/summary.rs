@@ -131,13 +131,23 @@ pub fn newest_time(doc: &serde_json::Value) -> Option<i64> {
     }
 }
 
+/// A Summary timestamp that is not the RFC 3339 UTC time the kubelet writes.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TimeError {
+    #[error("invalid time {text:?}: {reason} (expected RFC 3339 in UTC, e.g. 2024-05-01T10:00:00Z)")]
+    Invalid { text: String, reason: String },
+    #[error("time {0:?} is before 1970")]
+    BeforeEpoch(String),
+    #[error("time {0:?} is out of range")]
+    OutOfRange(String),
+}
+
 /// An RFC 3339 time (`2024-05-01T10:00:00Z`, fractions allowed) as ns since the epoch.
-pub fn parse_time(s: &str) -> Result<i64, String> {
-    let t = humantime::parse_rfc3339_weak(s.trim_end_matches('Z')).map_err(|e| {
-        format!("invalid time {s:?}: {e} (expected RFC 3339 in UTC, e.g. 2024-05-01T10:00:00Z)")
-    })?;
-    let d = t.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("time {s:?} is before 1970"))?;
-    i64::try_from(d.as_nanos()).map_err(|_| format!("time {s:?} is out of range"))
+pub fn parse_time(s: &str) -> Result<i64, TimeError> {
+    let t = humantime::parse_rfc3339_weak(s.trim_end_matches('Z'))
+        .map_err(|e| TimeError::Invalid { text: s.into(), reason: e.to_string() })?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).map_err(|_| TimeError::BeforeEpoch(s.into()))?;
+    i64::try_from(d.as_nanos()).map_err(|_| TimeError::OutOfRange(s.into()))
 }
 
 /// ns since the epoch as RFC 3339 UTC with seconds.

@@ -2,8 +2,8 @@
 //! `evictd replay`: each step is a kubelet Summary document, the pods a PodList, and the
 //! assertions read the JSON the command prints. Pure: no privileges needed.
 
-use evictd::{
-    cli::PolicyArgs,
+use evictd_policy::{
+    flags::PolicyArgs,
     offline::{self, Session},
     podspec::Pod,
     rank::FsLayout,

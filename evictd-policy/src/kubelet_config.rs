@@ -23,8 +23,8 @@ struct KubeletConfiguration {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    #[error("reading {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("{path}: {reason}")]
     Parse { path: String, reason: String },
 }
@@ -32,8 +32,7 @@ pub enum ConfigError {
 /// The policy inputs the file sets; fields it does not set keep the kubelet's defaults.
 pub fn read(path: &Path) -> Result<PolicyInput, ConfigError> {
     let p = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: p.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: p.clone(), error })?;
     let cfg: KubeletConfiguration = serde_yaml_ng::from_str(&text)
         .map_err(|e| ConfigError::Parse { path: p.clone(), reason: e.to_string() })?;
     if let Some(kind) = &cfg.kind

@@ -1,7 +1,7 @@
 //! Pod specs as eviction needs them, read from a Kubernetes PodList (`kubectl get pods -o
 //! json`): priority, requests, grace period, volumes, and whether the pod is critical.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
@@ -94,6 +94,35 @@ pub struct Volume {
 pub struct EmptyDir {
     pub medium: Option<String>,
     pub size_limit: Option<Quantity>,
+}
+
+/// A PodList file that cannot be used; names the file (and the item at fault).
+#[derive(Debug, thiserror::Error)]
+pub enum PodListError {
+    #[error("reading pods file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("{path}: not a Kubernetes PodList (kubectl get pods -o json): {error}")]
+    Parse { path: String, error: serde_json::Error },
+    #[error("{path}: items[{index}] ({namespace}/{name}) has no metadata.uid")]
+    NoUid { path: String, index: usize, namespace: String, name: String },
+}
+
+/// Reads a PodList file (`kubectl get pods -o json`); every pod must have a UID, since that
+/// is how pods are joined to their stats and sandboxes.
+pub fn read_pod_list(path: &Path) -> Result<Vec<Pod>, PodListError> {
+    let p = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| PodListError::Read { path: p(), error })?;
+    let list: PodList =
+        serde_json::from_str(&text).map_err(|error| PodListError::Parse { path: p(), error })?;
+    if let Some((index, pod)) = list.items.iter().enumerate().find(|(_, pod)| pod.metadata.uid.is_empty()) {
+        return Err(PodListError::NoUid {
+            path: p(),
+            index,
+            namespace: pod.metadata.namespace.clone(),
+            name: pod.metadata.name.clone(),
+        });
+    }
+    Ok(list.items)
 }
 
 /// The kubelet's `SystemCriticalPriority`: 2 × the highest user-definable priority.
