@@ -13,6 +13,7 @@
 // Library code returns errors; only tests may take the shortcut.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod distance;
 pub mod engine;
 pub mod flags;
 pub mod godur;

@@ -1,30 +1,28 @@
 //! evictd: the kubelet's node-pressure eviction policy, woken by the kernel.
 //!
-//! Data flows one way: wake sources (`wake`, fed by `ebpf`) → observe (`memory`) →
-//! decide → act. See the README's architecture section.
+//! The folders follow the data path, one direction:
+//!
+//! - `wake`: the sources that say "look now" (eBPF ring buffer, cgroup v1 eventfd
+//!   thresholds, PSI triggers, the timer), each file holding a source's registration and its
+//!   waiting task;
+//! - `kernel`: what the eBPF source stands on: loading and attaching the programs, BTF,
+//!   tracefs, and `evictd probe`;
+//! - `node`: observe: cgroup mounts and names, memory.available, the node's signals, the
+//!   daemon's own pod;
+//! - decide: the `evictd_policy` crate (pure), driven by `daemon::pressure`;
+//! - `runtime`: act: the CRI client, the pod inventory and inferred specs, pod usage, the
+//!   eviction itself and node-level reclaim;
+//! - `report`: eviction records, `--trace`, Prometheus metrics;
+//! - `daemon`: building the daemon from its options and the loop that ties the rest
+//!   together; `cli`: flags → options.
 
 // Daemon paths return errors; only tests may take the shortcut.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
-pub mod btf_layout;
-pub mod cgroup_layout;
-pub mod cgroup_names;
 pub mod cli;
-pub mod cri;
 pub mod daemon;
-pub mod ebpf;
-pub mod evict;
-pub mod inventory;
-pub mod memcg_threshold;
-pub mod memory;
-pub mod metrics;
-pub mod node_signals;
-pub mod pressure;
-pub mod probe;
-pub mod psi;
-pub mod reclaim;
-pub mod stat_items;
-pub mod trace;
-pub mod tracefs;
-pub mod units;
+pub mod kernel;
+pub mod node;
+pub mod report;
+pub mod runtime;
 pub mod wake;

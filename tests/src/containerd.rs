@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd::cri::{CriClient, api as cri};
+use evictd::runtime::cri::{CriClient, api as cri};
 
 pub const IMAGE: &str = "evictd.test/tools:1";
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -130,7 +130,7 @@ impl Containerd {
         for d in [tmp.join("net.d"), tmp.join("logs"), tmp.join("ctl"), run.clone()] {
             std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
         }
-        let layout = evictd::cgroup_layout::CgroupLayout::detect().expect("cgroup layout");
+        let layout = evictd::node::cgroups::CgroupLayout::detect().expect("cgroup layout");
         let mut c = Containerd {
             socket: run.join("containerd.sock"),
             name: name.clone(),

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use evictd::cgroup_layout::{CgroupLayout, CgroupVersion};
+use evictd::node::cgroups::{CgroupLayout, CgroupVersion};
 
 /// Returns false (after saying so on stderr) when the test cannot run here. With
 /// `EVICTD_REQUIRE_PRIVILEGED=1` (set by CI) a skip is a failure instead, so a CI machine

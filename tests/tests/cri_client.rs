@@ -85,7 +85,7 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
             ..pod("proxy")
         })
         .await;
-    let mut inv = evictd::inventory::Inventory::new(None, capacity);
+    let mut inv = evictd::runtime::inventory::Inventory::new(None, capacity);
     inv.refresh(&ctd.client()).await.expect("refresh");
     let find = |uid: &str| inv.pods().find(|p| p.uid == uid).expect("pod in inventory").clone();
     let db = find(&guaranteed.uid);
@@ -106,12 +106,12 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
     assert_eq!(proxy.spec.request_nanos("memory"), 0);
     assert!(proxy.spec.is_critical(), "the static annotation reaches the sandbox");
     // The pod cgroups are where evictd looks for them.
-    let layout = evictd::cgroup_layout::CgroupLayout::detect().unwrap();
+    let layout = evictd::node::cgroups::CgroupLayout::detect().unwrap();
     web.containers.iter().for_each(|c| assert!(c.running, "{c:?}"));
     burstable.set_mib(16);
     burstable.wait_usage_at_least(16 << 20, Duration::from_secs(10));
-    let cg = evictd::inventory::pod_cgroups(&web, &layout).expect("cgroups");
-    let stats = evictd::inventory::pod_stats(&web, Some(&cg), &layout).expect("stats");
+    let cg = evictd::runtime::inventory::pod_cgroups(&web, &layout).expect("cgroups");
+    let stats = evictd::runtime::inventory::pod_stats(&web, Some(&cg), &layout).expect("stats");
     let ws = stats.memory.and_then(|m| m.working_set_bytes).unwrap();
     assert!(ws >= 16 << 20, "working set {ws}");
     // The pause container has its own cgroup under the pod too: pause + hog.
@@ -123,14 +123,14 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     if !containerd::available("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
         return;
     }
-    use evictd::reclaim;
+    use evictd::runtime::reclaim;
     use evictd_policy::rank::NodeReclaim;
     let mut ctd = Containerd::start(2 << 30);
     ctd.import("evictd.test/unused:1", &[("marker", b"not used by anything".to_vec())]);
     let p = ctd.run_pod(pod("app")).await;
     let c = ctd.client();
     c.stop_container(&p.container_id, 1).await.expect("StopContainer");
-    let mut inv = evictd::inventory::Inventory::new(None, 1 << 30);
+    let mut inv = evictd::runtime::inventory::Inventory::new(None, 1 << 30);
     inv.refresh(&c).await.expect("refresh");
     let sandbox_images = inv.pods().filter_map(|p| p.sandbox_image.clone()).collect();
     let report =

@@ -8,7 +8,7 @@ use std::{
 };
 
 use evictd::{
-    ebpf::{KernelProbes, LoadOptions},
+    kernel::ebpf::{KernelProbes, LoadOptions},
     wake::{self, Wake, WakeCause, WakeStats},
 };
 use evictd_common::{CAUSE_CHARGE, CGROUP_KIND_MEMCG};
@@ -22,7 +22,7 @@ fn start(cg: &TestCgroup, watermark: u64) -> (KernelProbes, mpsc::Receiver<Wake>
     probes.set_scope(Some(&[cg.id()])).expect("scope");
     probes.rearm(watermark).expect("rearm");
     let (tx, rx) = mpsc::channel(1 << 16);
-    wake::spawn_ring_buffer(ring, tx, Arc::new(WakeStats::default())).expect("ring buffer consumer");
+    wake::ebpf::spawn_ring_buffer(ring, tx, Arc::new(WakeStats::default())).expect("ring buffer consumer");
     (probes, rx)
 }
 
@@ -50,7 +50,7 @@ async fn all_programs_attach_on_this_kernel() {
     for p in &probes.programs {
         assert!(p.error.is_none(), "{} not attached: {:?}", p.tracepoint, p.error);
     }
-    assert_eq!(probes.items.len(), evictd::stat_items::DEFAULT_CHARGE_ITEMS.len());
+    assert_eq!(probes.items.len(), evictd::kernel::stat_items::DEFAULT_CHARGE_ITEMS.len());
     let c = probes.counters().expect("counters readable");
     assert_eq!(c.ring_drops, 0);
 }

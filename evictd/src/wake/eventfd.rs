@@ -1,21 +1,95 @@
-//! The cgroup v1 memory-threshold wake source (the kubelet's memcg notifier): the kernel
-//! signals an eventfd when memory.usage_in_bytes crosses the usage at which a memory
-//! threshold would be met. The level moves with inactive_file, so it is re-registered after
-//! observations when it has drifted.
+//! The cgroup v1 memory-threshold wake source (the kubelet's memcg notifier). Registration:
+//! the kernel signals an eventfd when memory.usage_in_bytes crosses a value, in either
+//! direction (`cgroup.event_control`). The level is the usage at which a memory threshold
+//! would be met; it moves with inactive_file, so it is re-registered after observations
+//! when it has drifted.
 
-use std::{os::fd::AsRawFd as _, path::PathBuf};
+use std::{
+    fs::File,
+    io::Write as _,
+    os::fd::{AsRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
 
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     sync::mpsc,
     task::JoinHandle,
 };
 
-use super::{Wake, WakeCause};
-use crate::memcg_threshold::{self, UsageThreshold};
+use evictd_policy::{distance::distances, policy::Signal};
+
+use super::{NodeNow, SourceKind, Wake, WakeCause, WakeError, WakeSource};
+use crate::node::{cgroups::CgroupVersion, signals::NodeSignalSources};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ThresholdError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("creating an eventfd: {0}")]
+    EventFd(nix::Error),
+}
+
+/// A registered threshold: readable once usage crosses `bytes`. Dropping it unregisters.
+pub struct UsageThreshold {
+    pub eventfd: OwnedFd,
+    pub bytes: u64,
+    // The watched file must stay open for the registration to live.
+    _usage: File,
+}
+
+/// Registers a threshold of `bytes` on `<dir>/memory.usage_in_bytes`.
+pub fn register(dir: &Path, bytes: u64) -> Result<UsageThreshold, ThresholdError> {
+    let io = |p: &Path| {
+        let path = p.display().to_string();
+        move |source| ThresholdError::Io { path, source }
+    };
+    let usage_path = dir.join("memory.usage_in_bytes");
+    let usage = File::open(&usage_path).map_err(io(&usage_path))?;
+    let efd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+        .map_err(ThresholdError::EventFd)?;
+    let control_path = dir.join("cgroup.event_control");
+    let mut control =
+        std::fs::OpenOptions::new().write(true).open(&control_path).map_err(io(&control_path))?;
+    // One write(2): the kernel parses each write on its own, and write! may split it.
+    let line = format!("{} {} {}", efd.as_raw_fd(), usage.as_raw_fd(), bytes);
+    control.write_all(line.as_bytes()).map_err(io(&control_path))?;
+    Ok(UsageThreshold { eventfd: efd.into(), bytes, _usage: usage })
+}
 
 /// Re-register only when the level moved by more than this (or by 1/16 of the distance).
 const MIN_DRIFT: u64 = 4 << 20;
+
+/// Starts the source on a cgroup v1 node; on v2 there is no `cgroup.event_control`. It is
+/// armed by the first `rearm`, right after the daemon's first observation.
+pub fn start(signals: &NodeSignalSources, tx: mpsc::Sender<Wake>) -> Option<Box<dyn WakeSource>> {
+    if signals.node.version != CgroupVersion::V1 {
+        tracing::info!("eventfd wake source: cgroup v1 only, this node's memory is on v2");
+        return None;
+    }
+    Some(Box::new(EventfdWake::new(tx)))
+}
+
+/// Where memory.usage_in_bytes must not go for each memory threshold, per cgroup: the
+/// kubelet's notifier level, usage + (available − threshold), i.e.
+/// capacity − threshold + inactive_file. With the distance, for drift tolerance.
+fn notifier_levels(node: &NodeNow) -> Vec<(PathBuf, u64, u64)> {
+    let mut out = Vec::new();
+    for (signal, cg) in [
+        (Signal::MemoryAvailable, Some(&node.signals.node)),
+        (Signal::AllocatableMemoryAvailable, node.signals.kubepods.as_ref()),
+    ] {
+        // A cgroup that cannot be read now keeps no threshold until the next pass.
+        let Some(sample) = cg.and_then(|cg| cg.read().ok().map(|s| (cg, s))) else { continue };
+        let (cg, sample) = sample;
+        for (_, distance) in distances(node.thresholds, node.observations, signal) {
+            let level = (sample.usage as i64 + distance).max(0) as u64;
+            out.push((cg.dir.clone(), level, distance.max(0) as u64));
+        }
+    }
+    out
+}
 
 pub struct EventfdWake {
     /// (cgroup dir, usage level, the task waiting on its eventfd)
@@ -30,7 +104,7 @@ impl EventfdWake {
 
     /// Arms one threshold per `(cgroup dir, usage level in bytes, distance)`; leaves
     /// registrations whose level has barely moved alone.
-    pub fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), memcg_threshold::ThresholdError> {
+    pub fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), ThresholdError> {
         let unchanged = levels.len() == self.armed.len()
             && levels
                 .iter()
@@ -44,13 +118,22 @@ impl EventfdWake {
         }
         for (dir, level, _) in levels {
             tracing::debug!(cgroup = %dir.display(), level, "arming memory.usage_in_bytes threshold");
-            let t = memcg_threshold::register(dir, *level)?;
-            let task = spawn_waiter(t, self.tx.clone()).map_err(|source| {
-                memcg_threshold::ThresholdError::Io { path: dir.display().to_string(), source }
-            })?;
+            let t = register(dir, *level)?;
+            let task = spawn_waiter(t, self.tx.clone())
+                .map_err(|source| ThresholdError::Io { path: dir.display().to_string(), source })?;
             self.armed.push((dir.clone(), *level, task));
         }
         Ok(())
+    }
+}
+
+impl WakeSource for EventfdWake {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Eventfd
+    }
+
+    fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
+        Ok(self.update(&notifier_levels(node))?)
     }
 }
 

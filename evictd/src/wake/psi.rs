@@ -1,7 +1,10 @@
-//! PSI triggers as a wake source: the kernel raises POLLPRI on a pressure file when tasks
-//! stalled on memory for more than the trigger's share of its window.
+//! PSI triggers as a wake source. Registration: write "some <stall_us> <window_us>" to a
+//! pressure file and keep it open; the kernel raises POLLPRI on it when tasks stalled on
+//! memory for more than the trigger's share of its window. Without CAP_SYS_RESOURCE only
+//! cgroup2 files accept triggers, and only with a window that is a multiple of 2 s; the
+//! registration falls back to that and the log says so.
 
-use std::path::Path;
+use std::{fs::File, io::Write as _, path::Path, time::Duration};
 
 use tokio::{
     io::{Interest, unix::AsyncFd},
@@ -9,10 +12,36 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{Wake, WakeCause};
-use crate::psi;
+use super::{SourceKind, Wake, WakeCause, WakeError, WakeSource};
+use crate::node::{cgroups::CgroupVersion, signals::NodeSignalSources};
 
-struct Trigger(psi::PsiTrigger);
+/// A registered trigger; the kernel keeps it while the file stays open.
+pub struct PsiTrigger {
+    pub file: File,
+    pub window: Duration,
+}
+
+/// Registers a `some` trigger on `path` (e.g. /proc/pressure/memory or a cgroup's
+/// memory.pressure).
+pub fn open_trigger(path: &Path, stall: Duration, window: Duration) -> std::io::Result<PsiTrigger> {
+    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    let spec = format!("some {} {}\0", stall.as_micros(), window.as_micros());
+    file.write_all(spec.as_bytes())?;
+    Ok(PsiTrigger { file, window })
+}
+
+/// Tries the privileged 500 ms window first, then the unprivileged 2 s form.
+pub fn open_best(path: &Path) -> Result<PsiTrigger, std::io::Error> {
+    match open_trigger(path, Duration::from_millis(100), Duration::from_millis(500)) {
+        Ok(t) => Ok(t),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::EPERM) => {
+            open_trigger(path, Duration::from_millis(200), Duration::from_secs(2))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+struct Trigger(PsiTrigger);
 
 impl std::os::fd::AsRawFd for Trigger {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
@@ -20,10 +49,39 @@ impl std::os::fd::AsRawFd for Trigger {
     }
 }
 
+struct PsiWake {
+    task: JoinHandle<()>,
+}
+
+impl WakeSource for PsiWake {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Psi
+    }
+}
+
+impl Drop for PsiWake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts the source on the node cgroup's pressure file: a v2 node cgroup has its own; on
+/// v1 only the system-wide one exists.
+pub fn start(signals: &NodeSignalSources, tx: mpsc::Sender<Wake>) -> Result<Box<dyn WakeSource>, WakeError> {
+    let node = &signals.node;
+    let path = match node.version {
+        CgroupVersion::V2 => node.dir.join("memory.pressure"),
+        CgroupVersion::V1 => std::path::PathBuf::from("/proc/pressure/memory"),
+    };
+    let task =
+        spawn(&path, tx).map_err(|error| WakeError::Psi { path: path.display().to_string(), error })?;
+    Ok(Box::new(PsiWake { task }))
+}
+
 /// Registers a trigger on `path` (the privileged 500 ms window, else the 2 s one, saying so)
 /// and wakes evictd whenever it fires.
-pub fn spawn(path: &Path, tx: mpsc::Sender<Wake>) -> std::io::Result<JoinHandle<()>> {
-    let t = psi::open_best(path)?;
+fn spawn(path: &Path, tx: mpsc::Sender<Wake>) -> std::io::Result<JoinHandle<()>> {
+    let t = open_best(path)?;
     if t.window.as_millis() > 500 {
         tracing::warn!(
             path = %path.display(),

@@ -11,13 +11,16 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
-    time::SystemTime,
+    sync::Arc,
+    time::{Duration, SystemTime},
 };
 
+use tokio::sync::{Notify, watch};
+
 use crate::{
-    cgroup_layout::{CgroupLayout, CgroupVersion},
-    cri::{CriClient, CriError, api as cri},
-    memory::MemoryCgroup,
+    node::cgroups::{CgroupLayout, CgroupVersion},
+    node::memory::MemoryCgroup,
+    runtime::cri::{CriClient, CriError, api as cri},
 };
 use evictd_policy::{
     podspec::{Container, ObjectMeta, Pod, PodSpec, Resources},
@@ -414,6 +417,50 @@ pub fn cgroup_tree_empty(dir: &Path) -> bool {
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .all(|e| cgroup_tree_empty(&e.path()))
+}
+
+/// Keeps the inventory current off the pressure path: refreshes every `every`, or at once
+/// when `kick` is notified (after an eviction), and publishes each snapshot. The pressure
+/// path only ever reads the latest one.
+pub fn spawn_refresh(
+    client: CriClient,
+    mut inventory: Inventory,
+    every: Duration,
+    kick: Arc<Notify>,
+) -> watch::Receiver<Arc<Vec<PodRecord>>> {
+    let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+    tokio::spawn(async move {
+        let mut up: Option<bool> = None;
+        loop {
+            match inventory.refresh(&client).await {
+                Ok(spec_warning) => {
+                    if up != Some(true) {
+                        tracing::info!(endpoint = client.endpoint(), "container runtime reachable");
+                    }
+                    up = Some(true);
+                    if let Some(w) = spec_warning {
+                        tracing::warn!("pods file: {w}; keeping the specs read before");
+                    }
+                    if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    if up != Some(false) {
+                        tracing::warn!(
+                            "container runtime unavailable: {e}; pods stay as last seen, retrying"
+                        );
+                    }
+                    up = Some(false);
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = kick.notified() => {}
+            }
+        }
+    });
+    rx
 }
 
 #[cfg(test)]

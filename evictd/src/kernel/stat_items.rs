@@ -2,7 +2,7 @@
 //! The numbers of `enum node_stat_item` and `enum memcg_stat_item` change between kernel
 //! builds, so they are never compiled in.
 
-use crate::btf_layout::{KernelBtf, LayoutError};
+use crate::kernel::btf::{KernelBtf, LayoutError};
 
 /// The LRU lists that make up a working set (usage − inactive_file) plus kernel memory.
 /// NR_ANON_MAPPED / NR_FILE_PAGES are deliberately absent: they count the same pages as the

@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn this_kernel_has_the_memcg_tracepoints_and_the_id_path() {
-        let path = Path::new(crate::stat_items::VMLINUX_BTF);
+        let path = Path::new(crate::kernel::stat_items::VMLINUX_BTF);
         if !path.exists() {
             use std::io::Write as _;
             let _ = writeln!(

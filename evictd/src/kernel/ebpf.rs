@@ -15,9 +15,9 @@ use evictd_common::{
 };
 
 use crate::{
-    btf_layout::{KernelBtf, LayoutError},
-    stat_items::{self, StatItem, StatItemError},
-    tracefs::{self, TracefsError},
+    kernel::btf::{KernelBtf, LayoutError},
+    kernel::stat_items::{self, StatItem, StatItemError},
+    kernel::tracefs::{self, TracefsError},
 };
 
 /// The object built from `evictd-ebpf` by build.rs.

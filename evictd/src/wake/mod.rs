@@ -1,27 +1,144 @@
 //! Wake sources: each only says "look now" (with a cause and timestamps for latency
 //! accounting) into one channel. None of them decides anything, so every source drives the
 //! same observe → decide path, the fallbacks just later.
+//!
+//! One file per source, holding both halves — registration and the task that waits on
+//! it: `ebpf` (the kernel's ring buffer; the programs themselves are loaded by
+//! `crate::kernel`), `eventfd` (cgroup v1 memory thresholds), `psi` (pressure stall
+//! triggers), `timer`. The daemon starts them from one list (`start`) and after every pass
+//! lets each re-arm on the node as just observed (`WakeSource::rearm`).
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::AtomicU64},
     time::Duration,
 };
 
-use aya::maps::{MapData, RingBuf};
 use evictd_common::{
     CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, CGROUP_KIND_DEFAULT, WakeEvent,
 };
-use tokio::{
-    io::{Interest, unix::AsyncFd},
-    sync::mpsc,
-    task::JoinHandle,
+use evictd_policy::{observations::Observations, policy::Threshold};
+use tokio::sync::mpsc;
+
+use crate::{
+    kernel::ebpf::{Counters, LoadOptions},
+    node::signals::NodeSignalSources,
 };
 
+pub mod ebpf;
 pub mod eventfd;
 pub mod psi;
+pub mod timer;
+
+pub use ebpf::Watermark;
+
+/// The wake sources, in the order they are started (and named in `--wake-sources`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceKind {
+    Ebpf,
+    Eventfd,
+    Psi,
+    Timer,
+}
+
+impl SourceKind {
+    pub const ALL: [SourceKind; 4] =
+        [SourceKind::Ebpf, SourceKind::Eventfd, SourceKind::Psi, SourceKind::Timer];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Ebpf => "ebpf",
+            SourceKind::Eventfd => "eventfd",
+            SourceKind::Psi => "psi",
+            SourceKind::Timer => "timer",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SourceKind> {
+        SourceKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// How the wake sources are set up (`--wake-sources` and the eBPF flags).
+pub struct WakeOptions {
+    pub sources: Vec<SourceKind>,
+    pub housekeeping: Duration,
+    pub load: LoadOptions,
+    pub watermark: Watermark,
+}
+
+/// The node as the last pass saw it: what a source re-arms on.
+pub struct NodeNow<'a> {
+    pub thresholds: &'a [Threshold],
+    pub observations: &'a Observations,
+    pub signals: &'a NodeSignalSources,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WakeError {
+    #[error("eBPF wake source: {0}")]
+    Ebpf(#[from] crate::kernel::ebpf::EbpfError),
+    #[error("eBPF wake source: polling the ring buffer: {0}")]
+    RingBuffer(std::io::Error),
+    #[error("eventfd wake source: {0}")]
+    Eventfd(#[from] eventfd::ThresholdError),
+    #[error("PSI wake source on {path}: {error}")]
+    Psi { path: String, error: std::io::Error },
+    #[error("no wake source could be started (see the warnings above; --wake-sources timer always works)")]
+    NoSource,
+}
+
+/// A started wake source. Each overrides only the hooks it needs.
+pub trait WakeSource {
+    fn kind(&self) -> SourceKind;
+    /// After every pass: move the level at which the kernel wakes evictd next.
+    fn rearm(&mut self, _node: &NodeNow) -> Result<(), WakeError> {
+        Ok(())
+    }
+    /// Pods (and so cgroups) may have come or gone.
+    fn cgroups_changed(&mut self) -> Result<(), WakeError> {
+        Ok(())
+    }
+    /// The kernel side's counters, for the `--trace` summary.
+    fn kernel_counters(&self) -> Option<Counters> {
+        None
+    }
+    /// The charge growth after which the kernel wakes evictd next.
+    fn watermark(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Starts every source in `opts.sources` that this node allows; each one that cannot start
+/// is reported and skipped. Fails only when none starts.
+pub fn start(
+    opts: &WakeOptions,
+    signals: &NodeSignalSources,
+    tx: &mpsc::Sender<Wake>,
+    stats: &Arc<WakeStats>,
+) -> Result<Vec<Box<dyn WakeSource>>, WakeError> {
+    let mut started: Vec<Box<dyn WakeSource>> = Vec::new();
+    for kind in SourceKind::ALL {
+        if !opts.sources.contains(&kind) {
+            tracing::info!("{} wake source disabled by --wake-sources", kind.as_str());
+            continue;
+        }
+        let source = match kind {
+            SourceKind::Ebpf => ebpf::start(opts, signals, tx.clone(), stats.clone()).map(Some),
+            SourceKind::Eventfd => Ok(eventfd::start(signals, tx.clone())),
+            SourceKind::Psi => psi::start(signals, tx.clone()).map(Some),
+            SourceKind::Timer => Ok(Some(timer::start(opts.housekeeping, tx.clone()))),
+        };
+        match source {
+            Ok(Some(s)) => started.push(s),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("{e}; carrying on without it"),
+        }
+    }
+    if started.is_empty() {
+        return Err(WakeError::NoSource);
+    }
+    Ok(started)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -94,7 +211,7 @@ pub struct Wake {
 }
 
 impl Wake {
-    fn from_kernel(ev: &WakeEvent, received_ns: u64) -> Option<Self> {
+    pub(crate) fn from_kernel(ev: &WakeEvent, received_ns: u64) -> Option<Self> {
         Some(Wake {
             cause: WakeCause::from_kernel(ev.cause)?,
             kernel_ts_ns: Some(ev.ts_ns),
@@ -105,10 +222,6 @@ impl Wake {
             pid: ev.pid,
             cpu: ev.cpu,
         })
-    }
-
-    fn timer() -> Self {
-        Wake::now(WakeCause::Timer)
     }
 
     /// A userspace wake source's wake, stamped now.
@@ -147,59 +260,6 @@ pub struct WakeStats {
     pub malformed: AtomicU64,
 }
 
-/// Drains the eBPF ring buffer on every readiness and forwards each event.
-pub fn spawn_ring_buffer(
-    ring: RingBuf<MapData>,
-    tx: mpsc::Sender<Wake>,
-    stats: Arc<WakeStats>,
-) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
-    // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as it
-    // lives, and the AsyncFd owns the RingBuf.
-    let mut fd =
-        unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }.map_err(std::io::Error::from)?;
-    Ok(tokio::spawn(async move {
-        loop {
-            let mut guard = fd.readable_mut().await?;
-            let ring = guard.get_inner_mut();
-            let now = monotonic_ns();
-            while let Some(item) = ring.next() {
-                let wake = (item.len() >= size_of::<WakeEvent>())
-                    // SAFETY: the record holds at least a WakeEvent, which is plain integers
-                    // (any bit pattern valid); read_unaligned because the ring gives no alignment promise.
-                    .then(|| unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<WakeEvent>()) })
-                    .and_then(|ev| Wake::from_kernel(&ev, now));
-                let Some(wake) = wake else {
-                    stats.malformed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                match tx.try_send(wake) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        stats.channel_full.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
-                }
-            }
-            guard.clear_ready();
-        }
-    }))
-}
-
-/// The last-resort wake: every `interval`, whatever the kernel says.
-pub fn spawn_timer(interval: Duration, tx: mpsc::Sender<Wake>) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            // A full channel means a look is already pending: nothing lost.
-            if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(Wake::timer()) {
-                return;
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,7 +271,7 @@ mod tests {
         assert_eq!(w.cause, WakeCause::OomKill);
         assert_eq!(w.delivery_ns(), Some(2));
         assert!(Wake::from_kernel(&WakeEvent { cause: 99, ..Default::default() }, 0).is_none());
-        assert_eq!(Wake::timer().delivery_ns(), None);
+        assert_eq!(Wake::now(WakeCause::Timer).delivery_ns(), None);
     }
 
     #[test]

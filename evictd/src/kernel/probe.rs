@@ -6,10 +6,13 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::{
-    btf_layout::KernelBtf,
-    cgroup_layout::{CgroupLayout, CgroupVersion},
-    ebpf::{KernelProbes, LoadOptions, TRACEPOINTS},
-    memcg_threshold, psi, stat_items, tracefs,
+    kernel::btf::KernelBtf,
+    kernel::ebpf::{KernelProbes, LoadOptions, TRACEPOINTS},
+    kernel::stat_items,
+    kernel::tracefs,
+    node::cgroups::{CgroupLayout, CgroupVersion},
+    wake::eventfd,
+    wake::psi,
 };
 
 #[derive(Serialize)]
@@ -110,7 +113,7 @@ pub fn run() -> ProbeReport {
                 )),
             ));
             if layout.memory_version == CgroupVersion::V1 {
-                let r = memcg_threshold::register(&layout.memory_root, 1 << 40)
+                let r = eventfd::register(&layout.memory_root, 1 << 40)
                     .map(|_| format!("cgroup.event_control on {}", layout.memory_root.display()))
                     .map_err(|e| e.to_string());
                 if r.is_ok() {

@@ -1,89 +1,20 @@
-//! Command-line interface. Flag names follow the kubelet's where they mean the same thing.
+//! The daemon's flags, and turning them into `RunOptions`: every flag validated, the node's
+//! cgroups and filesystems resolved; errors name the flag at fault.
 
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
-use clap::{Args, Parser, Subcommand};
-
-use crate::{
-    cgroup_layout::CgroupLayout,
-    daemon::{PressureOptions, RunOptions, Watermark},
-    ebpf::LoadOptions,
-    memory::MemoryCgroup,
-    node_signals::NodeSignalSources,
-    stat_items,
-    trace::TraceFormat,
-};
+use clap::Args;
 use evictd_policy::{flags::PolicyArgs, quantity::Quantity, rank::FsLayout};
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "evictd",
-    version,
-    about = "Kubernetes node-pressure eviction, woken by the kernel within milliseconds"
-)]
-#[command(args_conflicts_with_subcommands = true)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Option<Command>,
-    #[command(flatten)]
-    pub run: RunArgs,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Print what this kernel offers (BPF, tracepoints, BTF, cgroups, PSI, eventfd
-    /// thresholds) and what evictd will use.
-    Probe {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Validate an eviction policy and print it as evictd (and the kubelet) understands it.
-    CheckConfig {
-        #[command(flatten)]
-        policy: PolicyArgs,
-        #[arg(long, value_enum, default_value = "table")]
-        output: OutputFormat,
-    },
-    /// Decide on one kubelet Summary API document and a PodList, as the daemon would.
-    Simulate {
-        /// A kubelet Summary (/api/v1/nodes/<node>/proxy/stats/summary).
-        #[arg(long, value_name = "FILE")]
-        summary: PathBuf,
-        #[command(flatten)]
-        offline: OfflineArgs,
-    },
-    /// Decide on a sequence of Summary documents (JSON Lines, in time order), carrying the
-    /// engine's state from step to step.
-    Replay {
-        #[arg(long, value_name = "FILE.jsonl")]
-        summaries: PathBuf,
-        #[command(flatten)]
-        offline: OfflineArgs,
-    },
-}
-
-/// What `simulate` and `replay` share.
-#[derive(Args, Debug)]
-pub struct OfflineArgs {
-    /// A PodList (kubectl get pods -o json), joined to the summaries by pod UID.
-    #[arg(long, value_name = "FILE")]
-    pub pods: PathBuf,
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-    /// The node has a dedicated imagefs (changes disk ranking and reclaim).
-    #[arg(long)]
-    pub dedicated_imagefs: bool,
-    #[arg(long, value_enum, default_value = "table")]
-    pub output: OutputFormat,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    Table,
-    Json,
-}
+use crate::{
+    daemon::{PressureOptions, RunOptions},
+    kernel::{ebpf::LoadOptions, stat_items},
+    node::{cgroups::CgroupLayout, memory::MemoryCgroup, signals::NodeSignalSources},
+    report::trace::TraceFormat,
+    runtime::cri,
+    wake::{SourceKind, WakeOptions, Watermark},
+};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -100,7 +31,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub node_cgroup: Option<PathBuf>,
     /// The container runtime's CRI socket; `none` runs without one (nothing can be evicted).
-    #[arg(long, value_name = "unix:///PATH|none", default_value = crate::cri::DEFAULT_ENDPOINT)]
+    #[arg(long, value_name = "unix:///PATH|none", default_value = cri::DEFAULT_ENDPOINT)]
     pub cri_endpoint: String,
     /// Deadline of one CRI call (StopContainer gets the pod's grace period on top).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
@@ -171,23 +102,56 @@ impl RunArgs {
         for w in warnings {
             tracing::warn!("{w}");
         }
+        let wake = self.wake_options()?;
+        let layout = CgroupLayout::detect()?;
+        let signals = self.node_signals(&layout)?;
+        let fs_layout =
+            if signals.dedicated_imagefs() { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
+        let cri_endpoint = match self.cri_endpoint.as_str() {
+            "none" => None,
+            ep => {
+                cri::socket_path(ep).map_err(|e| anyhow::anyhow!("--cri-endpoint: {e}"))?;
+                Some(ep.to_owned())
+            }
+        };
+        if let Some(p) = &self.pods_file {
+            evictd_policy::podspec::read_pod_list(p).context("--pods-file")?;
+        }
+        Ok(RunOptions {
+            policy,
+            pressure: PressureOptions {
+                signals,
+                fs_layout,
+                cri_endpoint,
+                cri_timeout: self.cri_timeout,
+                dry_run: self.dry_run,
+                pods_file: self.pods_file,
+                inventory_interval: self.inventory_interval,
+                release_timeout: self.release_timeout,
+            },
+            wake,
+            trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),
+            duration: self.duration,
+            layout,
+            metrics_addr: self.metrics_addr,
+        })
+    }
 
-        let (mut ebpf, mut timer, mut eventfd, mut psi) = (false, false, false, false);
+    /// `--wake-sources` and the eBPF source's flags.
+    fn wake_options(&self) -> anyhow::Result<WakeOptions> {
+        let mut sources = Vec::new();
         for s in self.wake_sources.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            match s {
-                "ebpf" => ebpf = true,
-                "timer" => timer = true,
-                "eventfd" => eventfd = true,
-                "psi" => psi = true,
-                other => {
-                    bail!("--wake-sources: unknown wake source {other:?} (known: ebpf, eventfd, psi, timer)")
-                }
+            let Some(kind) = SourceKind::parse(s) else {
+                bail!("--wake-sources: unknown wake source {s:?} (known: ebpf, eventfd, psi, timer)")
+            };
+            if !sources.contains(&kind) {
+                sources.push(kind);
             }
         }
-        if !(ebpf || timer || eventfd || psi) {
+        if sources.is_empty() {
             bail!("--wake-sources: at least one wake source is needed");
         }
-
+        sources.sort_by_key(|k| SourceKind::ALL.iter().position(|a| a == k));
         let watermark = match self.bpf_watermark.as_str() {
             "auto" => Watermark::Auto,
             q => {
@@ -208,8 +172,18 @@ impl RunArgs {
             Some(list) => list.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
             None => stat_items::DEFAULT_CHARGE_ITEMS.iter().map(|s| s.to_string()).collect(),
         };
+        let load = LoadOptions {
+            charge_items,
+            ring_buffer_bytes: ring as u32,
+            min_interval: self.reclaim_min_interval,
+            ..Default::default()
+        };
+        Ok(WakeOptions { sources, housekeeping: self.housekeeping_interval, load, watermark })
+    }
 
-        let layout = CgroupLayout::detect()?;
+    /// The cgroup playing the node (`--node-cgroup`), its pods' cgroup, and the filesystems
+    /// of nodefs and imagefs.
+    fn node_signals(&self, layout: &CgroupLayout) -> anyhow::Result<NodeSignalSources> {
         let node = match &self.node_cgroup {
             None => MemoryCgroup::new(&layout.memory_root, layout.memory_version, true),
             Some(p) => {
@@ -231,53 +205,11 @@ impl RunArgs {
         };
         // Paths that do not exist on this machine (no kubelet here) fall back to /.
         let existing = |p: &PathBuf| if p.exists() { p.clone() } else { PathBuf::from("/") };
-        let signals = NodeSignalSources {
+        Ok(NodeSignalSources {
             node,
             kubepods,
             nodefs: existing(&self.nodefs_path),
             imagefs: existing(&self.imagefs_path),
-        };
-        let fs_layout =
-            if signals.dedicated_imagefs() { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
-        let cri_endpoint = match self.cri_endpoint.as_str() {
-            "none" => None,
-            ep => {
-                crate::cri::socket_path(ep).map_err(|e| anyhow::anyhow!("--cri-endpoint: {e}"))?;
-                Some(ep.to_owned())
-            }
-        };
-        if let Some(p) = &self.pods_file {
-            evictd_policy::offline::load_pods(p).context("--pods-file")?;
-        }
-
-        Ok(RunOptions {
-            policy,
-            pressure: PressureOptions {
-                signals,
-                fs_layout,
-                cri_endpoint,
-                cri_timeout: self.cri_timeout,
-                dry_run: self.dry_run,
-                pods_file: self.pods_file,
-                inventory_interval: self.inventory_interval,
-                release_timeout: self.release_timeout,
-            },
-            housekeeping: self.housekeeping_interval,
-            ebpf,
-            timer,
-            eventfd,
-            psi,
-            load: LoadOptions {
-                charge_items,
-                ring_buffer_bytes: ring as u32,
-                min_interval: self.reclaim_min_interval,
-                ..Default::default()
-            },
-            watermark,
-            trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),
-            duration: self.duration,
-            layout,
-            metrics_addr: self.metrics_addr,
         })
     }
 }
@@ -285,6 +217,8 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Cli;
+    use clap::Parser as _;
 
     fn args(extra: &[&str]) -> anyhow::Result<RunOptions> {
         let mut argv = vec!["evictd"];
@@ -299,9 +233,9 @@ mod tests {
         assert!(o.pressure.signals.node.is_root);
         assert!(!o.pressure.dry_run);
         assert_eq!(o.pressure.cri_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
-        assert!(o.ebpf && o.timer && o.eventfd && o.psi);
-        assert_eq!(o.housekeeping, Duration::from_secs(10));
-        assert_eq!(o.watermark, Watermark::Auto);
+        assert_eq!(o.wake.sources, SourceKind::ALL);
+        assert_eq!(o.wake.housekeeping, Duration::from_secs(10));
+        assert_eq!(o.wake.watermark, Watermark::Auto);
         assert!(args(&["--eviction-hard="]).unwrap().policy.thresholds.is_empty());
         assert!(args(&["--cri-endpoint", "none"]).unwrap().pressure.cri_endpoint.is_none());
     }

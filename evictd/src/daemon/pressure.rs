@@ -10,21 +10,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
-
+use super::PressureOptions;
 use crate::{
-    cgroup_layout::CgroupLayout,
-    cri::CriClient,
-    evict::{self, Phases},
-    inventory::{self, PodRecord},
-    node_signals::NodeSignalSources,
-    reclaim,
-    wake::{Wake, WakeCause, monotonic_ns},
+    node::{cgroups::CgroupLayout, signals::NodeSignalSources},
+    report::record::EvictionRecord,
+    runtime::{
+        cri::CriClient,
+        evict,
+        inventory::{self, PodRecord},
+        reclaim,
+    },
+    wake::{Wake, monotonic_ns},
 };
 use evictd_policy::{
     engine::{self, EngineState},
     observations::Observations,
-    policy::{Policy, Signal, Threshold},
+    policy::{Policy, Threshold},
     rank::{FsLayout, PodEntry},
 };
 
@@ -34,32 +35,6 @@ const MAX_CANDIDATES: usize = 5;
 const MAX_EVICTIONS_PER_PASS: usize = 16;
 /// How often a repeated warning may be logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
-
-/// What happened to one chosen pod, for the log, `--trace` and tests.
-#[derive(Clone, Debug, Serialize)]
-pub struct EvictionRecord {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub signal: Signal,
-    pub available: i64,
-    pub threshold: i64,
-    pub grace_period_seconds: i64,
-    pub message: String,
-    pub dry_run: bool,
-    /// `None` when it worked (or was a dry run).
-    pub error: Option<String>,
-    pub decide_us: u64,
-    pub phases: Option<Phases>,
-    /// What woke evictd for this decision, and when (CLOCK_MONOTONIC ns throughout, the
-    /// clock of `bpf_ktime_get_ns`, so latencies can be taken against any other process's).
-    pub wake_cause: Option<WakeCause>,
-    pub wake_kernel_ts_ns: Option<u64>,
-    pub wake_received_ns: Option<u64>,
-    pub observed_ns: u64,
-    pub decided_ns: u64,
-    pub released_ns: Option<u64>,
-}
 
 pub struct Pressure {
     pub policy: Policy,
@@ -78,28 +53,23 @@ pub struct Pressure {
 }
 
 impl Pressure {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         policy: Policy,
-        layout: FsLayout,
-        signals: NodeSignalSources,
+        opts: PressureOptions,
         cgroups: CgroupLayout,
         client: Option<CriClient>,
-        dry_run: bool,
-        release_timeout: Duration,
-        own_pod_uid: Option<String>,
     ) -> Self {
-        let thresholds = engine::thresholds_for_layout(&policy, layout);
+        let thresholds = engine::thresholds_for_layout(&policy, opts.fs_layout);
         Pressure {
             policy,
             thresholds,
-            layout,
-            signals,
+            layout: opts.fs_layout,
+            signals: opts.signals,
             cgroups,
             client,
-            dry_run,
-            release_timeout,
-            own_pod_uid,
+            dry_run: opts.dry_run,
+            release_timeout: opts.release_timeout,
+            own_pod_uid: crate::node::own_pod::uid(),
             state: EngineState::default(),
             gone: BTreeSet::new(),
             last_warning: None,
@@ -311,23 +281,4 @@ impl Pressure {
     fn cgroups_of(&self, p: &PodRecord) -> Option<inventory::PodCgroups> {
         inventory::pod_cgroups(p, &self.cgroups)
     }
-}
-
-/// evictd's own pod, never to be evicted: `POD_UID` from the downward API, or the pod
-/// cgroup evictd runs in.
-pub fn own_pod_uid() -> Option<String> {
-    if let Ok(uid) = std::env::var("POD_UID")
-        && !uid.is_empty()
-    {
-        return Some(uid);
-    }
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|l| {
-        l.split('/').find_map(|seg| {
-            let seg = seg.trim_end_matches(".slice");
-            let pod = seg.rsplit('-').next().unwrap_or(seg).strip_prefix("pod")?;
-            // systemd slices spell the uid's dashes as underscores.
-            (pod.len() >= 32).then(|| pod.replace('_', "-"))
-        })
-    })
 }

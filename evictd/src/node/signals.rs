@@ -5,7 +5,7 @@
 
 use std::{os::unix::fs::MetadataExt as _, path::PathBuf};
 
-use crate::memory::MemoryCgroup;
+use crate::node::memory::MemoryCgroup;
 use evictd_policy::{
     observations::{Observation, Observations},
     policy::Signal,
@@ -161,7 +161,7 @@ fn pids() -> Result<(i64, i64), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup_layout::{CgroupLayout, CgroupVersion};
+    use crate::node::cgroups::{CgroupLayout, CgroupVersion};
 
     #[test]
     fn this_node_has_every_node_signal() {

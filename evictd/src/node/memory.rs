@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::cgroup_layout::CgroupVersion;
+use crate::node::cgroups::CgroupVersion;
 
 /// What evictd read; it never decides on anything it could not read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn this_machine_root_memory_cgroup() {
-        let layout = crate::cgroup_layout::CgroupLayout::detect().unwrap();
+        let layout = crate::node::cgroups::CgroupLayout::detect().unwrap();
         let s = MemoryCgroup::new(&layout.memory_root, layout.memory_version, true).read().unwrap();
         assert!(s.capacity > 0 && s.usage > 0, "{s:?}");
         assert!(s.available() <= s.capacity as i64);

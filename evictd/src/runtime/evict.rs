@@ -9,8 +9,8 @@ use std::{
 };
 
 use crate::{
-    cri::{CriClient, CriError},
-    inventory::{PodRecord, cgroup_tree_empty},
+    runtime::cri::{CriClient, CriError},
+    runtime::inventory::{PodRecord, cgroup_tree_empty},
 };
 
 /// How long each phase of an eviction took, in milliseconds.

@@ -10,9 +10,9 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    cgroup_names::CgroupNames,
-    ebpf::Counters,
-    units,
+    kernel::ebpf::Counters,
+    node::cgroup_names::CgroupNames,
+    report::{record::EvictionRecord, units},
     wake::{Wake, WakeCause},
 };
 
@@ -49,7 +49,7 @@ struct EventLine<'a> {
 
 /// Per-second totals, fed by the daemon.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Summary {
+pub struct TraceSummary {
     pub interval_seconds: f64,
     pub events_per_second: std::collections::BTreeMap<&'static str, f64>,
     pub ring_drops: u64,
@@ -127,7 +127,7 @@ impl<W: Write> TraceSink<W> {
     }
 
     /// One line per eviction (or dry-run decision), with its timings.
-    pub fn eviction(&mut self, e: &crate::pressure::EvictionRecord) -> io::Result<()> {
+    pub fn eviction(&mut self, e: &EvictionRecord) -> io::Result<()> {
         match self.format {
             TraceFormat::Json => {
                 let mut v = serde_json::to_value(e)?;
@@ -165,7 +165,7 @@ impl<W: Write> TraceSink<W> {
         }
     }
 
-    pub fn summary(&mut self, s: &Summary) -> io::Result<()> {
+    pub fn summary(&mut self, s: &TraceSummary) -> io::Result<()> {
         match self.format {
             TraceFormat::Json => {
                 let mut v = serde_json::to_value(s)?;

@@ -11,7 +11,7 @@ use std::{
 
 use evictd_common::CGROUP_KIND_MEMCG;
 
-use crate::cgroup_layout::CgroupLayout;
+use crate::node::cgroups::CgroupLayout;
 
 const RESCAN_EVERY: Duration = Duration::from_millis(250);
 /// Deeper than any kubelet layout (kubepods/<qos>/pod<uid>/<container>) with room to spare.

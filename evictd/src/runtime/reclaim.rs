@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::cri::{CriClient, CriError, api as cri};
+use crate::runtime::cri::{CriClient, CriError, api as cri};
 use evictd_policy::rank::NodeReclaim;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]

@@ -14,7 +14,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{pressure::EvictionRecord, wake::Wake};
+use crate::{report::record::EvictionRecord, wake::Wake};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabel {
@@ -172,7 +172,7 @@ mod tests {
             dry_run: false,
             error: None,
             decide_us: 500,
-            phases: Some(crate::evict::Phases {
+            phases: Some(crate::runtime::evict::Phases {
                 stop_containers_ms: 120.0,
                 stop_sandbox_ms: 30.0,
                 memory_released_ms: 0.1,

@@ -1,0 +1,155 @@
+//! Command-line interface: the daemon's flags (`run`), and the subcommands. Flag names
+//! follow the kubelet's where they mean the same thing; the eviction flags themselves are
+//! `evictd_policy::flags`, shared with the offline commands.
+
+use std::{io::Write as _, path::PathBuf};
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use evictd_policy::{flags::PolicyArgs, offline, podspec::Pod, policy::Policy, rank::FsLayout};
+
+use crate::{daemon, kernel::probe};
+
+mod run;
+
+pub use run::RunArgs;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "evictd",
+    version,
+    about = "Kubernetes node-pressure eviction, woken by the kernel within milliseconds"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print what this kernel offers (BPF, tracepoints, BTF, cgroups, PSI, eventfd
+    /// thresholds) and what evictd will use.
+    Probe {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate an eviction policy and print it as evictd (and the kubelet) understands it.
+    CheckConfig {
+        #[command(flatten)]
+        policy: PolicyArgs,
+        #[arg(long, value_enum, default_value = "table")]
+        output: OutputFormat,
+    },
+    /// Decide on one kubelet Summary API document and a PodList, as the daemon would.
+    Simulate {
+        /// A kubelet Summary (/api/v1/nodes/<node>/proxy/stats/summary).
+        #[arg(long, value_name = "FILE")]
+        summary: PathBuf,
+        #[command(flatten)]
+        offline: OfflineArgs,
+    },
+    /// Decide on a sequence of Summary documents (JSON Lines, in time order), carrying the
+    /// engine's state from step to step.
+    Replay {
+        #[arg(long, value_name = "FILE.jsonl")]
+        summaries: PathBuf,
+        #[command(flatten)]
+        offline: OfflineArgs,
+    },
+}
+
+/// What `simulate` and `replay` share.
+#[derive(Args, Debug)]
+pub struct OfflineArgs {
+    /// A PodList (kubectl get pods -o json), joined to the summaries by pod UID.
+    #[arg(long, value_name = "FILE")]
+    pub pods: PathBuf,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// The node has a dedicated imagefs (changes disk ranking and reclaim).
+    #[arg(long)]
+    pub dedicated_imagefs: bool,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+/// Runs what the command line asks for.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(Command::Probe { json }) => probe_command(json),
+        Some(Command::CheckConfig { policy, output }) => check_config(&policy, output),
+        Some(Command::Simulate { summary, offline: o }) => {
+            let (policy, pods, layout) = offline_session(&o)?;
+            let mut session = offline::Session::new(&policy, layout, &pods);
+            let json = o.output == OutputFormat::Json;
+            Ok(offline::simulate(&mut session, &summary, json, &mut std::io::stdout().lock())?)
+        }
+        Some(Command::Replay { summaries, offline: o }) => {
+            let (policy, pods, layout) = offline_session(&o)?;
+            let file = std::fs::File::open(&summaries)
+                .with_context(|| format!("reading summaries file {}", summaries.display()))?;
+            let mut session = offline::Session::new(&policy, layout, &pods);
+            let json = o.output == OutputFormat::Json;
+            let name = summaries.display().to_string();
+            let input = std::io::BufReader::new(file);
+            Ok(offline::replay(&mut session, input, &name, json, &mut std::io::stdout().lock())?)
+        }
+        None => run_daemon(cli.run),
+    }
+}
+
+fn run_daemon(args: RunArgs) -> anyhow::Result<()> {
+    let opts = args.into_options()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(daemon::run(opts))
+}
+
+fn probe_command(json: bool) -> anyhow::Result<()> {
+    let report = probe::run();
+    if json {
+        serde_json::to_writer_pretty(std::io::stdout(), &report)?;
+        println!();
+    } else {
+        probe::print_text(&report);
+    }
+    Ok(())
+}
+
+/// Warnings go to stderr only once the policy is valid: an invalid one prints one line.
+fn valid_policy(args: &PolicyArgs) -> anyhow::Result<Policy> {
+    let (policy, warnings) = args.policy()?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(policy)
+}
+
+fn check_config(args: &PolicyArgs, output: OutputFormat) -> anyhow::Result<()> {
+    let policy = valid_policy(args)?;
+    let mut out = std::io::stdout().lock();
+    match output {
+        OutputFormat::Json => {
+            serde_json::to_writer(&mut out, &policy.to_json())?;
+            writeln!(out)?;
+        }
+        OutputFormat::Table => offline::check_config_table(&policy, &mut out)?,
+    }
+    Ok(())
+}
+
+fn offline_session(o: &OfflineArgs) -> anyhow::Result<(Policy, Vec<Pod>, FsLayout)> {
+    let policy = valid_policy(&o.policy)?;
+    let pods = offline::load_pods(&o.pods)?;
+    let layout = if o.dedicated_imagefs { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
+    Ok((policy, pods, layout))
+}

@@ -1,0 +1,126 @@
+//! Report: what evictd saw and did — eviction records, the `--trace` view (one line per
+//! wake and a summary each second) and Prometheus metrics. `Report` is what the daemon
+//! hands every pass to; it never decides anything.
+
+use std::{
+    io::{self, BufWriter, Stdout},
+    sync::{Arc, atomic::Ordering},
+    time::Instant,
+};
+
+use crate::{
+    node::{cgroup_names::CgroupNames, cgroups::CgroupLayout},
+    wake::{Wake, WakeCause, WakeSource, WakeStats},
+};
+
+pub mod metrics;
+pub mod record;
+pub mod trace;
+pub mod units;
+
+use metrics::Metrics;
+use record::EvictionRecord;
+use trace::{MemoryView, TraceFormat, TraceSink, TraceSummary};
+
+pub struct Report {
+    metrics: Arc<Metrics>,
+    sink: Option<TraceSink<BufWriter<Stdout>>>,
+    names: CgroupNames,
+    counts: WakeCounts,
+}
+
+impl Report {
+    pub fn new(trace: Option<TraceFormat>, metrics: Arc<Metrics>, cgroups: CgroupLayout) -> Self {
+        Report {
+            metrics,
+            sink: trace.map(|f| TraceSink::new(f, BufWriter::new(io::stdout()))),
+            names: CgroupNames::new(cgroups),
+            counts: WakeCounts::default(),
+        }
+    }
+
+    /// One pass: the wakes that led to it, the evictions it made, and the node after it.
+    pub fn pass(
+        &mut self,
+        wakes: &[Wake],
+        evictions: &[EvictionRecord],
+        view: &MemoryView,
+    ) -> io::Result<()> {
+        self.counts.available = view.available;
+        for w in wakes {
+            self.counts.by_cause[w.cause.index()] += 1;
+            self.metrics.wake(w);
+            if let Some(s) = self.sink.as_mut() {
+                s.event(w, &mut self.names, view)?;
+            }
+        }
+        for e in evictions {
+            self.metrics.eviction(e);
+            if let Some(s) = self.sink.as_mut() {
+                s.eviction(e)?;
+            }
+        }
+        self.flush()
+    }
+
+    /// The node as first observed, before any wake.
+    pub fn observed(&mut self, view: &MemoryView) {
+        self.counts.available = view.available;
+    }
+
+    /// The once-a-second `--trace` summary (and its warnings, with or without `--trace`).
+    pub fn summary(&mut self, sources: &[Box<dyn WakeSource>], stats: &WakeStats) -> io::Result<()> {
+        let summary = self.counts.summary(sources, stats);
+        match self.sink.as_mut() {
+            Some(s) => s.summary(&summary),
+            None => Ok(()),
+        }
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.sink.as_mut().map_or(Ok(()), |s| s.flush())
+    }
+}
+
+/// Wakes counted by cause, and what the last summary saw, for per-second rates.
+#[derive(Default)]
+struct WakeCounts {
+    by_cause: [u64; WakeCause::ALL.len()],
+    at_last_summary: [u64; WakeCause::ALL.len()],
+    last_summary: Option<Instant>,
+    last_drops: u64,
+    available: Option<i64>,
+}
+
+impl WakeCounts {
+    fn summary(&mut self, sources: &[Box<dyn WakeSource>], stats: &WakeStats) -> TraceSummary {
+        let now = Instant::now();
+        let secs = self.last_summary.map_or(1.0, |t| now.duration_since(t).as_secs_f64()).max(1e-3);
+        self.last_summary = Some(now);
+        let mut s = TraceSummary { interval_seconds: secs, ..Default::default() };
+        for c in WakeCause::ALL {
+            let i = c.index();
+            s.events_per_second
+                .insert(c.as_str(), (self.by_cause[i] - self.at_last_summary[i]) as f64 / secs);
+        }
+        self.at_last_summary = self.by_cause;
+        let kernel = sources.iter().find_map(|s| s.kernel_counters());
+        if let Some(k) = &kernel {
+            s.ring_drops = k.ring_drops - self.last_drops;
+            s.ring_drops_total = k.ring_drops;
+            self.last_drops = k.ring_drops;
+        }
+        s.kernel = kernel;
+        s.channel_full_total = stats.channel_full.load(Ordering::Relaxed);
+        s.memory_available_bytes = self.available;
+        s.watermark_bytes = sources.iter().find_map(|s| s.watermark());
+        if s.ring_drops > 0 {
+            tracing::warn!(
+                drops = s.ring_drops,
+                "ring buffer full: raise --ring-buffer-size or the watermark"
+            );
+        }
+        tracing::debug!(available = ?self.available.map(units::bytes), "summary");
+        s
+    }
+}

@@ -1,0 +1,8 @@
+//! Act, through the container runtime: the CRI client, the pod inventory kept current off
+//! the pressure path (with specs from a PodList or inferred from the node), the pods' usage
+//! for ranking, the eviction itself, and node-level reclaim before disk evictions.
+
+pub mod cri;
+pub mod evict;
+pub mod inventory;
+pub mod reclaim;

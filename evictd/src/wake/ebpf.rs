@@ -1,0 +1,163 @@
+//! The eBPF wake source: the kernel's programs (loaded by `crate::kernel::ebpf`) sum charge
+//! growth per CPU and emit a record into a ring buffer when it passes the watermark, when
+//! reclaim starts, or when the OOM killer acts. This half drains the ring buffer, and after
+//! every pass re-arms the watermark at half the distance to the nearest memory threshold,
+//! so the kernel wakes evictd again just in time rather than on every page.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, atomic::Ordering},
+};
+
+use aya::maps::{MapData, RingBuf};
+use evictd_common::WakeEvent;
+use evictd_policy::distance::nearest_memory_threshold;
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    sync::mpsc,
+    task::JoinHandle,
+};
+
+use super::{NodeNow, SourceKind, Wake, WakeError, WakeOptions, WakeSource, WakeStats, monotonic_ns};
+use crate::{
+    kernel::ebpf::{Counters, KernelProbes},
+    node::{cgroup_names, signals::NodeSignalSources},
+};
+
+/// How far ahead the kernel should wake evictd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watermark {
+    /// Half the distance to the nearest memory threshold, at least `MIN_AUTO_WATERMARK`.
+    Auto,
+    /// A fixed number of bytes of growth (0: every page, for measuring).
+    Fixed(u64),
+}
+
+/// Below this, wakes would come faster than observing is worth.
+pub const MIN_AUTO_WATERMARK: u64 = 1 << 20;
+/// With no memory threshold at all, still look after this much growth.
+const NO_THRESHOLD_WATERMARK: u64 = 256 << 20;
+
+/// The watermark for a given distance to the nearest threshold.
+pub fn watermark_for(mode: Watermark, distance: Option<i64>) -> u64 {
+    match (mode, distance) {
+        (Watermark::Fixed(b), _) => b,
+        (Watermark::Auto, None) => NO_THRESHOLD_WATERMARK,
+        (Watermark::Auto, Some(d)) => (d.max(0) as u64 / 2).max(MIN_AUTO_WATERMARK),
+    }
+}
+
+struct EbpfWake {
+    probes: KernelProbes,
+    mode: Watermark,
+    watermark: Option<u64>,
+    /// When a cgroup plays the node, only its subtree's charge counts.
+    scope: Option<PathBuf>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+pub fn start(
+    opts: &WakeOptions,
+    signals: &NodeSignalSources,
+    tx: mpsc::Sender<Wake>,
+    stats: Arc<WakeStats>,
+) -> Result<Box<dyn WakeSource>, WakeError> {
+    let (probes, ring) = KernelProbes::load(&opts.load)?;
+    for prog in probes.programs.iter().filter(|p| p.error.is_none()) {
+        tracing::info!(tracepoint = %prog.tracepoint, "eBPF wake source attached");
+    }
+    let task = spawn_ring_buffer(ring, tx, stats).map_err(WakeError::RingBuffer)?;
+    let scope = (!signals.node.is_root).then(|| signals.node.dir.clone());
+    let mut source = EbpfWake { probes, mode: opts.watermark, watermark: None, scope, task };
+    source.cgroups_changed()?;
+    Ok(Box::new(source))
+}
+
+impl WakeSource for EbpfWake {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Ebpf
+    }
+
+    fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
+        let nearest = nearest_memory_threshold(node.thresholds, node.observations);
+        let w = watermark_for(self.mode, nearest.map(|(_, d)| d));
+        self.probes.rearm(w)?;
+        self.watermark = Some(w);
+        Ok(())
+    }
+
+    /// New pods mean new cgroups whose charge must count at once.
+    fn cgroups_changed(&mut self) -> Result<(), WakeError> {
+        match &self.scope {
+            Some(dir) => self.probes.set_scope(Some(&cgroup_names::subtree_ids(dir)))?,
+            None => self.probes.set_scope(None)?,
+        }
+        Ok(())
+    }
+
+    fn kernel_counters(&self) -> Option<Counters> {
+        self.probes.counters().inspect_err(|e| tracing::warn!("reading eBPF counters: {e}")).ok()
+    }
+
+    fn watermark(&self) -> Option<u64> {
+        self.watermark
+    }
+}
+
+impl Drop for EbpfWake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Drains the eBPF ring buffer on every readiness and forwards each event.
+pub fn spawn_ring_buffer(
+    ring: RingBuf<MapData>,
+    tx: mpsc::Sender<Wake>,
+    stats: Arc<WakeStats>,
+) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
+    // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as it
+    // lives, and the AsyncFd owns the RingBuf.
+    let mut fd =
+        unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }.map_err(std::io::Error::from)?;
+    Ok(tokio::spawn(async move {
+        loop {
+            let mut guard = fd.readable_mut().await?;
+            let ring = guard.get_inner_mut();
+            let now = monotonic_ns();
+            while let Some(item) = ring.next() {
+                let wake = (item.len() >= size_of::<WakeEvent>())
+                    // SAFETY: the record holds at least a WakeEvent, which is plain integers
+                    // (any bit pattern valid); read_unaligned because the ring gives no alignment promise.
+                    .then(|| unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<WakeEvent>()) })
+                    .and_then(|ev| Wake::from_kernel(&ev, now));
+                let Some(wake) = wake else {
+                    stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                match tx.try_send(wake) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        stats.channel_full.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
+                }
+            }
+            guard.clear_ready();
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermark_is_half_the_distance_with_a_floor() {
+        assert_eq!(watermark_for(Watermark::Auto, Some(1 << 30)), 1 << 29);
+        assert_eq!(watermark_for(Watermark::Auto, Some(1000)), MIN_AUTO_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Auto, Some(-5)), MIN_AUTO_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Auto, None), NO_THRESHOLD_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Fixed(0), Some(1 << 30)), 0);
+    }
+}
