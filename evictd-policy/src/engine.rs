@@ -127,58 +127,146 @@ pub fn victim_grace_seconds(hard: bool, max_pod_grace_period_seconds: i64, pod_g
     g.max(1)
 }
 
+/// The kubelet's `synchronize`, one decision: each step below is named for the kubelet
+/// helper it reproduces.
 pub fn decide(input: &Input, prev: &EngineState) -> (EngineState, Decision) {
-    let Input { thresholds, policy, layout, observations: obs, pods, now_ns: now } = *input;
-    let mut decision = Decision::default();
+    let Input { thresholds, policy, observations: obs, now_ns: now, .. } = *input;
     if thresholds.is_empty() {
-        decision.no_eviction_reason = Some("no thresholds are configured".into());
-        return (prev.clone(), decision);
+        return (prev.clone(), Decision::none("no thresholds are configured"));
     }
+    let met = merge_thresholds(
+        thresholds_met(thresholds, obs, false),
+        thresholds_not_yet_resolved(&prev.thresholds_met, thresholds, obs),
+    );
+    let first_observed_ns = thresholds_first_observed_at(&met, &prev.first_observed_ns, now);
+    let condition_last_observed_ns =
+        node_conditions_last_observed_at(&met, thresholds, &prev.condition_last_observed_ns, now);
+    let grace_satisfied = thresholds_met_grace_period(&met, thresholds, &first_observed_ns, now);
+    let mut actionable = thresholds_updated_stats(&grace_satisfied, thresholds, obs, &prev.last_observations);
+    sort_by_eviction_priority(&mut actionable, thresholds);
 
-    // Met now, plus those still within their min-reclaim band since the last decision.
-    let mut met: Vec<usize> = (0..thresholds.len()).filter(|&i| is_met(&thresholds[i], obs, false)).collect();
-    for &i in &prev.thresholds_met {
-        if i < thresholds.len() && !met.contains(&i) && is_met(&thresholds[i], obs, true) {
-            met.push(i);
-        }
+    let decision = Decision {
+        thresholds_met: met.clone(),
+        node_conditions: node_conditions_observed_since(
+            &condition_last_observed_ns,
+            policy.pressure_transition_period_ns,
+            now,
+        ),
+        actionable,
+        ..Decision::default()
+    };
+    let state = EngineState {
+        thresholds_met: grace_satisfied,
+        first_observed_ns,
+        condition_last_observed_ns,
+        last_observations: obs.clone(),
+    };
+    let decision = evict_for_reclaimable_threshold(input, decision, &state);
+    (state, decision)
+}
+
+impl Decision {
+    fn none(reason: &str) -> Self {
+        Decision { no_eviction_reason: Some(reason.into()), ..Decision::default() }
     }
-    met.sort_unstable();
+}
 
-    let first_observed_ns: BTreeMap<usize, i64> =
-        met.iter().map(|&i| (i, prev.first_observed_ns.get(&i).copied().unwrap_or(now))).collect();
+/// `thresholdsMet`: the thresholds whose signal is observed below them (with their minimum
+/// reclaim added when `enforce_min_reclaim`), by index.
+fn thresholds_met(thresholds: &[Threshold], obs: &Observations, enforce_min_reclaim: bool) -> Vec<usize> {
+    (0..thresholds.len()).filter(|&i| is_met(&thresholds[i], obs, enforce_min_reclaim)).collect()
+}
 
-    // A soft threshold raises its condition at once, before its grace period.
-    let mut condition_last_observed_ns = prev.condition_last_observed_ns.clone();
-    for &i in &met {
-        condition_last_observed_ns.insert(thresholds[i].signal.condition(), now);
+/// Min-reclaim hysteresis: of the thresholds acted on last time, those not yet back above
+/// threshold + minimum reclaim.
+fn thresholds_not_yet_resolved(
+    previous: &[usize],
+    thresholds: &[Threshold],
+    obs: &Observations,
+) -> Vec<usize> {
+    previous.iter().copied().filter(|&i| i < thresholds.len() && is_met(&thresholds[i], obs, true)).collect()
+}
+
+/// `mergeThresholds`: the union, in threshold order.
+fn merge_thresholds(mut a: Vec<usize>, b: Vec<usize>) -> Vec<usize> {
+    a.extend(b);
+    a.sort_unstable();
+    a.dedup();
+    a
+}
+
+/// `thresholdsFirstObservedAt`: when each met threshold was first seen met (now, if new).
+fn thresholds_first_observed_at(
+    met: &[usize],
+    prev: &BTreeMap<usize, i64>,
+    now: i64,
+) -> BTreeMap<usize, i64> {
+    met.iter().map(|&i| (i, prev.get(&i).copied().unwrap_or(now))).collect()
+}
+
+/// `nodeConditionsLastObservedAt`: a met threshold (soft ones too, before their grace
+/// period) marks its condition as observed now; the others keep their last time.
+fn node_conditions_last_observed_at(
+    met: &[usize],
+    thresholds: &[Threshold],
+    prev: &BTreeMap<NodeCondition, i64>,
+    now: i64,
+) -> BTreeMap<NodeCondition, i64> {
+    let mut out = prev.clone();
+    for &i in met {
+        out.insert(thresholds[i].signal.condition(), now);
     }
-    decision.node_conditions = condition_last_observed_ns
-        .iter()
-        .filter(|&(_, &t)| now - t < policy.pressure_transition_period_ns)
-        .map(|(&c, _)| c)
-        .collect();
+    out
+}
 
-    let grace_satisfied: Vec<usize> = met
-        .iter()
+/// `nodeConditionsObservedSince`: conditions observed within the transition period.
+fn node_conditions_observed_since(
+    last_observed: &BTreeMap<NodeCondition, i64>,
+    transition_period_ns: i64,
+    now: i64,
+) -> Vec<NodeCondition> {
+    last_observed.iter().filter(|&(_, &t)| now - t < transition_period_ns).map(|(&c, _)| c).collect()
+}
+
+/// `thresholdsMetGracePeriod`: met for at least their grace period (hard ones at once).
+fn thresholds_met_grace_period(
+    met: &[usize],
+    thresholds: &[Threshold],
+    first_observed_ns: &BTreeMap<usize, i64>,
+    now: i64,
+) -> Vec<usize> {
+    met.iter()
         .copied()
-        .filter(|i| now - first_observed_ns[i] >= thresholds[*i].grace_period_ns)
-        .collect();
+        .filter(|i| first_observed_ns.get(i).is_some_and(|&t| now - t >= thresholds[*i].grace_period_ns))
+        .collect()
+}
 
-    // Stale stats: act only on an observation newer than the one the last decision saw.
-    let mut actionable: Vec<usize> = grace_satisfied
+/// `thresholdsUpdatedStats`: act only on an observation newer than the one the last
+/// decision saw (a missing time counts as always new).
+fn thresholds_updated_stats(
+    candidates: &[usize],
+    thresholds: &[Threshold],
+    obs: &Observations,
+    last: &Observations,
+) -> Vec<usize> {
+    candidates
         .iter()
         .copied()
         .filter(|&i| {
             let signal = thresholds[i].signal;
             let Some(o) = obs.get(&signal) else { return false };
-            match (prev.last_observations.get(&signal), o.time_ns) {
+            match (last.get(&signal), o.time_ns) {
                 (None, _) | (_, None) => true,
                 (Some(last), Some(t)) => last.time_ns.is_none_or(|lt| t > lt),
             }
         })
-        .collect();
-    // Deterministic where the kubelet is not: memory.available, then allocatable memory, then
-    // the rest in configuration order; for one signal the hard threshold before the soft.
+        .collect()
+}
+
+/// `byEvictionPriority`, made deterministic where the kubelet is not: memory.available,
+/// then allocatable memory, then the rest in configuration order; for one signal the hard
+/// threshold before the soft.
+fn sort_by_eviction_priority(actionable: &mut [usize], thresholds: &[Threshold]) {
     actionable.sort_by_key(|&i| {
         let t = &thresholds[i];
         let class = match t.signal {
@@ -188,59 +276,70 @@ pub fn decide(input: &Input, prev: &EngineState) -> (EngineState, Decision) {
         };
         (class, !t.is_hard(), i)
     });
+}
 
-    let state = EngineState {
-        thresholds_met: grace_satisfied,
-        first_observed_ns,
-        condition_last_observed_ns,
-        last_observations: obs.clone(),
-    };
-    decision.thresholds_met = met.clone();
-    decision.actionable = actionable.clone();
-
+/// `getReclaimableThreshold`, `reclaimNodeLevelResources` and the eviction loop: the most
+/// urgent actionable threshold; node-level reclaim first for disk signals; then the first
+/// ranked pod that is neither critical nor protected, with its grace period and message.
+fn evict_for_reclaimable_threshold(input: &Input, mut decision: Decision, state: &EngineState) -> Decision {
+    let Input { thresholds, policy, layout, observations: obs, pods, .. } = *input;
     // Ranking is shown for the driving signal, or for the most urgent met one.
-    let driving = actionable.first().or_else(|| met.first()).copied();
+    let driving = decision.actionable.first().or_else(|| decision.thresholds_met.first()).copied();
     if let Some(i) = driving {
         decision.ranking = rank::rank(pods, thresholds[i].signal, layout);
     }
-    let Some(&chosen) = actionable.first() else {
-        decision.no_eviction_reason = Some(if met.is_empty() {
-            "no threshold is met".into()
-        } else if state.thresholds_met.is_empty() {
-            "thresholds are met but still within their grace period".into()
-        } else {
-            "the stats are not newer than at the last decision".into()
-        });
-        return (state, decision);
+    let Some(&chosen) = decision.actionable.first() else {
+        decision.no_eviction_reason = Some(
+            if decision.thresholds_met.is_empty() {
+                "no threshold is met"
+            } else if state.thresholds_met.is_empty() {
+                "thresholds are met but still within their grace period"
+            } else {
+                "the stats are not newer than at the last decision"
+            }
+            .into(),
+        );
+        return decision;
     };
     let threshold = &thresholds[chosen];
     decision.node_reclaim = rank::node_reclaim_for(threshold.signal, layout).to_vec();
-    if !decision.node_reclaim.is_empty() && !any_met(thresholds, obs, true) {
-        decision.no_eviction_reason = Some("node-level reclaim resolves the pressure".into());
-        return (state, decision);
-    }
-    if pods.is_empty() {
-        decision.no_eviction_reason = Some("there are no pods to evict".into());
-        return (state, decision);
-    }
-    let victim = decision.ranking.iter().copied().find(|&p| !pods[p].pod.is_critical() && !pods[p].protected);
-    let Some(victim) = victim else {
-        decision.no_eviction_reason = Some("every candidate pod is critical or protected".into());
-        return (state, decision);
+    let reason = if !decision.node_reclaim.is_empty() && !any_met(thresholds, obs, true) {
+        "node-level reclaim resolves the pressure"
+    } else if pods.is_empty() {
+        "there are no pods to evict"
+    } else {
+        match first_evictable(&decision.ranking, pods) {
+            Some(victim) => {
+                decision.eviction = Some(Eviction {
+                    pod: victim,
+                    threshold: chosen,
+                    signal: threshold.signal,
+                    grace_period_seconds: victim_grace_seconds(
+                        threshold.is_hard(),
+                        policy.max_pod_grace_period_seconds,
+                        pods[victim].pod.spec.termination_grace_period_seconds,
+                    ),
+                    message: eviction_message(
+                        threshold.signal.resource(),
+                        &pods[victim],
+                        thresholds,
+                        &decision.actionable,
+                        obs,
+                    ),
+                });
+                return decision;
+            }
+            None => "every candidate pod is critical or protected",
+        }
     };
-    let pod = pods[victim].pod;
-    decision.eviction = Some(Eviction {
-        pod: victim,
-        threshold: chosen,
-        signal: threshold.signal,
-        grace_period_seconds: victim_grace_seconds(
-            threshold.is_hard(),
-            policy.max_pod_grace_period_seconds,
-            pod.spec.termination_grace_period_seconds,
-        ),
-        message: eviction_message(threshold.signal.resource(), &pods[victim], thresholds, &actionable, obs),
-    });
-    (state, decision)
+    decision.no_eviction_reason = Some(reason.into());
+    decision
+}
+
+/// The kubelet skips critical pods (`kubelettypes.IsCriticalPod`); evictd also skips the
+/// pods the caller protects (itself, and candidates whose kill already failed).
+fn first_evictable(ranking: &[usize], pods: &[PodEntry]) -> Option<usize> {
+    ranking.iter().copied().find(|&p| !pods[p].pod.is_critical() && !pods[p].protected)
 }
 
 /// The kubelet's `evictionMessage`, to the letter.

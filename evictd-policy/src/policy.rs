@@ -333,46 +333,80 @@ impl Policy {
 
 const ALLOCATABLE_KEYS: [&str; 4] = ["pods", "system-reserved", "kube-reserved", "none"];
 
-/// Validates `input` as the kubelet does; `warnings` collects what the kubelet would do
-/// silently (dropped `0%`/`100%`, grace periods or min-reclaims for absent thresholds).
+/// The kubelet's `ParseThresholdConfig`: validates `input` as the kubelet does; `warnings`
+/// collects what the kubelet would do silently (dropped `0%`/`100%`, grace periods or
+/// min-reclaims for absent thresholds, replaced containerfs thresholds). Checks run in the
+/// kubelet's order, so the first error reported is the one the kubelet would report.
 pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, PolicyError> {
     let default_hard;
-    let hard = match &input.hard {
+    let hard_setting = match &input.hard {
         Some(h) => h,
         None => {
             default_hard = MapSetting::from_flag("--eviction-hard (default)", DEFAULT_EVICTION_HARD, '<')?;
             &default_hard
         }
     };
-    let mut thresholds = Vec::new();
-    for (setting, soft) in [(hard, false), (&input.soft, true)] {
-        let mut parsed = Vec::new();
-        for (k, v) in &setting.entries {
-            let signal = parse_signal(&setting.source, k)?;
-            match parse_value(&setting.source, signal, v)? {
-                Some(value) => {
-                    parsed.push(Threshold { signal, value, grace_period_ns: 0, min_reclaim: None })
-                }
-                None => warnings.push(format!(
-                    "{}: {k}<{v} is ignored: the kubelet silently drops 0% and 100% thresholds",
-                    setting.source
-                )),
-            }
-        }
-        parsed.sort_by_key(|t| t.signal);
-        if soft {
-            for t in &mut parsed {
-                t.grace_period_ns = grace_for(input, t.signal)?.ok_or_else(|| {
-                    PolicyError::SoftWithoutGrace { setting: setting.source.clone(), signal: t.signal }
-                })?;
-            }
-        }
-        thresholds.extend(parsed);
+    let mut thresholds = parse_threshold_statements(hard_setting, warnings)?;
+    let mut soft = parse_threshold_statements(&input.soft, warnings)?;
+    parse_grace_periods(input, &mut soft)?;
+    thresholds.extend(soft);
+    warn_unused_grace_periods(input, &thresholds, warnings)?;
+    parse_minimum_reclaims(&input.min_reclaim, &mut thresholds, warnings)?;
+    warn_replaced_containerfs(&thresholds, warnings);
+    let enforce = parse_enforce_node_allocatable(input)?;
+    if enforce.iter().any(|k| k == "pods") {
+        let copies = allocatable_thresholds(&thresholds);
+        thresholds.extend(copies);
     }
+    Ok(Policy {
+        thresholds,
+        pressure_transition_period_ns: parse_pressure_transition_period(input)?,
+        max_pod_grace_period_seconds: input.max_pod_grace_period_seconds,
+        enforce_node_allocatable: enforce,
+    })
+}
+
+/// `parseThresholdStatements`: one threshold per `signal<value`, in signal order; the exact
+/// values `0%` and `100%` are dropped (with a warning here).
+fn parse_threshold_statements(
+    setting: &MapSetting,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Threshold>, PolicyError> {
+    let mut parsed = Vec::new();
+    for (k, v) in &setting.entries {
+        let signal = parse_signal(&setting.source, k)?;
+        match parse_value(&setting.source, signal, v)? {
+            Some(value) => parsed.push(Threshold { signal, value, grace_period_ns: 0, min_reclaim: None }),
+            None => warnings.push(format!(
+                "{}: {k}<{v} is ignored: the kubelet silently drops 0% and 100% thresholds",
+                setting.source
+            )),
+        }
+    }
+    parsed.sort_by_key(|t| t.signal);
+    Ok(parsed)
+}
+
+/// `parseGracePeriods`, applied: every soft threshold needs one.
+fn parse_grace_periods(input: &PolicyInput, soft: &mut [Threshold]) -> Result<(), PolicyError> {
+    for t in soft {
+        t.grace_period_ns = grace_for(input, t.signal)?.ok_or_else(|| PolicyError::SoftWithoutGrace {
+            setting: input.soft.source.clone(),
+            signal: t.signal,
+        })?;
+    }
+    Ok(())
+}
+
+/// Grace periods for signals without a soft threshold: validated all the same, then ignored.
+fn warn_unused_grace_periods(
+    input: &PolicyInput,
+    thresholds: &[Threshold],
+    warnings: &mut Vec<String>,
+) -> Result<(), PolicyError> {
     for (k, _) in &input.soft_grace.entries {
         let signal = parse_signal(&input.soft_grace.source, k)?;
         if !thresholds.iter().any(|t| t.signal == signal && !t.is_hard()) {
-            // Validated all the same (grace_for errors on bad values).
             grace_for(input, signal)?;
             warnings.push(format!(
                 "{}: {k} has no soft threshold; the grace period is ignored",
@@ -380,77 +414,81 @@ pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, 
             ));
         }
     }
+    Ok(())
+}
+
+/// `parseMinimumReclaims`, applied to every threshold of the signal (the last entry wins).
+fn parse_minimum_reclaims(
+    setting: &MapSetting,
+    thresholds: &mut [Threshold],
+    warnings: &mut Vec<String>,
+) -> Result<(), PolicyError> {
     let mut min_reclaims = Vec::new();
-    for (k, v) in &input.min_reclaim.entries {
-        let source = &input.min_reclaim.source;
-        let signal = parse_signal(source, k)?;
-        min_reclaims.push((signal, parse_min_reclaim(source, signal, v)?));
+    for (k, v) in &setting.entries {
+        let signal = parse_signal(&setting.source, k)?;
+        min_reclaims.push((signal, parse_min_reclaim(&setting.source, signal, v)?));
         if !thresholds.iter().any(|t| t.signal == signal) {
-            warnings.push(format!("{source}: {k} has no threshold; the minimum reclaim is ignored"));
+            warnings
+                .push(format!("{}: {k} has no threshold; the minimum reclaim is ignored", setting.source));
         }
     }
-    for t in &mut thresholds {
+    for t in thresholds {
         t.min_reclaim = min_reclaims.iter().rev().find(|(s, _)| *s == t.signal).map(|(_, m)| *m);
     }
-    for t in thresholds.iter().filter(|t| t.signal.resource() != Resource::Memory) {
+    Ok(())
+}
+
+/// The kubelet replaces user containerfs thresholds by copies of the nodefs or imagefs ones
+/// (`UpdateContainerFsThresholds`); evictd says so.
+fn warn_replaced_containerfs(thresholds: &[Threshold], warnings: &mut Vec<String>) {
+    for t in thresholds {
         if matches!(t.signal, Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree) {
             warnings.push(format!(
                 "{t}: containerfs thresholds are replaced by copies of the nodefs or imagefs ones, as the kubelet does"
             ));
         }
     }
+}
 
-    let enforce = match &input.enforce_node_allocatable {
-        None => vec!["pods".to_owned()],
-        Some((source, list)) => {
-            for k in list {
-                if !ALLOCATABLE_KEYS.contains(&k.as_str()) {
-                    return Err(PolicyError::Invalid {
-                        setting: source.clone(),
-                        reason: format!(
-                            "invalid option {k:?} (valid: pods, system-reserved, kube-reserved, none)"
-                        ),
-                    });
-                }
-            }
-            if list.iter().any(|k| k == "none") && list.len() > 1 {
-                return Err(PolicyError::Invalid {
-                    setting: source.clone(),
-                    reason: "\"none\" cannot be combined with other options".into(),
-                });
-            }
-            list.clone()
-        }
-    };
-    if enforce.iter().any(|k| k == "pods") {
-        let copies: Vec<Threshold> = thresholds
-            .iter()
-            .filter(|t| t.signal == Signal::MemoryAvailable && t.is_hard())
-            .map(|t| Threshold { signal: Signal::AllocatableMemoryAvailable, grace_period_ns: 0, ..*t })
-            .collect();
-        thresholds.extend(copies);
+/// `enforceNodeAllocatable`: `pods` by default; `none` stands alone.
+fn parse_enforce_node_allocatable(input: &PolicyInput) -> Result<Vec<String>, PolicyError> {
+    let Some((source, list)) = &input.enforce_node_allocatable else { return Ok(vec!["pods".to_owned()]) };
+    let invalid = |reason: String| PolicyError::Invalid { setting: source.clone(), reason };
+    if let Some(k) = list.iter().find(|k| !ALLOCATABLE_KEYS.contains(&k.as_str())) {
+        return Err(invalid(format!(
+            "invalid option {k:?} (valid: pods, system-reserved, kube-reserved, none)"
+        )));
     }
+    if list.iter().any(|k| k == "none") && list.len() > 1 {
+        return Err(invalid("\"none\" cannot be combined with other options".into()));
+    }
+    Ok(list.clone())
+}
 
-    let transition = match &input.pressure_transition_period {
-        None => DEFAULT_PRESSURE_TRANSITION_NS,
-        Some((source, text)) => {
-            let ns = godur::parse(text)
-                .map_err(|e| PolicyError::Invalid { setting: source.clone(), reason: e.to_string() })?;
-            if ns < 0 {
-                return Err(PolicyError::Invalid {
-                    setting: source.clone(),
-                    reason: format!("{text:?} is negative"),
-                });
-            }
-            ns
-        }
+/// `addAllocatableThresholds`: an `allocatableMemory.available` copy of every hard
+/// `memory.available` threshold.
+fn allocatable_thresholds(thresholds: &[Threshold]) -> Vec<Threshold> {
+    thresholds
+        .iter()
+        .filter(|t| t.signal == Signal::MemoryAvailable && t.is_hard())
+        .map(|t| Threshold { signal: Signal::AllocatableMemoryAvailable, grace_period_ns: 0, ..*t })
+        .collect()
+}
+
+/// `evictionPressureTransitionPeriod`: a Go duration, not negative; 5m by default.
+fn parse_pressure_transition_period(input: &PolicyInput) -> Result<i64, PolicyError> {
+    let Some((source, text)) = &input.pressure_transition_period else {
+        return Ok(DEFAULT_PRESSURE_TRANSITION_NS);
     };
-    Ok(Policy {
-        thresholds,
-        pressure_transition_period_ns: transition,
-        max_pod_grace_period_seconds: input.max_pod_grace_period_seconds,
-        enforce_node_allocatable: enforce,
-    })
+    let ns = godur::parse(text)
+        .map_err(|e| PolicyError::Invalid { setting: source.clone(), reason: e.to_string() })?;
+    if ns < 0 {
+        return Err(PolicyError::Invalid {
+            setting: source.clone(),
+            reason: format!("{text:?} is negative"),
+        });
+    }
+    Ok(ns)
 }
 
 fn parse_signal(source: &str, s: &str) -> Result<Signal, PolicyError> {

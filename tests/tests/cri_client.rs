@@ -110,8 +110,8 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
     web.containers.iter().for_each(|c| assert!(c.running, "{c:?}"));
     burstable.set_mib(16);
     burstable.wait_usage_at_least(16 << 20, Duration::from_secs(10));
-    let cg = evictd::runtime::inventory::pod_cgroups(&web, &layout).expect("cgroups");
-    let stats = evictd::runtime::inventory::pod_stats(&web, Some(&cg), &layout).expect("stats");
+    let cg = evictd::runtime::usage::pod_cgroups(&web, &layout).expect("cgroups");
+    let stats = evictd::runtime::usage::pod_stats(&web, Some(&cg), &layout).expect("stats");
     let ws = stats.memory.and_then(|m| m.working_set_bytes).unwrap();
     assert!(ws >= 16 << 20, "working set {ws}");
     // The pause container has its own cgroup under the pod too: pause + hog.

@@ -14,12 +14,7 @@ use super::PressureOptions;
 use crate::{
     node::{cgroups::CgroupLayout, signals::NodeSignalSources},
     report::record::EvictionRecord,
-    runtime::{
-        cri::CriClient,
-        evict,
-        inventory::{self, PodRecord},
-        reclaim,
-    },
+    runtime::{cri::CriClient, evict, inventory::PodRecord, reclaim, usage},
     wake::{Wake, monotonic_ns},
 };
 use evictd_policy::{
@@ -27,6 +22,7 @@ use evictd_policy::{
     observations::Observations,
     policy::{Policy, Threshold},
     rank::{FsLayout, PodEntry},
+    summary::PodStats,
 };
 
 /// Candidates tried in one decision when kills fail.
@@ -124,6 +120,9 @@ impl Pressure {
         (records, obs)
     }
 
+    /// One decision: first without pods (cheap, and all a wake far from any threshold
+    /// costs), then node-level reclaim for disk signals, then the pods' usage and the
+    /// eviction of one pod.
     async fn decide_and_act(
         &mut self,
         pods: &[PodRecord],
@@ -131,142 +130,180 @@ impl Pressure {
         now: i64,
     ) -> Option<EvictionRecord> {
         let t0 = Instant::now();
-        let input = engine::Input {
+        let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
+        if first.actionable.is_empty() || self.node_level_reclaim_resolves(&first, pods, now).await {
+            self.state = state;
+            return None;
+        }
+        // Something is actionable: now, and only now, read the pods' cgroups.
+        let candidates = self.candidates(pods);
+        self.evict_one(&candidates, obs, now, t0).await
+    }
+
+    fn input<'a>(&'a self, obs: &'a Observations, pods: &'a [PodEntry<'a>], now: i64) -> engine::Input<'a> {
+        engine::Input {
             thresholds: &self.thresholds,
             policy: &self.policy,
             layout: self.layout,
             observations: obs,
-            pods: &[],
+            pods,
             now_ns: now,
+        }
+    }
+
+    /// The kubelet's `reclaimNodeLevelResources`: for disk pressure, dead containers and
+    /// unused images go first; true when no threshold is met any more afterwards.
+    async fn node_level_reclaim_resolves(&self, d: &engine::Decision, pods: &[PodRecord], now: i64) -> bool {
+        let Some(client) = self.client.as_ref().filter(|_| !d.node_reclaim.is_empty() && !self.dry_run)
+        else {
+            return false;
         };
-        let (state, first) = engine::decide(&input, &self.state);
-        if first.actionable.is_empty() {
-            self.state = state;
-            return None;
+        let sandbox_images = pods.iter().filter_map(|p| p.sandbox_image.clone()).collect();
+        let report = reclaim::reclaim(client, &d.node_reclaim, &sandbox_images).await;
+        tracing::info!(
+            containers_removed = report.containers_removed,
+            images_removed = report.images_removed,
+            errors = ?report.errors,
+            "node-level reclaim for {:?}",
+            d.actionable.first().map(|&i| self.thresholds[i].signal)
+        );
+        let resolved = !engine::any_met(&self.thresholds, &self.observe(now), true);
+        if resolved {
+            tracing::info!("node-level reclaim resolved the pressure: no pod evicted");
         }
-        // Disk pressure: node-level reclaim first; evict only if a threshold is still met.
-        if !first.node_reclaim.is_empty()
-            && !self.dry_run
-            && let Some(client) = &self.client
-        {
-            let sandbox_images = pods.iter().filter_map(|p| p.sandbox_image.clone()).collect();
-            let report = reclaim::reclaim(client, &first.node_reclaim, &sandbox_images).await;
-            tracing::info!(
-                containers_removed = report.containers_removed,
-                images_removed = report.images_removed,
-                errors = ?report.errors,
-                "node-level reclaim for {:?}",
-                first.actionable.first().map(|&i| self.thresholds[i].signal)
-            );
-            let after = self.observe(now);
-            if !engine::any_met(&self.thresholds, &after, true) {
-                tracing::info!("node-level reclaim resolved the pressure: no pod evicted");
-                self.state = state;
-                return None;
-            }
-        }
-        // Something is actionable: now, and only now, read the pods' cgroups.
-        let live: Vec<(&PodRecord, Option<evictd_policy::summary::PodStats>)> = pods
-            .iter()
+        resolved
+    }
+
+    /// The pods that can be ranked, with their usage read from their cgroups. A pod whose
+    /// cgroup is gone is terminating, not a candidate; one evicted already is skipped until
+    /// the inventory stops listing it.
+    fn candidates<'a>(&self, pods: &'a [PodRecord]) -> Vec<(&'a PodRecord, Option<PodStats>)> {
+        pods.iter()
             .filter(|p| !self.gone.contains(&p.sandbox_id))
             .filter_map(|p| {
                 let cg = self.cgroups_of(p);
-                // A pod whose cgroup is gone is terminating, not a candidate.
                 if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
                     return None;
                 }
-                Some((p, inventory::pod_stats(p, cg.as_ref(), &self.cgroups)))
+                Some((p, usage::pod_stats(p, cg.as_ref(), &self.cgroups)))
             })
-            .collect();
-        let mut excluded: BTreeSet<usize> = BTreeSet::new();
+            .collect()
+    }
+
+    /// Evicts the top-ranked pod; when its kill fails, the next candidate, as the kubelet
+    /// does (at most `MAX_CANDIDATES`).
+    async fn evict_one(
+        &mut self,
+        candidates: &[(&PodRecord, Option<PodStats>)],
+        obs: &Observations,
+        now: i64,
+        t0: Instant,
+    ) -> Option<EvictionRecord> {
+        let mut failed: BTreeSet<usize> = BTreeSet::new();
         for _ in 0..MAX_CANDIDATES {
-            let entries: Vec<PodEntry> = live
+            let entries: Vec<PodEntry> = candidates
                 .iter()
                 .enumerate()
                 .map(|(i, (p, s))| PodEntry {
                     pod: &p.spec,
                     stats: s.as_ref(),
-                    protected: excluded.contains(&i) || self.own_pod_uid.as_deref() == Some(p.uid.as_str()),
+                    protected: failed.contains(&i) || self.own_pod_uid.as_deref() == Some(p.uid.as_str()),
                 })
                 .collect();
-            let input = engine::Input { pods: &entries, ..input };
-            let (state, d) = engine::decide(&input, &self.state);
+            let (state, d) = engine::decide(&self.input(obs, &entries, now), &self.state);
             let Some(e) = d.eviction else {
                 self.state = state;
-                if let Some(why) = d.no_eviction_reason {
-                    let signal = d.actionable.first().map(|&i| self.thresholds[i].signal);
-                    self.warn_limited(format!("pressure on {signal:?} but no eviction: {why}"));
-                }
+                self.warn_no_eviction(&d);
                 return None;
             };
-            let pod = live[e.pod].0;
-            let o = obs.get(&e.signal).copied();
-            let mut rec = EvictionRecord {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                signal: e.signal,
-                available: o.map_or(0, |o| o.available),
-                threshold: o.map_or(0, |o| self.thresholds[e.threshold].value.resolve(o.capacity)),
-                grace_period_seconds: e.grace_period_seconds,
-                message: e.message.clone(),
-                dry_run: self.dry_run,
-                error: None,
-                decide_us: t0.elapsed().as_micros() as u64,
-                phases: None,
-                wake_cause: None,
-                wake_kernel_ts_ns: None,
-                wake_received_ns: None,
-                observed_ns: 0,
-                decided_ns: monotonic_ns(),
-                released_ns: None,
-            };
-            if self.dry_run {
+            let pod = candidates[e.pod].0;
+            let mut rec = self.record(pod, &e, obs, t0);
+            if self.act(pod, &e, &mut rec).await || failed.len() + 1 >= candidates.len() {
                 self.state = state;
-                tracing::info!(
-                    pod = %format!("{}/{}", rec.namespace, rec.name), signal = %rec.signal,
-                    available = rec.available, threshold = rec.threshold, grace = rec.grace_period_seconds,
-                    "dry run: would evict: {}", rec.message
-                );
                 return Some(rec);
             }
-            let Some(client) = &self.client else {
-                self.state = state;
-                rec.error = Some("no CRI endpoint".into());
-                return Some(rec);
-            };
-            let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
-            match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout).await {
-                Ok(phases) => {
-                    rec.released_ns = Some(monotonic_ns());
-                    self.state = state;
-                    self.gone.insert(pod.sandbox_id.clone());
-                    tracing::info!(
-                        pod = %format!("{}/{}", rec.namespace, rec.name), signal = %rec.signal,
-                        available = rec.available, threshold = rec.threshold, grace = rec.grace_period_seconds,
-                        decide_us = rec.decide_us,
-                        stop_containers_ms = phases.stop_containers_ms,
-                        stop_sandbox_ms = phases.stop_sandbox_ms,
-                        memory_released_ms = phases.memory_released_ms,
-                        "evicted: {}", rec.message
-                    );
-                    rec.phases = Some(phases);
-                    return Some(rec);
-                }
-                Err(err) => {
-                    tracing::warn!("eviction failed, trying the next candidate: {err}");
-                    // Only for this decision: the pod is still there, and the next pass may
-                    // well succeed where this one failed.
-                    excluded.insert(e.pod);
-                    rec.error = Some(err.to_string());
-                    if excluded.len() >= live.len() {
-                        self.state = state;
-                        return Some(rec);
-                    }
-                }
-            }
+            // Only for this decision: the pod is still there, and the next pass may well
+            // succeed where this one failed.
+            failed.insert(e.pod);
         }
         None
+    }
+
+    fn warn_no_eviction(&mut self, d: &engine::Decision) {
+        if let Some(why) = &d.no_eviction_reason {
+            let signal = d.actionable.first().map(|&i| self.thresholds[i].signal);
+            self.warn_limited(format!("pressure on {signal:?} but no eviction: {why}"));
+        }
+    }
+
+    fn record(
+        &self,
+        pod: &PodRecord,
+        e: &engine::Eviction,
+        obs: &Observations,
+        t0: Instant,
+    ) -> EvictionRecord {
+        let o = obs.get(&e.signal).copied();
+        EvictionRecord {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            signal: e.signal,
+            available: o.map_or(0, |o| o.available),
+            threshold: o.map_or(0, |o| self.thresholds[e.threshold].value.resolve(o.capacity)),
+            grace_period_seconds: e.grace_period_seconds,
+            message: e.message.clone(),
+            dry_run: self.dry_run,
+            error: None,
+            decide_us: t0.elapsed().as_micros() as u64,
+            phases: None,
+            wake_cause: None,
+            wake_kernel_ts_ns: None,
+            wake_received_ns: None,
+            observed_ns: 0,
+            decided_ns: monotonic_ns(),
+            released_ns: None,
+        }
+    }
+
+    /// Stops the pod (or, in a dry run, says it would). True when this decision is done:
+    /// evicted, dry run, or nothing to evict with; false when the kill failed and the next
+    /// candidate may be tried.
+    async fn act(&mut self, pod: &PodRecord, e: &engine::Eviction, rec: &mut EvictionRecord) -> bool {
+        let who = format!("{}/{}", rec.namespace, rec.name);
+        if self.dry_run {
+            tracing::info!(
+                pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
+                grace = rec.grace_period_seconds, "dry run: would evict: {}", rec.message
+            );
+            return true;
+        }
+        let Some(client) = &self.client else {
+            rec.error = Some("no CRI endpoint".into());
+            return true;
+        };
+        let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
+        match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout).await {
+            Ok(phases) => {
+                rec.released_ns = Some(monotonic_ns());
+                self.gone.insert(pod.sandbox_id.clone());
+                tracing::info!(
+                    pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
+                    grace = rec.grace_period_seconds, decide_us = rec.decide_us,
+                    stop_containers_ms = phases.stop_containers_ms,
+                    stop_sandbox_ms = phases.stop_sandbox_ms,
+                    memory_released_ms = phases.memory_released_ms,
+                    "evicted: {}", rec.message
+                );
+                rec.phases = Some(phases);
+                true
+            }
+            Err(err) => {
+                tracing::warn!("eviction failed, trying the next candidate: {err}");
+                rec.error = Some(err.to_string());
+                false
+            }
+        }
     }
 
     /// The same warning at most every `WARN_EVERY`: wakes come many times a second.
@@ -278,7 +315,7 @@ impl Pressure {
         }
     }
 
-    fn cgroups_of(&self, p: &PodRecord) -> Option<inventory::PodCgroups> {
-        inventory::pod_cgroups(p, &self.cgroups)
+    fn cgroups_of(&self, p: &PodRecord) -> Option<usage::PodCgroups> {
+        usage::pod_cgroups(p, &self.cgroups)
     }
 }

@@ -40,112 +40,120 @@ pub fn run() -> ProbeReport {
     let kernel = nix::sys::utsname::uname()
         .map(|u| format!("{} {}", u.release().to_string_lossy(), u.machine().to_string_lossy()))
         .unwrap_or_else(|e| format!("unknown ({e})"));
-    let mut checks = Vec::new();
-    let mut wake_sources = Vec::new();
+    let mut r = ProbeReport { kernel, checks: vec![check_btf(), check_tracefs()], wake_sources: Vec::new() };
+    probe_bpf(&mut r);
+    match CgroupLayout::detect() {
+        Ok(layout) => {
+            r.checks.push(check("cgroups", Ok(describe_cgroups(&layout))));
+            probe_eventfd(&layout, &mut r);
+            probe_psi(&layout, &mut r);
+        }
+        Err(e) => r.checks.push(check("cgroups", Err(e.to_string()))),
+    }
+    r.wake_sources.push("timer (always)".into());
+    r
+}
 
+/// BTF readable, and the default charge items resolved from it.
+fn check_btf() -> Check {
     let btf = Path::new(stat_items::VMLINUX_BTF);
-    checks.push(check(
+    let items = KernelBtf::open(btf)
+        .map_err(stat_items::StatItemError::from)
+        .and_then(|b| stat_items::kernel_items(&b))
+        .and_then(|all| stat_items::select(&all, stat_items::DEFAULT_CHARGE_ITEMS));
+    check(
         "btf",
-        KernelBtf::open(btf)
-            .map_err(stat_items::StatItemError::from)
-            .and_then(|b| stat_items::kernel_items(&b))
-            .and_then(|all| stat_items::select(&all, stat_items::DEFAULT_CHARGE_ITEMS))
+        items
             .map(|items| {
                 let list: Vec<String> = items.iter().map(|i| format!("{}={}", i.name, i.value)).collect();
                 format!("{} ({})", btf.display(), list.join(" "))
             })
             .map_err(|e| e.to_string()),
-    ));
+    )
+}
 
-    let tfs = tracefs::find();
-    checks.push(check(
+fn check_tracefs() -> Check {
+    check(
         "tracefs",
-        tfs.as_ref()
+        tracefs::find()
             .map(|p| p.display().to_string())
             .ok_or_else(|| "not mounted (evictd mounts it at /sys/kernel/tracing when run as root)".into()),
-    ));
+    )
+}
 
+/// Loads and attaches the programs for real; when loading fails, at least says which
+/// tracepoints exist with the record layout the programs expect.
+fn probe_bpf(r: &mut ProbeReport) {
     match KernelProbes::load(&LoadOptions::default()) {
         Ok((probes, _ring)) => {
-            checks.push(check("bpf", Ok("programs load (ring buffer, array, per-CPU and hash maps)".into())));
+            r.checks
+                .push(check("bpf", Ok("programs load (ring buffer, array, per-CPU and hash maps)".into())));
             for p in &probes.programs {
-                checks.push(check(
+                r.checks.push(check(
                     format!("tracepoint {}", p.tracepoint),
                     p.error.clone().map_or(Ok("attached".into()), Err),
                 ));
             }
-            wake_sources.push(format!(
-                "ebpf ({} of {} tracepoints)",
-                probes.programs.iter().filter(|p| p.error.is_none()).count(),
-                probes.programs.len()
-            ));
+            let attached = probes.programs.iter().filter(|p| p.error.is_none()).count();
+            r.wake_sources.push(format!("ebpf ({attached} of {} tracepoints)", probes.programs.len()));
         }
         Err(e) => {
-            checks.push(check("bpf", Err(e.to_string())));
-            if let Some(root) = tracefs::find() {
-                for tp in TRACEPOINTS.iter().filter(|tp| !tp.raw) {
-                    checks.push(check(
-                        format!("tracepoint {}:{}", tp.group, tp.name),
-                        tracefs::check_layout(&root, tp.group, tp.name, tp.fields)
-                            .map(|()| "present, layout matches (not attached)".into())
-                            .map_err(|e| e.to_string()),
-                    ));
-                }
-            }
-        }
-    }
-
-    match CgroupLayout::detect() {
-        Ok(layout) => {
-            let v = match layout.memory_version {
-                CgroupVersion::V1 => "v1",
-                CgroupVersion::V2 => "v2",
-            };
-            checks.push(check(
-                "cgroups",
-                Ok(format!(
-                    "memory controller on {v} at {}; cgroup2 {}",
-                    layout.memory_root.display(),
-                    layout
-                        .unified_root
-                        .as_ref()
-                        .map_or("not mounted".into(), |p| format!("at {}", p.display()))
-                )),
-            ));
-            if layout.memory_version == CgroupVersion::V1 {
-                let r = eventfd::register(&layout.memory_root, 1 << 40)
-                    .map(|_| format!("cgroup.event_control on {}", layout.memory_root.display()))
-                    .map_err(|e| e.to_string());
-                if r.is_ok() {
-                    wake_sources.push("eventfd (memory.usage_in_bytes threshold)".into());
-                }
-                checks.push(check("eventfd thresholds", r));
-            } else {
-                checks.push(check(
-                    "eventfd thresholds",
-                    Err("cgroup v1 only; this node's memory is on v2".into()),
+            r.checks.push(check("bpf", Err(e.to_string())));
+            let Some(root) = tracefs::find() else { return };
+            for tp in TRACEPOINTS.iter().filter(|tp| !tp.raw) {
+                r.checks.push(check(
+                    format!("tracepoint {}:{}", tp.group, tp.name),
+                    tracefs::check_layout(&root, tp.group, tp.name, tp.fields)
+                        .map(|()| "present, layout matches (not attached)".into())
+                        .map_err(|e| e.to_string()),
                 ));
             }
-            let mut psi_paths = vec![std::path::PathBuf::from("/proc/pressure/memory")];
-            if let Some(u) = &layout.unified_root {
-                psi_paths.push(u.join("memory.pressure"));
-            }
-            let mut any_psi = false;
-            for p in psi_paths {
-                let r = psi::open_best(&p)
-                    .map(|t| format!("trigger accepted, {:?} window", t.window))
-                    .map_err(|e| e.to_string());
-                any_psi |= r.is_ok();
-                checks.push(check(format!("psi {}", p.display()), r));
-            }
-            if any_psi {
-                wake_sources.push("psi".into());
-            }
         }
-        Err(e) => checks.push(check("cgroups", Err(e.to_string()))),
     }
-    wake_sources.push("timer (always)".into());
-    ProbeReport { kernel, checks, wake_sources }
+}
+
+fn describe_cgroups(layout: &CgroupLayout) -> String {
+    let v = match layout.memory_version {
+        CgroupVersion::V1 => "v1",
+        CgroupVersion::V2 => "v2",
+    };
+    let unified =
+        layout.unified_root.as_ref().map_or("not mounted".into(), |p| format!("at {}", p.display()));
+    format!("memory controller on {v} at {}; cgroup2 {unified}", layout.memory_root.display())
+}
+
+/// Registers (and drops) a threshold far above any usage on the memory root.
+fn probe_eventfd(layout: &CgroupLayout, r: &mut ProbeReport) {
+    if layout.memory_version != CgroupVersion::V1 {
+        r.checks.push(check("eventfd thresholds", Err("cgroup v1 only; this node's memory is on v2".into())));
+        return;
+    }
+    let res = eventfd::register(&layout.memory_root, 1 << 40)
+        .map(|_| format!("cgroup.event_control on {}", layout.memory_root.display()))
+        .map_err(|e| e.to_string());
+    if res.is_ok() {
+        r.wake_sources.push("eventfd (memory.usage_in_bytes threshold)".into());
+    }
+    r.checks.push(check("eventfd thresholds", res));
+}
+
+/// Registers (and drops) a trigger on the system-wide and the cgroup2 root pressure files.
+fn probe_psi(layout: &CgroupLayout, r: &mut ProbeReport) {
+    let mut paths = vec![std::path::PathBuf::from("/proc/pressure/memory")];
+    if let Some(u) = &layout.unified_root {
+        paths.push(u.join("memory.pressure"));
+    }
+    let mut any = false;
+    for p in paths {
+        let res = psi::open_best(&p)
+            .map(|t| format!("trigger accepted, {:?} window", t.window))
+            .map_err(|e| e.to_string());
+        any |= res.is_ok();
+        r.checks.push(check(format!("psi {}", p.display()), res));
+    }
+    if any {
+        r.wake_sources.push("psi".into());
+    }
 }
 
 pub fn print_text(r: &ProbeReport) {

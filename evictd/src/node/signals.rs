@@ -33,66 +33,13 @@ impl NodeSignalSources {
         dir.is_dir().then(|| MemoryCgroup { dir, is_root: false, ..node.clone() })
     }
 
+    /// Every signal this node can show, read now; each one that cannot be read is left out
+    /// (and named in `missing`), never guessed.
     pub fn observe(&self, now_ns: i64, missing: &mut Vec<Unreadable>) -> Observations {
         let mut out = Observations::new();
         let at = Some(now_ns);
-        match self.node.read() {
-            Ok(m) => {
-                out.insert(
-                    Signal::MemoryAvailable,
-                    Observation { available: m.available(), capacity: m.capacity as i64, time_ns: at },
-                );
-            }
-            Err(e) => missing.push(Unreadable { signal: Signal::MemoryAvailable, reason: e.to_string() }),
-        }
-        if let Some(k) = &self.kubepods {
-            match k.read() {
-                // An unlimited kubepods cgroup reads back MemTotal as its capacity; the kubelet
-                // has no availableBytes then, so there is no observation either.
-                Ok(m) if m.limited => {
-                    out.insert(
-                        Signal::AllocatableMemoryAvailable,
-                        Observation { available: m.available(), capacity: m.capacity as i64, time_ns: at },
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => missing
-                    .push(Unreadable { signal: Signal::AllocatableMemoryAvailable, reason: e.to_string() }),
-            }
-        }
-        let node_dev = std::fs::metadata(&self.nodefs).map(|m| m.dev()).ok();
-        let image_dev = std::fs::metadata(&self.imagefs).map(|m| m.dev()).ok();
-        statvfs_into(&self.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree, at, &mut out, missing);
-        if node_dev.is_some() && node_dev == image_dev {
-            // Not a dedicated imagefs: the very same numbers, not a second statvfs that may
-            // already differ.
-            for (from, to) in [
-                (Signal::NodeFsAvailable, Signal::ImageFsAvailable),
-                (Signal::NodeFsInodesFree, Signal::ImageFsInodesFree),
-            ] {
-                if let Some(o) = out.get(&from).copied() {
-                    out.insert(to, o);
-                }
-            }
-        } else {
-            statvfs_into(
-                &self.imagefs,
-                Signal::ImageFsAvailable,
-                Signal::ImageFsInodesFree,
-                at,
-                &mut out,
-                missing,
-            );
-        }
-        // No split containerfs: the writable layers live with the images.
-        for (from, to) in [
-            (Signal::ImageFsAvailable, Signal::ContainerFsAvailable),
-            (Signal::ImageFsInodesFree, Signal::ContainerFsInodesFree),
-        ] {
-            if let Some(o) = out.get(&from).copied() {
-                out.insert(to, o);
-            }
-        }
+        self.observe_memory(at, &mut out, missing);
+        self.observe_filesystems(at, &mut out, missing);
         match pids() {
             Ok((max, cur)) => {
                 out.insert(
@@ -100,9 +47,57 @@ impl NodeSignalSources {
                     Observation { available: max - cur, capacity: max, time_ns: at },
                 );
             }
-            Err(reason) => missing.push(Unreadable { signal: Signal::PidAvailable, reason }),
+            Err(e) => missing.push(Unreadable { signal: Signal::PidAvailable, reason: e.to_string() }),
         }
         out
+    }
+
+    /// memory.available of the node cgroup, and allocatableMemory.available of kubepods.
+    fn observe_memory(&self, at: Option<i64>, out: &mut Observations, missing: &mut Vec<Unreadable>) {
+        match self.node.read() {
+            Ok(m) => {
+                let o = Observation { available: m.available(), capacity: m.capacity as i64, time_ns: at };
+                out.insert(Signal::MemoryAvailable, o);
+            }
+            Err(e) => missing.push(Unreadable { signal: Signal::MemoryAvailable, reason: e.to_string() }),
+        }
+        let Some(k) = &self.kubepods else { return };
+        match k.read() {
+            // An unlimited kubepods cgroup reads back MemTotal as its capacity; the kubelet
+            // has no availableBytes then, so there is no observation either.
+            Ok(m) if m.limited => {
+                let o = Observation { available: m.available(), capacity: m.capacity as i64, time_ns: at };
+                out.insert(Signal::AllocatableMemoryAvailable, o);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                missing.push(Unreadable { signal: Signal::AllocatableMemoryAvailable, reason: e.to_string() })
+            }
+        }
+    }
+
+    /// nodefs and imagefs by statvfs; containerfs is imagefs (no split layout).
+    fn observe_filesystems(&self, at: Option<i64>, out: &mut Observations, missing: &mut Vec<Unreadable>) {
+        statvfs_into(&self.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree, at, out, missing);
+        let dev = |p: &PathBuf| std::fs::metadata(p).map(|m| m.dev()).ok();
+        let node_dev = dev(&self.nodefs);
+        if node_dev.is_some() && node_dev == dev(&self.imagefs) {
+            // Not a dedicated imagefs: the very same numbers, not a second statvfs that may
+            // already differ.
+            copy_observation(out, Signal::NodeFsAvailable, Signal::ImageFsAvailable);
+            copy_observation(out, Signal::NodeFsInodesFree, Signal::ImageFsInodesFree);
+        } else {
+            statvfs_into(
+                &self.imagefs,
+                Signal::ImageFsAvailable,
+                Signal::ImageFsInodesFree,
+                at,
+                out,
+                missing,
+            );
+        }
+        copy_observation(out, Signal::ImageFsAvailable, Signal::ContainerFsAvailable);
+        copy_observation(out, Signal::ImageFsInodesFree, Signal::ContainerFsInodesFree);
     }
 
     /// Whether imagefs is a filesystem of its own (the kubelet's dedicated imagefs).
@@ -146,15 +141,32 @@ fn statvfs_into(
     }
 }
 
+fn copy_observation(out: &mut Observations, from: Signal, to: Signal) {
+    if let Some(o) = out.get(&from).copied() {
+        out.insert(to, o);
+    }
+}
+
+/// A /proc file or syscall behind pid.available that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {reason}")]
+struct PidsError {
+    what: String,
+    reason: String,
+}
+
 /// (max PIDs, current tasks): max is the smaller of pid_max and threads-max, as the kubelet's
 /// rlimit stats take it.
-fn pids() -> Result<(i64, i64), String> {
-    let read = |p: &str| -> Result<i64, String> {
-        let s = std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"))?;
-        s.trim().parse().map_err(|_| format!("{p}: cannot parse {:?}", s.trim()))
+fn pids() -> Result<(i64, i64), PidsError> {
+    let read = |p: &str| -> Result<i64, PidsError> {
+        let err = |reason: String| PidsError { what: p.into(), reason };
+        let s = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
+        s.trim().parse().map_err(|_| err(format!("cannot parse {:?}", s.trim())))
     };
     let max = read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?);
-    let cur = nix::sys::sysinfo::sysinfo().map_err(|e| format!("sysinfo: {e}"))?.process_count();
+    let cur = nix::sys::sysinfo::sysinfo()
+        .map_err(|e| PidsError { what: "sysinfo".into(), reason: e.to_string() })?
+        .process_count();
     Ok((max, i64::from(cur)))
 }
 

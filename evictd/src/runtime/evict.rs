@@ -10,7 +10,7 @@ use std::{
 
 use crate::{
     runtime::cri::{CriClient, CriError},
-    runtime::inventory::{PodRecord, cgroup_tree_empty},
+    runtime::{inventory::PodRecord, usage::cgroup_tree_empty},
 };
 
 /// How long each phase of an eviction took, in milliseconds.

@@ -4,29 +4,21 @@
 //! cached inventory and a few cgroup files, never a full CRI listing.
 //!
 //! Specs come from a PodList file (`--pods-file`, re-read when it changes) or, for pods not
-//! in it, are inferred from what the node shows: the QoS class from the cgroup placement,
-//! requests from container limits and oom_score_adj, the grace period from the kubelet's
-//! container annotation, critical-ness from the sandbox annotations.
+//! in it, are inferred from what the node shows (`infer`).
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use tokio::sync::{Notify, watch};
 
-use crate::{
-    node::cgroups::{CgroupLayout, CgroupVersion},
-    node::memory::MemoryCgroup,
-    runtime::cri::{CriClient, CriError, api as cri},
-};
-use evictd_policy::{
-    podspec::{Container, ObjectMeta, Pod, PodSpec, Resources},
-    quantity::Quantity,
-    summary::{ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats},
-};
+use super::infer::infer_spec;
+use evictd_policy::podspec::Pod;
+
+use crate::runtime::cri::{CriClient, CriError, api as cri};
 
 #[derive(Clone, Debug)]
 pub struct ContainerRecord {
@@ -57,49 +49,6 @@ pub struct PodRecord {
     pub spec_inferred: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Qos {
-    Guaranteed,
-    Burstable,
-    BestEffort,
-}
-
-/// The QoS class a cgroup placement means (kubelet layout, cgroupfs or systemd).
-pub fn qos_of_cgroup(parent: &str) -> Qos {
-    if parent.contains("besteffort") {
-        Qos::BestEffort
-    } else if parent.contains("burstable") {
-        Qos::Burstable
-    } else {
-        Qos::Guaranteed
-    }
-}
-
-/// The directory of a pod cgroup relative to a hierarchy root. cgroupfs parents are paths
-/// already; a systemd slice `kubepods-burstable-pod1.slice` lives at
-/// `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice`.
-pub fn cgroup_rel_dir(parent: &str) -> PathBuf {
-    let parent = parent.trim_start_matches('/');
-    if let Some(stem) = parent.strip_suffix(".slice")
-        && !parent.contains('/')
-    {
-        let parts: Vec<&str> = stem.split('-').collect();
-        let mut dir = PathBuf::new();
-        for i in 1..=parts.len() {
-            dir.push(format!("{}.slice", parts[..i].join("-")));
-        }
-        return dir;
-    }
-    PathBuf::from(parent)
-}
-
-/// A pod's cgroup directories in the memory and pids hierarchies.
-#[derive(Clone, Debug)]
-pub struct PodCgroups {
-    pub memory: MemoryCgroup,
-    pub pids: Option<PathBuf>,
-}
-
 #[derive(Default)]
 pub struct Inventory {
     pods: BTreeMap<String, PodRecord>,
@@ -118,41 +67,34 @@ impl Inventory {
         self.pods.values()
     }
 
-    /// Re-reads the pods file when it changed. A file that cannot be read or parsed keeps the
-    /// previous specs and is reported: a half-written file must not erase what is known.
-    fn refresh_specs(&mut self) -> Result<bool, String> {
-        let Some((path, seen)) = &self.pods_file else { return Ok(false) };
+    /// Re-reads the pods file when it changed, and applies its specs to the known pods. A
+    /// file that cannot be read or parsed keeps the previous specs and is reported: a
+    /// half-written file must not erase what is known.
+    fn refresh_specs(&mut self) -> Result<(), SpecsError> {
+        let Some((path, seen)) = &self.pods_file else { return Ok(()) };
         let mtime = std::fs::metadata(path)
             .and_then(|m| m.modified())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|error| SpecsError::Stat { path: path.display().to_string(), error })?;
         if *seen == Some(mtime) {
-            return Ok(false);
+            return Ok(());
         }
-        let pods = evictd_policy::podspec::read_pod_list(path).map_err(|e| e.to_string())?;
+        let pods = evictd_policy::podspec::read_pod_list(path)?;
         self.specs = pods.into_iter().map(|p| (p.metadata.uid.clone(), p)).collect();
         self.pods_file = Some((path.clone(), Some(mtime)));
-        Ok(true)
+        for rec in self.pods.values_mut() {
+            if let Some(spec) = self.specs.get(&rec.uid) {
+                rec.spec = spec.clone();
+                rec.spec_inferred = false;
+            }
+        }
+        Ok(())
     }
 
     /// Brings the inventory up to date with the runtime: new sandboxes and containers are
     /// looked at once, gone ones dropped. Returns the errors of the pods file, if any, as a
     /// warning (the CRI's errors are returned as errors).
     pub async fn refresh(&mut self, client: &CriClient) -> Result<Option<String>, CriError> {
-        let spec_warning = match self.refresh_specs() {
-            Ok(changed) => {
-                if changed {
-                    // Re-apply specs to known pods.
-                    for rec in self.pods.values_mut() {
-                        if let Some(spec) = self.specs.get(&rec.uid) {
-                            rec.spec = spec.clone();
-                            rec.spec_inferred = false;
-                        }
-                    }
-                }
-                None
-            }
-            Err(e) => Some(e),
-        };
+        let spec_warning = self.refresh_specs().err().map(|e| e.to_string());
         let sandboxes = client.list_pod_sandboxes().await?;
         let containers = client.list_containers().await?;
         let ready: Vec<&cri::PodSandbox> =
@@ -166,40 +108,29 @@ impl Inventory {
             let Some(rec) = self.pods.get_mut(&sb.id) else { continue };
             let mine: Vec<&cri::Container> =
                 containers.iter().filter(|c| c.pod_sandbox_id == sb.id).collect();
-            rec.containers.retain(|c| mine.iter().any(|m| m.id == c.id));
-            for c in mine {
-                let running = c.state == cri::ContainerState::ContainerRunning as i32;
-                if let Some(known) = rec.containers.iter_mut().find(|k| k.id == c.id) {
-                    known.running = running;
-                    continue;
-                }
-                let status = match client.container_status(&c.id).await {
-                    Ok(s) => s,
-                    Err(e) if e.is_not_found() => continue,
-                    Err(e) => return Err(e),
-                };
-                rec.containers.push(container_record(c, running, &status));
-            }
+            refresh_containers(client, rec, &mine).await?;
             if rec.spec_inferred {
                 rec.spec = infer_spec(rec, self.capacity);
             }
         }
-        // Writable-layer usage for disk ranking: one call for all containers.
-        if let Ok(stats) = client.list_container_stats().await {
-            for s in stats {
-                let Some(attrs) = &s.attributes else { continue };
-                let Some(layer) = &s.writable_layer else { continue };
-                for rec in self.pods.values_mut() {
-                    if let Some(c) = rec.containers.iter_mut().find(|c| c.id == attrs.id) {
-                        c.rootfs = Some((
-                            layer.used_bytes.as_ref().map_or(0, |v| v.value),
-                            layer.inodes_used.as_ref().map_or(0, |v| v.value),
-                        ));
-                    }
+        self.refresh_writable_layers(client).await;
+        Ok(spec_warning)
+    }
+
+    /// Writable-layer usage for disk ranking: one call for all containers.
+    async fn refresh_writable_layers(&mut self, client: &CriClient) {
+        let Ok(stats) = client.list_container_stats().await else { return };
+        for s in stats {
+            let (Some(attrs), Some(layer)) = (&s.attributes, &s.writable_layer) else { continue };
+            for rec in self.pods.values_mut() {
+                if let Some(c) = rec.containers.iter_mut().find(|c| c.id == attrs.id) {
+                    c.rootfs = Some((
+                        layer.used_bytes.as_ref().map_or(0, |v| v.value),
+                        layer.inodes_used.as_ref().map_or(0, |v| v.value),
+                    ));
                 }
             }
         }
-        Ok(spec_warning)
     }
 
     async fn describe_sandbox(
@@ -254,17 +185,6 @@ impl Inventory {
     }
 }
 
-/// The pod's cgroups, where the layout allows finding them.
-pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupLayout) -> Option<PodCgroups> {
-    let rel = cgroup_rel_dir(rec.cgroup_parent.as_deref()?);
-    let memory = MemoryCgroup::new(layout.memory_root.join(&rel), layout.memory_version, false);
-    let pids = match layout.memory_version {
-        CgroupVersion::V2 => Some(layout.memory_root.join(&rel)),
-        CgroupVersion::V1 => layout.memory_root.parent().map(|p| p.join("pids").join(&rel)),
-    };
-    Some(PodCgroups { memory, pids })
-}
-
 fn container_record(
     c: &cri::Container,
     running: bool,
@@ -289,134 +209,37 @@ fn container_record(
     }
 }
 
-/// A spec built from what the node shows, for pods the pods file does not describe.
-pub fn infer_spec(rec: &PodRecord, capacity: i64) -> Pod {
-    let qos = rec.cgroup_parent.as_deref().map_or(Qos::BestEffort, qos_of_cgroup);
-    let containers = rec
-        .containers
-        .iter()
-        .map(|c| {
-            let request = match qos {
-                Qos::BestEffort => None,
-                Qos::Guaranteed => c.memory_limit,
-                // The kubelet sets oom_score_adj = 1000 − 1000·request/capacity for burstable
-                // containers; invert it (clamped values lose precision, not direction).
-                Qos::Burstable => c
-                    .oom_score_adj
-                    .filter(|adj| (1..1000).contains(adj))
-                    .map(|adj| ((1000 - adj) as i128 * capacity as i128 / 1000) as i64),
-            };
-            let mut requests = BTreeMap::new();
-            if let Some(r) = request {
-                requests.insert("memory".to_owned(), Quantity::from_units(r));
-            }
-            let mut limits = BTreeMap::new();
-            if let Some(l) = c.memory_limit {
-                limits.insert("memory".to_owned(), Quantity::from_units(l));
-            }
-            Container {
-                name: c.name.clone(),
-                resources: Resources { requests, limits },
-                restart_policy: None,
-            }
-        })
-        .collect();
-    Pod {
-        metadata: ObjectMeta {
-            name: rec.name.clone(),
-            namespace: rec.namespace.clone(),
-            uid: rec.uid.clone(),
-            annotations: rec.annotations.clone(),
-            labels: BTreeMap::new(),
-        },
-        spec: PodSpec {
-            containers,
-            termination_grace_period_seconds: rec.containers.iter().find_map(|c| c.grace_seconds),
-            ..Default::default()
-        },
-        status: Default::default(),
-    }
+/// The pods file could not be used; the specs read before stay.
+#[derive(Debug, thiserror::Error)]
+enum SpecsError {
+    #[error("{path}: {error}")]
+    Stat { path: String, error: std::io::Error },
+    #[error(transparent)]
+    Read(#[from] evictd_policy::podspec::PodListError),
 }
 
-/// The pod's stats for ranking and messages, read now from its cgroups (memory, processes)
-/// and from the last refresh (disk). `None` when its cgroup cannot be read: such a pod ranks
-/// as "without stats", as in the kubelet.
-pub fn pod_stats(rec: &PodRecord, cgroups: Option<&PodCgroups>, layout: &CgroupLayout) -> Option<PodStats> {
-    let cg = cgroups?;
-    let mem = cg.memory.read().ok()?;
-    let processes = cg
-        .pids
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p.join("pids.current")).ok())
-        .and_then(|s| s.trim().parse().ok());
-    let containers = rec
-        .containers
-        .iter()
-        .map(|c| {
-            let dir = container_dir(&cg.memory.dir, &c.id);
-            let ws = dir
-                .and_then(|d| MemoryCgroup::new(d, layout.memory_version, false).read().ok())
-                .map(|m| m.working_set());
-            ContainerStats {
-                name: c.name.clone(),
-                memory: Some(MemoryStats { working_set_bytes: ws, ..Default::default() }),
-                rootfs: c.rootfs.map(|(b, i)| FsStats {
-                    used_bytes: Some(b),
-                    inodes_used: Some(i),
-                    ..Default::default()
-                }),
-                logs: rec.log_directory.as_deref().map(|d| {
-                    let (b, i) = du(Path::new(d));
-                    FsStats { used_bytes: Some(b), inodes_used: Some(i), ..Default::default() }
-                }),
-            }
-        })
-        .collect();
-    Some(PodStats {
-        pod_ref: PodRef { name: rec.name.clone(), namespace: rec.namespace.clone(), uid: rec.uid.clone() },
-        containers,
-        memory: Some(MemoryStats { working_set_bytes: Some(mem.working_set()), ..Default::default() }),
-        volume: Vec::new(),
-        ephemeral_storage: None,
-        process_stats: Some(ProcessStats { process_count: processes }),
-    })
-}
-
-/// A container's cgroup under its pod's: `<id>` (cgroupfs) or `cri-containerd-<id>.scope`.
-fn container_dir(pod_dir: &Path, id: &str) -> Option<PathBuf> {
-    [pod_dir.join(id), pod_dir.join(format!("cri-containerd-{id}.scope"))].into_iter().find(|p| p.is_dir())
-}
-
-/// Bytes and inodes under `dir` (files that vanish meanwhile are skipped).
-fn du(dir: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt as _;
-    let mut total = (0, 0);
-    let Ok(entries) = std::fs::read_dir(dir) else { return total };
-    for e in entries.flatten() {
-        let Ok(m) = e.metadata() else { continue };
-        total.1 += 1;
-        if m.is_dir() {
-            let (b, i) = du(&e.path());
-            total.0 += b;
-            total.1 += i;
-        } else {
-            total.0 += m.blocks() * 512;
+/// A pod's containers as the runtime lists them now: gone ones dropped, known ones' state
+/// updated, new ones looked at once (ContainerStatus).
+async fn refresh_containers(
+    client: &CriClient,
+    rec: &mut PodRecord,
+    listed: &[&cri::Container],
+) -> Result<(), CriError> {
+    rec.containers.retain(|c| listed.iter().any(|m| m.id == c.id));
+    for c in listed {
+        let running = c.state == cri::ContainerState::ContainerRunning as i32;
+        if let Some(known) = rec.containers.iter_mut().find(|k| k.id == c.id) {
+            known.running = running;
+            continue;
         }
+        let status = match client.container_status(&c.id).await {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e),
+        };
+        rec.containers.push(container_record(c, running, &status));
     }
-    total
-}
-
-/// Whether a cgroup tree holds no process any more (or is gone).
-pub fn cgroup_tree_empty(dir: &Path) -> bool {
-    let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else { return true };
-    if !procs.trim().is_empty() {
-        return false;
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else { return true };
-    entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .all(|e| cgroup_tree_empty(&e.path()))
+    Ok(())
 }
 
 /// Keeps the inventory current off the pressure path: refreshes every `every`, or at once
@@ -464,10 +287,10 @@ pub fn spawn_refresh(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(parent: &str, containers: Vec<ContainerRecord>) -> PodRecord {
+    pub(crate) fn record(parent: &str, containers: Vec<ContainerRecord>) -> PodRecord {
         PodRecord {
             sandbox_id: "sb".into(),
             uid: "u".into(),
@@ -483,7 +306,7 @@ mod tests {
         }
     }
 
-    fn container(limit: Option<i64>, adj: Option<i64>) -> ContainerRecord {
+    pub(crate) fn container(limit: Option<i64>, adj: Option<i64>) -> ContainerRecord {
         ContainerRecord {
             id: "c".into(),
             name: "app".into(),
@@ -493,58 +316,5 @@ mod tests {
             grace_seconds: Some(45),
             rootfs: None,
         }
-    }
-
-    #[test]
-    fn systemd_slices_expand_and_cgroupfs_paths_stay() {
-        assert_eq!(
-            cgroup_rel_dir("kubepods-burstable-pod12.slice"),
-            PathBuf::from("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12.slice")
-        );
-        assert_eq!(
-            cgroup_rel_dir("kubepods-pod9.slice"),
-            PathBuf::from("kubepods.slice/kubepods-pod9.slice")
-        );
-        assert_eq!(cgroup_rel_dir("/kubepods/burstable/pod1"), PathBuf::from("kubepods/burstable/pod1"));
-    }
-
-    #[test]
-    fn qos_from_placement() {
-        assert_eq!(qos_of_cgroup("/kubepods/besteffort/pod1"), Qos::BestEffort);
-        assert_eq!(qos_of_cgroup("kubepods-burstable-pod1.slice"), Qos::Burstable);
-        assert_eq!(qos_of_cgroup("/kubepods/pod1"), Qos::Guaranteed);
-    }
-
-    #[test]
-    fn inferred_requests_follow_the_qos_class() {
-        let cap = 1000 << 20;
-        let g = infer_spec(&record("/kubepods/pod1", vec![container(Some(256 << 20), Some(-997))]), cap);
-        assert_eq!(g.request_nanos("memory"), (256i128 << 20) * 1_000_000_000);
-        assert_eq!(g.spec.termination_grace_period_seconds, Some(45));
-        // adj 900 → request = 100/1000 of capacity.
-        let b = infer_spec(&record("/kubepods/burstable/pod2", vec![container(None, Some(900))]), cap);
-        assert_eq!(b.request_nanos("memory"), (100i128 << 20) * 1_000_000_000);
-        let be =
-            infer_spec(&record("/kubepods/besteffort/pod3", vec![container(Some(1 << 30), Some(1000))]), cap);
-        assert_eq!(be.request_nanos("memory"), 0);
-    }
-
-    #[test]
-    fn critical_annotations_survive_inference() {
-        let mut r = record("/kubepods/pod1", vec![]);
-        r.annotations.insert("kubernetes.io/config.source".into(), "file".into());
-        assert!(infer_spec(&r, 1).is_critical());
-    }
-
-    #[test]
-    fn empty_tree_detection() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("c1")).unwrap();
-        std::fs::write(d.path().join("cgroup.procs"), "").unwrap();
-        std::fs::write(d.path().join("c1/cgroup.procs"), "42\n").unwrap();
-        assert!(!cgroup_tree_empty(d.path()));
-        std::fs::write(d.path().join("c1/cgroup.procs"), "").unwrap();
-        assert!(cgroup_tree_empty(d.path()));
-        assert!(cgroup_tree_empty(&d.path().join("gone")));
     }
 }

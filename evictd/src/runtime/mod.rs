@@ -4,5 +4,7 @@
 
 pub mod cri;
 pub mod evict;
+pub mod infer;
 pub mod inventory;
 pub mod reclaim;
+pub mod usage;
