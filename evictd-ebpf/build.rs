@@ -1,5 +1,3 @@
-fn main() {
-    if let Err(e) = aya_build::emit_bpf_target_arch_cfg() {
-        panic!("evictd-ebpf build script: {e:#}");
-    }
+fn main() -> anyhow::Result<()> {
+    aya_build::emit_bpf_target_arch_cfg().map_err(|e| anyhow::anyhow!("evictd-ebpf build script: {e:#}"))
 }

@@ -79,7 +79,7 @@ pub struct KernelConfig {
     pub _pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelConfig>() == 48);
+const _: () = assert!(size_of::<KernelConfig>() == 48);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding (asserted above).

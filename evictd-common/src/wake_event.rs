@@ -39,7 +39,7 @@ pub struct WakeEvent {
     pub cgroup_kind: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<WakeEvent>() == 40);
+const _: () = assert!(size_of::<WakeEvent>() == 40);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding (asserted above): every bit pattern is valid.

@@ -2,6 +2,8 @@
 //! `evictd replay`: each step is a kubelet Summary document, the pods a PodList, and the
 //! assertions read the JSON the command prints. Pure: no privileges needed.
 
+#![allow(clippy::expect_used, clippy::unwrap_used, reason = "test helpers fail the test with a message")]
+
 use evictd_policy::{
     flags::PolicyArgs,
     offline::{self, Session},

@@ -130,7 +130,7 @@ impl Containerd {
         for d in [tmp.join("net.d"), tmp.join("logs"), tmp.join("ctl"), run.clone()] {
             std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
         }
-        let layout = evictd::node::cgroups::CgroupLayout::detect().expect("cgroup layout");
+        let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
         let mut c = Containerd {
             socket: run.join("containerd.sock"),
             name: name.clone(),

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use evictd::node::cgroups::{CgroupLayout, CgroupVersion};
+use evictd::node::cgroups::{CgroupMounts, CgroupVersion};
 
 /// Returns false (after saying so on stderr) when the test cannot run here. With
 /// `EVICTD_REQUIRE_PRIVILEGED=1` (set by CI) a skip is a failure instead, so a CI machine
@@ -48,12 +48,12 @@ static SEQ: AtomicUsize = AtomicUsize::new(0);
 /// panics; processes inside must be ended first (`MemHog` does that on its own drop).
 pub struct TestCgroup {
     pub dir: PathBuf,
-    pub layout: CgroupLayout,
+    pub layout: CgroupMounts,
 }
 
 impl TestCgroup {
     pub fn new(limit_bytes: Option<u64>) -> Self {
-        let layout = CgroupLayout::detect().expect("cgroup layout");
+        let layout = CgroupMounts::detect().expect("cgroup layout");
         let name = format!("evictd-test-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         let dir = layout.memory_root.join(name);
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));

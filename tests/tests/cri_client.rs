@@ -106,7 +106,7 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
     assert_eq!(proxy.spec.request_nanos("memory"), 0);
     assert!(proxy.spec.is_critical(), "the static annotation reaches the sandbox");
     // The pod cgroups are where evictd looks for them.
-    let layout = evictd::node::cgroups::CgroupLayout::detect().unwrap();
+    let layout = evictd::node::cgroups::CgroupMounts::detect().unwrap();
     web.containers.iter().for_each(|c| assert!(c.running, "{c:?}"));
     burstable.set_mib(16);
     burstable.wait_usage_at_least(16 << 20, Duration::from_secs(10));

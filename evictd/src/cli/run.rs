@@ -10,7 +10,7 @@ use evictd_policy::{flags::PolicyArgs, quantity::Quantity, rank::FsLayout};
 use crate::{
     daemon::{PressureOptions, RunOptions},
     kernel::{ebpf::LoadOptions, stat_items},
-    node::{cgroups::CgroupLayout, memory::MemoryCgroup, signals::NodeSignalSources},
+    node::{cgroups::CgroupMounts, memory::MemoryCgroup, signals::NodeSignalSources},
     report::trace::TraceFormat,
     runtime::cri,
     wake::{SourceKind, WakeOptions, Watermark},
@@ -103,8 +103,8 @@ impl RunArgs {
             tracing::warn!("{w}");
         }
         let wake = self.wake_options()?;
-        let layout = CgroupLayout::detect()?;
-        let signals = self.node_signals(&layout)?;
+        let cgroups = CgroupMounts::detect()?;
+        let signals = self.node_signals(&cgroups)?;
         let fs_layout =
             if signals.dedicated_imagefs() { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
         let cri_endpoint = match self.cri_endpoint.as_str() {
@@ -132,7 +132,7 @@ impl RunArgs {
             wake,
             trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),
             duration: self.duration,
-            layout,
+            cgroups,
             metrics_addr: self.metrics_addr,
         })
     }
@@ -183,16 +183,16 @@ impl RunArgs {
 
     /// The cgroup playing the node (`--node-cgroup`), its pods' cgroup, and the filesystems
     /// of nodefs and imagefs.
-    fn node_signals(&self, layout: &CgroupLayout) -> anyhow::Result<NodeSignalSources> {
+    fn node_signals(&self, cgroups: &CgroupMounts) -> anyhow::Result<NodeSignalSources> {
         let node = match &self.node_cgroup {
-            None => MemoryCgroup::new(&layout.memory_root, layout.memory_version, true),
+            None => MemoryCgroup::new(&cgroups.memory_root, cgroups.memory_version, true),
             Some(p) => {
-                let dir = if p.is_absolute() { p.clone() } else { layout.memory_root.join(p) };
+                let dir = if p.is_absolute() { p.clone() } else { cgroups.memory_root.join(p) };
                 if !dir.is_dir() {
                     bail!("--node-cgroup: {} is not a memory cgroup directory", dir.display());
                 }
-                let is_root = dir.canonicalize().ok() == layout.memory_root.canonicalize().ok();
-                MemoryCgroup::new(dir, layout.memory_version, is_root)
+                let is_root = dir.canonicalize().ok() == cgroups.memory_root.canonicalize().ok();
+                MemoryCgroup::new(dir, cgroups.memory_version, is_root)
             }
         };
         node.read().with_context(|| format!("reading the node's memory from {}", node.dir.display()))?;
@@ -216,9 +216,10 @@ impl RunArgs {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser as _;
+
     use super::*;
     use crate::cli::Cli;
-    use clap::Parser as _;
 
     fn args(extra: &[&str]) -> anyhow::Result<RunOptions> {
         let mut argv = vec!["evictd"];

@@ -19,8 +19,12 @@ use evictd_policy::{
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::{
-    node::{cgroups::CgroupLayout, signals::NodeSignalSources},
-    report::{Report, metrics::Metrics, trace::MemoryView, trace::TraceFormat},
+    node::{cgroups::CgroupMounts, signals::NodeSignalSources},
+    report::{
+        Report,
+        metrics::Metrics,
+        trace::{MemoryView, TraceFormat},
+    },
     runtime::{
         cri::CriClient,
         inventory::{self, Inventory, PodRecord},
@@ -44,7 +48,7 @@ pub struct RunOptions {
     pub trace: Option<TraceFormat>,
     /// Stop after this long (scripts, tests); `None` runs until SIGINT/SIGTERM.
     pub duration: Option<Duration>,
-    pub layout: CgroupLayout,
+    pub cgroups: CgroupMounts,
     /// Serve Prometheus metrics here.
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -138,8 +142,8 @@ impl Daemon {
         if opts.pressure.dry_run {
             tracing::info!("dry run: evictd decides and reports, and stops no pod");
         }
-        let report = Report::new(opts.trace, metrics, opts.layout.clone());
-        let pressure = Pressure::new(opts.policy, opts.pressure, opts.layout, client);
+        let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
+        let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client);
         let mut daemon = Daemon { pressure, sources, stats, report, pods, kick };
         let obs = daemon.pressure.observe(wall_ns());
         daemon.report.observed(&memory_view(&daemon.pressure, &obs));

@@ -10,19 +10,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::PressureOptions;
-use crate::{
-    node::{cgroups::CgroupLayout, signals::NodeSignalSources},
-    report::record::EvictionRecord,
-    runtime::{cri::CriClient, evict, inventory::PodRecord, reclaim, usage},
-    wake::{Wake, monotonic_ns},
-};
 use evictd_policy::{
     engine::{self, EngineState},
     observations::Observations,
     policy::{Policy, Threshold},
     rank::{FsLayout, PodEntry},
     summary::PodStats,
+};
+
+use super::PressureOptions;
+use crate::{
+    node::{cgroups::CgroupMounts, signals::NodeSignalSources},
+    report::record::EvictionRecord,
+    runtime::{cri::CriClient, evict, inventory::PodRecord, reclaim, usage},
+    wake::{Wake, monotonic_ns},
 };
 
 /// Candidates tried in one decision when kills fail.
@@ -37,7 +38,7 @@ pub struct Pressure {
     pub thresholds: Vec<Threshold>,
     pub layout: FsLayout,
     pub signals: NodeSignalSources,
-    pub cgroups: CgroupLayout,
+    pub cgroups: CgroupMounts,
     pub client: Option<CriClient>,
     pub dry_run: bool,
     pub release_timeout: Duration,
@@ -52,7 +53,7 @@ impl Pressure {
     pub fn new(
         policy: Policy,
         opts: PressureOptions,
-        cgroups: CgroupLayout,
+        cgroups: CgroupMounts,
         client: Option<CriClient>,
     ) -> Self {
         let thresholds = engine::thresholds_for_layout(&policy, opts.fs_layout);

@@ -7,7 +7,7 @@ use std::path::Path;
 use btf_rs::{Btf, Type};
 
 #[derive(Debug, thiserror::Error)]
-pub enum LayoutError {
+pub enum BtfError {
     #[error("reading kernel BTF {path}: {reason}")]
     Btf { path: String, reason: String },
     #[error("kernel BTF: {0}")]
@@ -28,16 +28,16 @@ pub struct KernelBtf {
 }
 
 impl KernelBtf {
-    pub fn open(path: &Path) -> Result<Self, LayoutError> {
+    pub fn open(path: &Path) -> Result<Self, BtfError> {
         let p = path.display().to_string();
         // Mmap keeps the daemon's RSS small: the parsed vmlinux BTF would cost tens of MiB.
         let btf = Btf::from_file_with_backend(path, btf_rs::Backend::Mmap)
-            .map_err(|e| LayoutError::Btf { path: p.clone(), reason: e.to_string() })?;
+            .map_err(|e| BtfError::Btf { path: p.clone(), reason: e.to_string() })?;
         Ok(KernelBtf { btf, path: p })
     }
 
-    fn err(&self, e: btf_rs::Error) -> LayoutError {
-        LayoutError::Btf { path: self.path.clone(), reason: e.to_string() }
+    fn err(&self, e: btf_rs::Error) -> BtfError {
+        BtfError::Btf { path: self.path.clone(), reason: e.to_string() }
     }
 
     fn name_of(&self, t: &Type) -> Option<String> {
@@ -49,7 +49,7 @@ impl KernelBtf {
     }
 
     /// The members of an enum, by name and value.
-    pub fn enum_members(&self, name: &str) -> Result<Vec<(String, u32)>, LayoutError> {
+    pub fn enum_members(&self, name: &str) -> Result<Vec<(String, u32)>, BtfError> {
         let mut out = Vec::new();
         for t in self.btf.resolve_types_by_name(name).map_err(|e| self.err(e))? {
             if let Type::Enum(e) = t {
@@ -62,7 +62,7 @@ impl KernelBtf {
     }
 
     /// A member's byte offset in a struct.
-    pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, LayoutError> {
+    pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
         for t in self.btf.resolve_types_by_name(strukt).map_err(|e| self.err(e))? {
             let Type::Struct(s) = t else { continue };
             for m in &s.members {
@@ -71,10 +71,10 @@ impl KernelBtf {
                 }
             }
         }
-        Err(LayoutError::Mismatch(format!("struct {strukt} has no member {member}")))
+        Err(BtfError::Mismatch(format!("struct {strukt} has no member {member}")))
     }
 
-    pub fn memcg_id_path(&self) -> Result<MemcgIdPath, LayoutError> {
+    pub fn memcg_id_path(&self) -> Result<MemcgIdPath, BtfError> {
         Ok(MemcgIdPath {
             memcg_cgroup_off: self.member_offset("mem_cgroup", "css")?
                 + self.member_offset("cgroup_subsys_state", "cgroup")?,
@@ -85,9 +85,9 @@ impl KernelBtf {
 
     /// Checks that raw tracepoint `name` is `(void *, struct <arg0> *, int, int)`, the
     /// arguments the program reads.
-    pub fn check_memcg_tracepoint(&self, name: &str) -> Result<(), LayoutError> {
+    pub fn check_memcg_tracepoint(&self, name: &str) -> Result<(), BtfError> {
         let typedef = format!("btf_trace_{name}");
-        let mismatch = |what: &str| LayoutError::Mismatch(format!("raw tracepoint {name}: {what}"));
+        let mismatch = |what: &str| BtfError::Mismatch(format!("raw tracepoint {name}: {what}"));
         let t = self
             .btf
             .resolve_types_by_name(&typedef)

@@ -14,10 +14,10 @@ use evictd_common::{
     ChargeItems, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig,
 };
 
-use crate::{
-    kernel::btf::{KernelBtf, LayoutError},
-    kernel::stat_items::{self, StatItem, StatItemError},
-    kernel::tracefs::{self, TracefsError},
+use crate::kernel::{
+    btf::{BtfError, KernelBtf},
+    stat_items::{self, StatItem, StatItemError},
+    tracefs::{self, TracefsError},
 };
 
 /// The object built from `evictd-ebpf` by build.rs.
@@ -81,7 +81,7 @@ pub enum EbpfError {
     #[error(transparent)]
     StatItems(#[from] StatItemError),
     #[error(transparent)]
-    BtfLayout(#[from] LayoutError),
+    Btf(#[from] BtfError),
     #[error("loading evictd's eBPF object failed: {0} (evictd needs root, or CAP_BPF with CAP_PERFMON)")]
     Load(#[source] aya::EbpfError),
     #[error("BPF map {name}: {source}")]
@@ -294,7 +294,7 @@ fn attach(
         program.load().map_err(load_err)?;
         program.attach(tp.name).map_err(|e| format!("attaching {}: {e}", tp.program))?;
     } else {
-        tracefs::check_layout(tracefs, tp.group, tp.name, tp.fields).map_err(|e| e.to_string())?;
+        tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields).map_err(|e| e.to_string())?;
         let program: &mut TracePoint =
             program.try_into().map_err(|e| format!("program {}: {e}", tp.program))?;
         program.load().map_err(load_err)?;

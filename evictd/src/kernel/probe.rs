@@ -6,13 +6,13 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::{
-    kernel::btf::KernelBtf,
-    kernel::ebpf::{KernelProbes, LoadOptions, TRACEPOINTS},
-    kernel::stat_items,
-    kernel::tracefs,
-    node::cgroups::{CgroupLayout, CgroupVersion},
-    wake::eventfd,
-    wake::psi,
+    kernel::{
+        btf::KernelBtf,
+        ebpf::{KernelProbes, LoadOptions, TRACEPOINTS},
+        stat_items, tracefs,
+    },
+    node::cgroups::{CgroupMounts, CgroupVersion},
+    wake::{eventfd, psi},
 };
 
 #[derive(Serialize)]
@@ -42,7 +42,7 @@ pub fn run() -> ProbeReport {
         .unwrap_or_else(|e| format!("unknown ({e})"));
     let mut r = ProbeReport { kernel, checks: vec![check_btf(), check_tracefs()], wake_sources: Vec::new() };
     probe_bpf(&mut r);
-    match CgroupLayout::detect() {
+    match CgroupMounts::detect() {
         Ok(layout) => {
             r.checks.push(check("cgroups", Ok(describe_cgroups(&layout))));
             probe_eventfd(&layout, &mut r);
@@ -103,7 +103,7 @@ fn probe_bpf(r: &mut ProbeReport) {
             for tp in TRACEPOINTS.iter().filter(|tp| !tp.raw) {
                 r.checks.push(check(
                     format!("tracepoint {}:{}", tp.group, tp.name),
-                    tracefs::check_layout(&root, tp.group, tp.name, tp.fields)
+                    tracefs::check_record_format(&root, tp.group, tp.name, tp.fields)
                         .map(|()| "present, layout matches (not attached)".into())
                         .map_err(|e| e.to_string()),
                 ));
@@ -112,7 +112,7 @@ fn probe_bpf(r: &mut ProbeReport) {
     }
 }
 
-fn describe_cgroups(layout: &CgroupLayout) -> String {
+fn describe_cgroups(layout: &CgroupMounts) -> String {
     let v = match layout.memory_version {
         CgroupVersion::V1 => "v1",
         CgroupVersion::V2 => "v2",
@@ -123,7 +123,7 @@ fn describe_cgroups(layout: &CgroupLayout) -> String {
 }
 
 /// Registers (and drops) a threshold far above any usage on the memory root.
-fn probe_eventfd(layout: &CgroupLayout, r: &mut ProbeReport) {
+fn probe_eventfd(layout: &CgroupMounts, r: &mut ProbeReport) {
     if layout.memory_version != CgroupVersion::V1 {
         r.checks.push(check("eventfd thresholds", Err("cgroup v1 only; this node's memory is on v2".into())));
         return;
@@ -138,7 +138,7 @@ fn probe_eventfd(layout: &CgroupLayout, r: &mut ProbeReport) {
 }
 
 /// Registers (and drops) a trigger on the system-wide and the cgroup2 root pressure files.
-fn probe_psi(layout: &CgroupLayout, r: &mut ProbeReport) {
+fn probe_psi(layout: &CgroupMounts, r: &mut ProbeReport) {
     let mut paths = vec![std::path::PathBuf::from("/proc/pressure/memory")];
     if let Some(u) = &layout.unified_root {
         paths.push(u.join("memory.pressure"));

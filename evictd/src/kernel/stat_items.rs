@@ -2,7 +2,7 @@
 //! The numbers of `enum node_stat_item` and `enum memcg_stat_item` change between kernel
 //! builds, so they are never compiled in.
 
-use crate::kernel::btf::{KernelBtf, LayoutError};
+use crate::kernel::btf::{BtfError, KernelBtf};
 
 /// The LRU lists that make up a working set (usage − inactive_file) plus kernel memory.
 /// NR_ANON_MAPPED / NR_FILE_PAGES are deliberately absent: they count the same pages as the
@@ -17,7 +17,7 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 #[derive(Debug, thiserror::Error)]
 pub enum StatItemError {
     #[error("{0} (evictd needs a kernel built with CONFIG_DEBUG_INFO_BTF)")]
-    Btf(#[from] LayoutError),
+    Btf(#[from] BtfError),
     #[error("stat item {0} is not in enum node_stat_item or memcg_stat_item of this kernel")]
     Unknown(String),
 }

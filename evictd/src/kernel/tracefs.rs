@@ -82,7 +82,7 @@ pub fn parse_format(text: &str) -> Vec<Field> {
 }
 
 /// Checks that `group:name` has each `(field, offset, size)`.
-pub fn check_layout(
+pub fn check_record_format(
     root: &Path,
     group: &str,
     name: &str,
@@ -135,12 +135,12 @@ mod tests {
         let tp = dir.path().join("events/memcg/mod_memcg_state");
         std::fs::create_dir_all(&tp).unwrap();
         std::fs::write(tp.join("format"), MEMCG).unwrap();
-        check_layout(dir.path(), "memcg", "mod_memcg_state", &[("id", 8, 8), ("val", 20, 4)]).unwrap();
-        let err = check_layout(dir.path(), "memcg", "mod_memcg_state", &[("val", 24, 8)]).unwrap_err();
+        check_record_format(dir.path(), "memcg", "mod_memcg_state", &[("id", 8, 8), ("val", 20, 4)]).unwrap();
+        let err = check_record_format(dir.path(), "memcg", "mod_memcg_state", &[("val", 24, 8)]).unwrap_err();
         assert!(err.to_string().contains("field `val` is at offset 20 size 4"), "{err}");
-        let err = check_layout(dir.path(), "memcg", "mod_memcg_state", &[("nope", 0, 1)]).unwrap_err();
+        let err = check_record_format(dir.path(), "memcg", "mod_memcg_state", &[("nope", 0, 1)]).unwrap_err();
         assert!(err.to_string().contains("missing"), "{err}");
-        let err = check_layout(dir.path(), "oom", "mark_victim", &[]).unwrap_err();
+        let err = check_record_format(dir.path(), "oom", "mark_victim", &[]).unwrap_err();
         assert!(err.to_string().contains("does not exist on this kernel"), "{err}");
     }
 }

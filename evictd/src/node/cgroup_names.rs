@@ -11,21 +11,21 @@ use std::{
 
 use evictd_common::CGROUP_KIND_MEMCG;
 
-use crate::node::cgroups::CgroupLayout;
+use crate::node::cgroups::CgroupMounts;
 
 const RESCAN_EVERY: Duration = Duration::from_millis(250);
 /// Deeper than any kubelet layout (kubepods/<qos>/pod<uid>/<container>) with room to spare.
 const MAX_DEPTH: usize = 12;
 
 pub struct CgroupNames {
-    layout: CgroupLayout,
+    layout: CgroupMounts,
     memcg: HashMap<u64, String>,
     unified: HashMap<u64, String>,
     last_scan: Option<Instant>,
 }
 
 impl CgroupNames {
-    pub fn new(layout: CgroupLayout) -> Self {
+    pub fn new(layout: CgroupMounts) -> Self {
         CgroupNames { layout, memcg: HashMap::new(), unified: HashMap::new(), last_scan: None }
     }
 
@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn own_memcg_from_proc() {
-        let layout = CgroupLayout::detect().unwrap();
+        let layout = CgroupMounts::detect().unwrap();
         let p = memcg_of_pid(std::process::id());
         if layout.memory_is_unified() {
             return;

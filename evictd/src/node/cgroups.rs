@@ -15,7 +15,7 @@ pub enum CgroupVersion {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CgroupLayout {
+pub struct CgroupMounts {
     /// Mount point of the hierarchy that has the memory controller.
     pub memory_root: PathBuf,
     pub memory_version: CgroupVersion,
@@ -24,7 +24,7 @@ pub struct CgroupLayout {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum LayoutError {
+pub enum CgroupMountError {
     #[error("reading {path}: {source}")]
     Read { path: String, source: procfs::ProcError },
     #[error(
@@ -33,14 +33,14 @@ pub enum LayoutError {
     NoMemoryController,
 }
 
-impl CgroupLayout {
+impl CgroupMounts {
     /// The layout of the running system, from /proc/self/mountinfo.
-    pub fn detect() -> Result<Self, LayoutError> {
+    pub fn detect() -> Result<Self, CgroupMountError> {
         let path = "/proc/self/mountinfo";
         let file = std::fs::File::open(path)
-            .map_err(|e| LayoutError::Read { path: path.into(), source: e.into() })?;
+            .map_err(|e| CgroupMountError::Read { path: path.into(), source: e.into() })?;
         let infos = procfs::process::MountInfos::from_buf_read(std::io::BufReader::new(file))
-            .map_err(|e| LayoutError::Read { path: path.into(), source: e })?;
+            .map_err(|e| CgroupMountError::Read { path: path.into(), source: e })?;
         Self::from_mounts(
             infos.0.iter().map(|m| Mount {
                 fs_type: &m.fs_type,
@@ -56,7 +56,7 @@ impl CgroupLayout {
     pub fn from_mounts<'a>(
         mounts: impl Iterator<Item = Mount<'a>>,
         controllers: impl Fn(&Path) -> String,
-    ) -> Result<Self, LayoutError> {
+    ) -> Result<Self, CgroupMountError> {
         let mut v1_memory = None;
         let mut unified = None;
         for m in mounts {
@@ -69,19 +69,19 @@ impl CgroupLayout {
             }
         }
         if let Some(memory_root) = v1_memory {
-            return Ok(CgroupLayout {
+            return Ok(CgroupMounts {
                 memory_root,
                 memory_version: CgroupVersion::V1,
                 unified_root: unified,
             });
         }
         match unified {
-            Some(root) if controllers(&root).split_whitespace().any(|c| c == "memory") => Ok(CgroupLayout {
+            Some(root) if controllers(&root).split_whitespace().any(|c| c == "memory") => Ok(CgroupMounts {
                 memory_root: root.clone(),
                 memory_version: CgroupVersion::V2,
                 unified_root: Some(root),
             }),
-            _ => Err(LayoutError::NoMemoryController),
+            _ => Err(CgroupMountError::NoMemoryController),
         }
     }
 
@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn hybrid_layout_uses_v1_memory() {
-        let l = CgroupLayout::from_mounts(
+        let l = CgroupMounts::from_mounts(
             [
                 mount("cgroup", "/sys/fs/cgroup/cpu", &["rw", "cpu"]),
                 mount("cgroup", "/sys/fs/cgroup/memory", &["rw", "memory"]),
@@ -128,18 +128,18 @@ mod tests {
     #[test]
     fn pure_v2_needs_memory_in_controllers() {
         let mounts = || [mount("cgroup2", "/sys/fs/cgroup", &["rw", "nsdelegate"])].into_iter();
-        let l = CgroupLayout::from_mounts(mounts(), |_| "cpuset cpu io memory pids".into()).unwrap();
+        let l = CgroupMounts::from_mounts(mounts(), |_| "cpuset cpu io memory pids".into()).unwrap();
         assert_eq!(l.memory_version, CgroupVersion::V2);
         assert!(l.memory_is_unified());
         assert!(matches!(
-            CgroupLayout::from_mounts(mounts(), |_| "cpu io".into()),
-            Err(LayoutError::NoMemoryController)
+            CgroupMounts::from_mounts(mounts(), |_| "cpu io".into()),
+            Err(CgroupMountError::NoMemoryController)
         ));
     }
 
     #[test]
     fn this_machine_has_a_memory_controller() {
-        let l = CgroupLayout::detect().expect("layout of this machine");
+        let l = CgroupMounts::detect().expect("layout of this machine");
         assert!(l.memory_root.join("cgroup.procs").exists(), "{l:?}");
     }
 }

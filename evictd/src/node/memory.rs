@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn this_machine_root_memory_cgroup() {
-        let layout = crate::node::cgroups::CgroupLayout::detect().unwrap();
+        let layout = crate::node::cgroups::CgroupMounts::detect().unwrap();
         let s = MemoryCgroup::new(&layout.memory_root, layout.memory_version, true).read().unwrap();
         assert!(s.capacity > 0 && s.usage > 0, "{s:?}");
         assert!(s.available() <= s.capacity as i64);

@@ -5,11 +5,12 @@
 
 use std::{os::unix::fs::MetadataExt as _, path::PathBuf};
 
-use crate::node::memory::MemoryCgroup;
 use evictd_policy::{
     observations::{Observation, Observations},
     policy::Signal,
 };
+
+use crate::node::memory::MemoryCgroup;
 
 pub struct NodeSignalSources {
     pub node: MemoryCgroup,
@@ -173,11 +174,11 @@ fn pids() -> Result<(i64, i64), PidsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::cgroups::{CgroupLayout, CgroupVersion};
+    use crate::node::cgroups::{CgroupMounts, CgroupVersion};
 
     #[test]
     fn this_node_has_every_node_signal() {
-        let layout = CgroupLayout::detect().unwrap();
+        let layout = CgroupMounts::detect().unwrap();
         let src = NodeSignalSources {
             node: MemoryCgroup::new(&layout.memory_root, layout.memory_version, true),
             kubepods: None,
@@ -252,7 +253,7 @@ mod tests {
 
     #[test]
     fn unreadable_filesystems_are_reported_not_guessed() {
-        let layout = CgroupLayout::detect().unwrap();
+        let layout = CgroupMounts::detect().unwrap();
         let src = NodeSignalSources {
             node: MemoryCgroup::new("/nonexistent/memcg", layout.memory_version, false),
             kubepods: None,

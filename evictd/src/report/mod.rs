@@ -9,7 +9,7 @@ use std::{
 };
 
 use crate::{
-    node::{cgroup_names::CgroupNames, cgroups::CgroupLayout},
+    node::{cgroup_names::CgroupNames, cgroups::CgroupMounts},
     wake::{Wake, WakeCause, WakeSource, WakeStats},
 };
 
@@ -30,7 +30,7 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn new(trace: Option<TraceFormat>, metrics: Arc<Metrics>, cgroups: CgroupLayout) -> Self {
+    pub fn new(trace: Option<TraceFormat>, metrics: Arc<Metrics>, cgroups: CgroupMounts) -> Self {
         Report {
             metrics,
             sink: trace.map(|f| TraceSink::new(f, BufWriter::new(io::stdout()))),

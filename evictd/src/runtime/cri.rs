@@ -5,12 +5,11 @@
 use std::{path::PathBuf, time::Duration};
 
 use hyper_util::rt::TokioIo;
+pub use k8s_cri::v1 as api;
 use k8s_cri::v1::{
     self as cri, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
-
-pub use k8s_cri::v1 as api;
 
 /// containerd's CRI socket, the kubelet's default too.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
@@ -94,7 +93,7 @@ impl CriClient {
     /// Runs one call under `timeout`, mapping failures to errors that name the call.
     async fn call<T, F>(&self, call: &'static str, timeout: Duration, fut: F) -> Result<T, CriError>
     where
-        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(r)) => Ok(r.into_inner()),

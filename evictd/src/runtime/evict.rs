@@ -8,9 +8,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    runtime::cri::{CriClient, CriError},
-    runtime::{inventory::PodRecord, usage::cgroup_tree_empty},
+use crate::runtime::{
+    cri::{CriClient, CriError},
+    inventory::PodRecord,
+    usage::cgroup_tree_empty,
 };
 
 /// How long each phase of an eviction took, in milliseconds.

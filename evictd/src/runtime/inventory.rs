@@ -13,11 +13,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use evictd_policy::podspec::Pod;
 use tokio::sync::{Notify, watch};
 
 use super::infer::infer_spec;
-use evictd_policy::podspec::Pod;
-
 use crate::runtime::cri::{CriClient, CriError, api as cri};
 
 #[derive(Clone, Debug)]

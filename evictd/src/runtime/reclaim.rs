@@ -4,8 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::runtime::cri::{CriClient, CriError, api as cri};
 use evictd_policy::rank::NodeReclaim;
+
+use crate::runtime::cri::{CriClient, CriError, api as cri};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReclaimReport {

@@ -9,7 +9,7 @@ use evictd_policy::summary::{ContainerStats, FsStats, MemoryStats, PodRef, PodSt
 
 use super::inventory::PodRecord;
 use crate::node::{
-    cgroups::{CgroupLayout, CgroupVersion},
+    cgroups::{CgroupMounts, CgroupVersion},
     memory::MemoryCgroup,
 };
 
@@ -39,7 +39,7 @@ pub struct PodCgroups {
 }
 
 /// The pod's cgroups, where the layout allows finding them.
-pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupLayout) -> Option<PodCgroups> {
+pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupMounts) -> Option<PodCgroups> {
     let rel = cgroup_rel_dir(rec.cgroup_parent.as_deref()?);
     let memory = MemoryCgroup::new(layout.memory_root.join(&rel), layout.memory_version, false);
     let pids = match layout.memory_version {
@@ -52,7 +52,7 @@ pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupLayout) -> Option<PodCgroups>
 /// The pod's stats for ranking and messages, read now from its cgroups (memory, processes)
 /// and from the last refresh (disk). `None` when its cgroup cannot be read: such a pod ranks
 /// as "without stats", as in the kubelet.
-pub fn pod_stats(rec: &PodRecord, cgroups: Option<&PodCgroups>, layout: &CgroupLayout) -> Option<PodStats> {
+pub fn pod_stats(rec: &PodRecord, cgroups: Option<&PodCgroups>, layout: &CgroupMounts) -> Option<PodStats> {
     let cg = cgroups?;
     let mem = cg.memory.read().ok()?;
     let processes = cg

@@ -11,14 +11,13 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use evictd_policy::{distance::distances, policy::Signal};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     sync::mpsc,
     task::JoinHandle,
 };
-
-use evictd_policy::{distance::distances, policy::Signal};
 
 use super::{NodeNow, SourceKind, Wake, WakeCause, WakeError, WakeSource};
 use crate::node::{cgroups::CgroupVersion, signals::NodeSignalSources};

@@ -1,0 +1,70 @@
+//! `cargo xtask bench reaction|overhead [--smoke] [ARGS]`: builds evictd and evictd-bench
+//! (release; debug for `--smoke`) and runs the benchmark. ARGS go to evictd-bench.
+
+use std::process::Command;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+
+use crate::{BuildEnv, run_status, step, workspace_root};
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// reaction: eviction reaction time per wake mode and allocation rate; overhead: the
+    /// probes' cost on the allocation path, evictd's RSS and CPU.
+    kind: Kind,
+    /// One short debug-build run, as CI does; asserts nothing.
+    #[arg(long)]
+    smoke: bool,
+    /// Arguments for evictd-bench (`--runs N`, `--rates 256,1024`, ...; see
+    /// `evictd-bench reaction --help`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    rest: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    Reaction,
+    Overhead,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Reaction => "reaction",
+            Kind::Overhead => "overhead",
+        }
+    }
+
+    /// The smoke run's short settings.
+    fn smoke_args(self) -> &'static [&'static str] {
+        match self {
+            Kind::Reaction => &["--runs", "1", "--rates", "512", "--modes", "ebpf,eventfd,poll-100ms"],
+            Kind::Overhead => &["--rounds", "1", "--seconds", "0.5"],
+        }
+    }
+}
+
+pub(crate) fn bench(env: &BuildEnv, args: &BenchArgs) -> Result<()> {
+    let kind = args.kind.as_str();
+    let rest: Vec<&str> = args.rest.iter().map(String::as_str).filter(|a| *a != "--smoke").collect();
+    let smoke = args.smoke || args.rest.iter().any(|a| a == "--smoke");
+    // The smoke run uses the debug build the tests already made; numbers need release.
+    let profile = if smoke { "debug" } else { "release" };
+    step(&format!("building evictd and evictd-bench ({profile})"));
+    let mut cmd = env.cargo();
+    cmd.args(["build", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd", "--bin", "evictd-bench"]);
+    if !smoke {
+        cmd.arg("--release");
+    }
+    run_status(&mut cmd, "building the benchmark")?;
+    let bin = workspace_root().join("target").join(profile).join("evictd-bench");
+    let mut run = Command::new(&bin);
+    run.arg(kind).env("PATH", &env.path).current_dir(workspace_root());
+    if smoke {
+        run.args(args.kind.smoke_args()).args(["--out", "target/bench-smoke"]);
+    }
+    run.args(&rest);
+    step(&format!("running {} {kind} {}", bin.display(), rest.join(" ")));
+    run_status(&mut run, &format!("evictd-bench {kind}"))
+}

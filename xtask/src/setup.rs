@@ -1,0 +1,135 @@
+//! `cargo xtask setup`: the nightly toolchain with rust-src and rustfmt, the Debian
+//! packages, and bpf-linker built against the nightly toolchain's own libLLVM. Quick when
+//! everything is there.
+
+use std::{env, path::Path, process::Command, time::Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use crate::{BuildEnv, cargo_bin_dir, output, run_status, step};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Debian packages: protoc builds the CRI bindings (k8s-cri); containerd and runc run the
+/// end-to-end tests' private container runtime; gcc builds their static test binaries.
+const APT_PACKAGES: &[&str] = &["protobuf-compiler", "containerd", "runc", "gcc", "libc6-dev"];
+
+pub(crate) fn setup() -> Result<BuildEnv> {
+    let started = Instant::now();
+    let bin = cargo_bin_dir();
+    let mut paths = vec![bin.clone()];
+    paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
+    let env = BuildEnv { path: env::join_paths(paths).context("PATH")? };
+
+    // 1. The nightly toolchain compiles the eBPF crate (-Z build-std=core needs rust-src).
+    let toolchains =
+        output(Command::new("rustup").args(["toolchain", "list"]), "step 1 (rustup toolchain list)")
+            .context("rustup is needed: evictd builds its eBPF programs with the nightly toolchain")?;
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        step("installing the nightly toolchain (minimal profile)");
+        run_status(
+            Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]),
+            "step 1 (installing the nightly toolchain)",
+        )?;
+    }
+    let components = output(
+        Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]),
+        "step 2 (listing nightly components)",
+    )?;
+    // rustfmt: formatting is checked with nightly rustfmt (import grouping, see rustfmt.toml).
+    for component in ["rust-src", "rustfmt"] {
+        if !components.lines().any(|l| l.starts_with(component)) {
+            step(&format!("adding {component} to the nightly toolchain"));
+            run_status(
+                Command::new("rustup").args(["component", "add", component, "--toolchain", "nightly"]),
+                &format!("step 2 (rustup component add {component} --toolchain nightly)"),
+            )?;
+        }
+    }
+
+    // 2. Debian packages.
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .collect();
+    if !missing.is_empty() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!(
+                "step 3: Debian packages missing: {}; install them as root: apt-get install -y --no-install-recommends {}",
+                missing.join(" "),
+                missing.join(" ")
+            );
+        }
+        step(&format!("installing Debian packages: {}", missing.join(" ")));
+        run_status(Command::new("apt-get").arg("update").arg("-q"), "step 3 (apt-get update)")?;
+        run_status(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            "step 3 (apt-get install)",
+        )?;
+    }
+
+    // 3. bpf-linker, built against the nightly toolchain's own libLLVM: no LLVM package of
+    //    that version exists here, and the linker must match the LLVM rustc emits bitcode for.
+    let linker_ok = Command::new(bin.join("bpf-linker"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
+    if !linker_ok {
+        install_bpf_linker(&env)?;
+    }
+    step(&format!("setup complete ({:.1}s)", started.elapsed().as_secs_f64()));
+    Ok(env)
+}
+
+fn install_bpf_linker(env: &BuildEnv) -> Result<()> {
+    let what = "step 4 (building bpf-linker)";
+    let vv = output(Command::new("rustc").args(["+nightly", "-vV"]), what)?;
+    let major = vv
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .ok_or_else(|| anyhow!("{what}: `rustc +nightly -vV` printed no LLVM version"))?
+        .to_owned();
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]), what)?;
+    let libdir = Path::new(sysroot.trim()).join("lib");
+    let lib = std::fs::read_dir(&libdir)
+        .with_context(|| format!("{what}: reading {}", libdir.display()))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find(|n| n.starts_with(&format!("libLLVM-{major}")) && n.ends_with(".so"))
+        .ok_or_else(|| {
+            anyhow!(
+                "{what}: no libLLVM-{major}*.so in {} (the nightly toolchain ships one)",
+                libdir.display()
+            )
+        })?;
+    let lib = lib.trim_start_matches("lib").trim_end_matches(".so").to_owned();
+    step(&format!(
+        "building bpf-linker {BPF_LINKER_VERSION} against the nightly toolchain's {lib} (about a minute)"
+    ));
+    let rustflags = format!("-L {0} -l dylib={lib} -C link-arg=-Wl,-rpath,{0}", libdir.display());
+    run_status(
+        env.cargo()
+            .env("RUSTFLAGS", rustflags)
+            .args([
+                "install",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                "--no-default-features",
+                "--features",
+            ])
+            .arg(format!("llvm-{major},no-llvm-linking")),
+        what,
+    )
+    .context(
+        "bpf-linker could not be built; check that crates.io is reachable and see the cargo output above",
+    )
+}

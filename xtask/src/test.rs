@@ -1,0 +1,40 @@
+//! `cargo xtask test`: formatting, lints, the build, and every test. In CI (`CI=true`) a
+//! privileged test that would be skipped fails instead.
+
+use std::{env, time::Instant};
+
+use anyhow::Result;
+
+use crate::{BuildEnv, run_status, step};
+
+pub(crate) fn test(env: &BuildEnv) -> Result<()> {
+    let started = Instant::now();
+    step("checking formatting");
+    // rustfmt.toml groups imports, which only nightly rustfmt does; the eBPF build needs
+    // the nightly toolchain anyway.
+    run_status(
+        env.nightly_cargo().args(["fmt", "--all", "--check"]),
+        "cargo +nightly fmt --check (run `cargo +nightly fmt --all`)",
+    )?;
+    step("linting");
+    run_status(
+        env.cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+        "cargo clippy",
+    )?;
+    step("building the workspace");
+    run_status(env.cargo().args(["build", "--workspace"]), "cargo build --workspace")?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        step("NOTE: not root: the privileged tests (BPF, cgroups) will report SKIPPED");
+    }
+    step("running the tests");
+    let mut cmd = env.cargo();
+    cmd.args(["test", "--workspace"]);
+    // In CI a skipped privileged test is a failure: CI runs as root on a BPF-capable kernel.
+    if env::var("CI").is_ok_and(|v| v == "true") {
+        cmd.env("EVICTD_REQUIRE_PRIVILEGED", "1");
+    }
+    run_status(&mut cmd, "cargo test --workspace")?;
+    step(&format!("all checks passed in {:.0}s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
