@@ -2,23 +2,34 @@
 
 use std::process::ExitCode;
 
+use clap::Parser;
+
 mod overhead;
 mod reaction;
 
+#[derive(Parser)]
+#[command(name = "evictd-bench", about = "evictd's benchmarks (root); run through `cargo xtask bench`")]
+enum Bench {
+    /// Eviction reaction time per wake mode and allocation rate, under a private containerd.
+    Reaction(reaction::Opts),
+    /// The probes' cost on the allocation path, evictd's RSS and idle CPU.
+    Overhead(overhead::Opts),
+    /// The child `overhead` spawns to time a process's exit: holds MIB of touched memory.
+    #[command(hide = true)]
+    OverheadHold {
+        #[arg(default_value_t = 1024)]
+        mib: usize,
+    },
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("reaction") => reaction::parse_opts(&args[1..]).and_then(|o| {
+    let result = match Bench::parse() {
+        Bench::Reaction(o) => o.validate().and_then(|()| {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             rt.block_on(reaction::reaction(&o))
         }),
-        Some("overhead") => overhead::parse_opts(&args[1..]).and_then(|o| overhead::overhead(&o)),
-        // The child `overhead` spawns to time a process's exit.
-        Some("overhead-hold") => overhead::hold(args.get(1).and_then(|m| m.parse().ok()).unwrap_or(1024)),
-        _ => Err(anyhow::anyhow!(
-            "usage: evictd-bench reaction [--runs N] [--rates MiB/s,...] [--modes ebpf,eventfd,psi,poll-100ms,poll-10s] \
-             [--capacity MiB] [--threshold MiB] [--out DIR]\n       evictd-bench overhead [--rounds N] [--seconds S] [--out DIR]"
-        )),
+        Bench::Overhead(o) => o.validate().and_then(|()| overhead::overhead(&o)),
+        Bench::OverheadHold { mib } => overhead::hold(mib),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

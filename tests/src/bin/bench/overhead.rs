@@ -17,26 +17,24 @@ use std::{
 
 use evictd_tests::evictd_binary;
 
+#[derive(clap::Args, Debug)]
 pub struct Opts {
+    /// Interleaved rounds without and with evictd.
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Length of one round of the fault loop, seconds.
+    #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Where the results go.
+    #[arg(long, default_value = "target/bench")]
     out: PathBuf,
 }
 
-pub fn parse_opts(args: &[String]) -> anyhow::Result<Opts> {
-    let mut o = Opts { rounds: 5, seconds: 2.0, out: PathBuf::from("target/bench") };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));
-        match flag.as_str() {
-            "--rounds" => o.rounds = value()?.parse()?,
-            "--seconds" => o.seconds = value()?.parse()?,
-            "--out" => o.out = value()?.into(),
-            other => anyhow::bail!("unknown flag {other}"),
-        }
+impl Opts {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.rounds > 0 && self.seconds > 0.0, "nothing to run");
+        Ok(())
     }
-    anyhow::ensure!(o.rounds > 0 && o.seconds > 0.0, "nothing to run");
-    Ok(o)
 }
 
 /// Pages faulted in per second: map 64 MiB, touch each page, unmap, repeat.

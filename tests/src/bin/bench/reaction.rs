@@ -16,15 +16,19 @@ use evictd_tests::{
     containerd::{Containerd, PodSpec},
     evictd_proc::Evictd,
 };
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
 
 const MI: u64 = 1 << 20;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Mode {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Mode {
     Ebpf,
     Eventfd,
     Psi,
+    #[value(name = "poll-100ms")]
     Poll100ms,
+    #[value(name = "poll-10s")]
     Poll10s,
 }
 
@@ -39,12 +43,6 @@ impl Mode {
         }
     }
 
-    fn parse(s: &str) -> Option<Mode> {
-        [Mode::Ebpf, Mode::Eventfd, Mode::Psi, Mode::Poll100ms, Mode::Poll10s]
-            .into_iter()
-            .find(|m| m.name() == s)
-    }
-
     /// evictd's flags for this mode: one wake source, nothing else.
     fn args(self) -> Vec<&'static str> {
         match self {
@@ -57,13 +55,42 @@ impl Mode {
     }
 }
 
+#[derive(clap::Args, Debug)]
 pub struct Opts {
+    /// Runs per mode and rate.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(usize))]
     runs: usize,
+    /// Allocation rates of the workload, MiB/s, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [256, 1024, 4096])]
     rates: Vec<u64>,
+    /// Wake modes to compare, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Mode::Ebpf, Mode::Eventfd, Mode::Psi, Mode::Poll100ms, Mode::Poll10s])]
     modes: Vec<Mode>,
+    /// Memory limit of the cgroup that plays the node, MiB.
+    #[arg(long = "capacity", value_name = "MiB", default_value_t = 2048)]
     capacity_mib: u64,
+    /// The hard memory.available threshold, MiB.
+    #[arg(long = "threshold", value_name = "MiB", default_value_t = 256)]
     threshold_mib: u64,
+    /// Where the CSV and SVG go.
+    #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+}
+
+impl Opts {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.runs > 0 && !self.rates.is_empty() && !self.modes.is_empty(), "nothing to run");
+        anyhow::ensure!(self.threshold_mib < self.capacity_mib, "--threshold must be below --capacity");
+        Ok(())
+    }
+}
+
+/// One cell of the matrix: a mode, a rate, and which run of it.
+#[derive(Clone, Copy)]
+struct Run {
+    mode: Mode,
+    rate: u64,
+    run: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -77,38 +104,6 @@ struct Sample {
     oom_first: bool,
     /// evictd's own phase timings: stop containers, stop sandbox, release (ms).
     phases: Option<(f64, f64, f64)>,
-}
-
-pub fn parse_opts(args: &[String]) -> anyhow::Result<Opts> {
-    let mut o = Opts {
-        runs: 5,
-        rates: vec![256, 1024, 4096],
-        modes: vec![Mode::Ebpf, Mode::Eventfd, Mode::Psi, Mode::Poll100ms, Mode::Poll10s],
-        capacity_mib: 2048,
-        threshold_mib: 256,
-        out: PathBuf::from("target/bench"),
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));
-        match flag.as_str() {
-            "--runs" => o.runs = value()?.parse()?,
-            "--rates" => o.rates = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            "--modes" => {
-                o.modes = value()?
-                    .split(',')
-                    .map(|m| Mode::parse(m).ok_or_else(|| anyhow::anyhow!("--modes: unknown mode {m:?}")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--capacity" => o.capacity_mib = value()?.parse()?,
-            "--threshold" => o.threshold_mib = value()?.parse()?,
-            "--out" => o.out = value()?.into(),
-            other => anyhow::bail!("unknown flag {other}"),
-        }
-    }
-    anyhow::ensure!(o.runs > 0 && !o.rates.is_empty() && !o.modes.is_empty(), "nothing to run");
-    anyhow::ensure!(o.threshold_mib < o.capacity_mib, "--threshold must be below --capacity");
-    Ok(o)
 }
 
 fn read_u64(p: &Path) -> u64 {
@@ -165,7 +160,7 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
         let evictd = Evictd::start(&ctd, None, &extra);
         for &rate in &o.rates {
             for run in 0..o.runs {
-                let s = one_run(&mut ctd, &evictd, &node, mode, rate, run, cap, o.threshold_mib * MI).await?;
+                let s = one_run(&mut ctd, &evictd, &node, o, Run { mode, rate, run }).await?;
                 eprintln!(
                     "[bench] {:<10} {:>5} MiB/s run {}: detection {} ms, kill {} ms{} (achieved {:.0} MiB/s){}",
                     mode.name(),
@@ -187,17 +182,14 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
     report(o, &samples)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn one_run(
     ctd: &mut Containerd,
     evictd: &Evictd,
     node: &Path,
-    mode: Mode,
-    rate: u64,
-    run: usize,
-    cap: u64,
-    threshold: u64,
+    o: &Opts,
+    Run { mode, rate, run }: Run,
 ) -> anyhow::Result<Sample> {
+    let (cap, threshold) = (o.capacity_mib * MI, o.threshold_mib * MI);
     let name = format!("w{}r{rate}n{run}", mode.name().replace('-', ""));
     let pod = ctd
         .run_pod(PodSpec {
@@ -297,25 +289,39 @@ async fn one_run(
     Ok(sample)
 }
 
-/// One table row: rate, mode, detection p50 and p99, OOM-first count, runs.
-type Row = (u64, Mode, Option<f64>, Option<f64>, usize, usize);
-
 /// Whether the runtime reports the container as killed by the kernel OOM killer.
 async fn oom_killed(ctd: &Containerd, container: &str) -> bool {
     let Ok(st) = ctd.client().container_status(container).await else { return false };
     st.status.is_some_and(|s| s.reason == "OOMKilled")
 }
 
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(i).copied()
+/// Latency percentiles of one cell (ms), from an HDR histogram of microseconds with three
+/// significant digits.
+#[derive(Clone, Copy)]
+struct Percentiles {
+    p50: f64,
+    p99: f64,
+    max: f64,
 }
 
-fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&o.out)?;
+fn percentiles(ms: impl Iterator<Item = f64>) -> Option<Percentiles> {
+    let mut h = Histogram::<u64>::new(3).ok()?;
+    for v in ms {
+        // record, not saturating_record: a new histogram grows to fit, but would clamp.
+        h.record((v * 1000.0).round().max(0.0) as u64).ok()?;
+    }
+    let at = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    (!h.is_empty()).then(|| Percentiles { p50: at(0.5), p99: at(0.99), max: h.max() as f64 / 1000.0 })
+}
+
+/// One table row, and one group of bars in the plot.
+struct Row {
+    rate: u64,
+    mode: Mode,
+    detection: Option<Percentiles>,
+}
+
+fn write_csv(path: &Path, samples: &[Sample]) -> anyhow::Result<()> {
     let mut csv = String::from("mode,rate_mib_s,run,achieved_mib_s,detection_ms,kill_ms,oom_first\n");
     for s in samples {
         let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
@@ -331,7 +337,12 @@ fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
             s.oom_first
         );
     }
-    std::fs::write(o.out.join("reaction.csv"), &csv)?;
+    Ok(std::fs::write(path, csv)?)
+}
+
+fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&o.out)?;
+    write_csv(&o.out.join("reaction.csv"), samples)?;
     let mut groups: BTreeMap<(u64, Mode), Vec<&Sample>> = BTreeMap::new();
     for s in samples {
         groups.entry((s.rate, s.mode)).or_default().push(s);
@@ -351,118 +362,148 @@ fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for ((rate, mode), ss) in &groups {
-        let mut det: Vec<f64> = ss.iter().filter_map(|s| s.detection_ms).collect();
-        let mut kill: Vec<f64> = ss.iter().filter_map(|s| s.kill_ms).collect();
-        det.sort_by(f64::total_cmp);
-        kill.sort_by(f64::total_cmp);
+        let det = percentiles(ss.iter().filter_map(|s| s.detection_ms));
+        let kill = percentiles(ss.iter().filter_map(|s| s.kill_ms));
         let achieved = ss.iter().map(|s| s.achieved_rate).sum::<f64>() / ss.len() as f64;
         let ooms = ss.iter().filter(|s| s.oom_first).count();
-        let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        let f = |p: Option<Percentiles>, pick: fn(Percentiles) -> f64| {
+            p.map_or("-".into(), |p| format!("{:.2}", pick(p)))
+        };
         println!(
             "{:<10} {:>8} {:>9.0} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>5}/{:<3}",
             mode.name(),
             rate,
             achieved,
-            f(percentile(&det, 0.5)),
-            f(percentile(&det, 0.99)),
-            f(det.last().copied()),
-            f(percentile(&kill, 0.5)),
-            f(percentile(&kill, 0.99)),
-            f(kill.last().copied()),
+            f(det, |p| p.p50),
+            f(det, |p| p.p99),
+            f(det, |p| p.max),
+            f(kill, |p| p.p50),
+            f(kill, |p| p.p99),
+            f(kill, |p| p.max),
             ooms,
             ss.len()
         );
-        rows.push((*rate, *mode, percentile(&det, 0.5), percentile(&det, 0.99), ooms, ss.len()));
+        rows.push(Row { rate: *rate, mode: *mode, detection: det });
     }
     println!(
         "(milliseconds from the node crossing the threshold; detection = evictd's decision, kill = the pod's processes gone)"
     );
-    std::fs::write(o.out.join("reaction.svg"), svg(&rows, &o.rates, &o.modes))?;
-    eprintln!(
-        "[bench] wrote {} and {}",
-        o.out.join("reaction.csv").display(),
-        o.out.join("reaction.svg").display()
-    );
+    let svg = o.out.join("reaction.svg");
+    plot(&rows, &o.rates, &o.modes, &svg)?;
+    eprintln!("[bench] wrote {} and {}", o.out.join("reaction.csv").display(), svg.display());
     Ok(())
 }
 
-/// Bars of p50 detection latency (log scale) per rate and mode, with a tick at p99;
-/// modes where the kernel OOM killer always came first are drawn as a cross.
-fn svg(rows: &[Row], rates: &[u64], modes: &[Mode]) -> String {
-    const COLORS: [&str; 5] = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e"];
-    let (w, h, left, top, bottom) = (960.0, 420.0, 70.0, 40.0, 60.0);
-    let (lo, hi) = (-2.0f64, 5.0f64); // 0.01 ms .. 100 s
-    let y = |ms: f64| top + (h - top - bottom) * (1.0 - (ms.max(0.01).log10() - lo) / (hi - lo));
-    let group_w = (w - left - 20.0) / rates.len() as f64;
-    let bar_w = group_w / (modes.len() as f64 + 1.0);
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\
-         <text x='{left}' y='20' font-size='14'>evictd detection latency, p50 bar and p99 tick (ms, log scale)</text>"
-    );
-    for e in -2..=5 {
-        let yy = y(10f64.powi(e));
-        let _ = write!(
-            s,
-            "<line x1='{left}' x2='{}' y1='{yy}' y2='{yy}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>{}</text>",
-            w - 20.0,
-            left - 6.0,
-            yy + 4.0,
-            10f64.powi(e)
-        );
-    }
-    for (gi, rate) in rates.iter().enumerate() {
-        let gx = left + gi as f64 * group_w;
-        let _ = write!(
-            s,
-            "<text x='{}' y='{}' text-anchor='middle'>{rate} MiB/s</text>",
-            gx + group_w / 2.0,
-            h - 30.0
-        );
-        for (mi, mode) in modes.iter().enumerate() {
-            let x = gx + bar_w * (mi as f64 + 0.5);
-            let color = COLORS[mi % COLORS.len()];
-            let row = rows.iter().find(|r| r.0 == *rate && r.1 == *mode);
-            match row {
-                Some((_, _, Some(p50), p99, _, _)) => {
-                    let yy = y(*p50);
-                    let _ = write!(
-                        s,
-                        "<rect x='{x}' y='{yy}' width='{}' height='{}' fill='{color}'/>",
-                        bar_w * 0.9,
-                        (h - bottom - yy).max(0.0)
-                    );
-                    if let Some(p99) = p99 {
-                        let y99 = y(*p99);
-                        let _ = write!(
-                            s,
-                            "<line x1='{x}' x2='{}' y1='{y99}' y2='{y99}' stroke='black' stroke-width='2'/>",
-                            x + bar_w * 0.9
-                        );
-                    }
-                }
-                _ => {
-                    let yy = h - bottom - 10.0;
-                    let _ = write!(
-                        s,
-                        "<text x='{}' y='{yy}' fill='{color}' text-anchor='middle'>×</text>",
-                        x + bar_w * 0.45
-                    );
-                }
+/// Bars of p50 detection latency (log scale) per rate and mode, with a tick at p99; cells
+/// where the kernel OOM killer always came first are marked with a cross.
+fn plot(rows: &[Row], rates: &[u64], modes: &[Mode], path: &Path) -> anyhow::Result<()> {
+    let colors = [
+        RGBColor(0x1b, 0x9e, 0x77),
+        RGBColor(0xd9, 0x5f, 0x02),
+        RGBColor(0x75, 0x70, 0xb3),
+        RGBColor(0xe7, 0x29, 0x8a),
+        RGBColor(0x66, 0xa6, 0x1e),
+    ];
+    let root = SVGBackend::new(path, (960, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let groups = rates.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("evictd detection latency: p50 bar, p99 tick (ms, log scale)", ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5f64..groups - 0.5, (0.01f64..100_000f64).log_scale())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rates.len())
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            match rates.get(i as usize) {
+                Some(r) if (x - i).abs() < 1e-6 && i >= 0.0 => format!("{r} MiB/s"),
+                _ => String::new(),
             }
-        }
-    }
+        })
+        .y_desc("ms")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let slot = 1.0 / (modes.len() as f64 + 1.0);
     for (mi, mode) in modes.iter().enumerate() {
-        let x = left + mi as f64 * 150.0;
-        let _ = write!(
-            s,
-            "<rect x='{x}' y='{}' width='12' height='12' fill='{}'/><text x='{}' y='{}'>{}</text>",
-            h - 18.0,
-            COLORS[mi % COLORS.len()],
-            x + 16.0,
-            h - 8.0,
-            mode.name()
-        );
+        let color = colors[mi % colors.len()];
+        let x0 = |g: usize| g as f64 - 0.5 + slot * (mi as f64 + 0.5);
+        let cells: Vec<(usize, Option<Percentiles>)> = rates
+            .iter()
+            .enumerate()
+            .map(|(g, r)| {
+                (g, rows.iter().find(|row| row.rate == *r && row.mode == *mode).and_then(|row| row.detection))
+            })
+            .collect();
+        chart
+            .draw_series(cells.iter().filter_map(|(g, p)| {
+                p.map(|p| Rectangle::new([(x0(*g), 0.01), (x0(*g) + slot * 0.9, p.p50)], color.filled()))
+            }))
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .label(mode.name())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+        chart
+            .draw_series(cells.iter().filter_map(|(g, p)| {
+                p.map(|p| {
+                    PathElement::new(
+                        vec![(x0(*g), p.p99), (x0(*g) + slot * 0.9, p.p99)],
+                        BLACK.stroke_width(2),
+                    )
+                })
+            }))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .draw_series(cells.iter().filter(|(_, p)| p.is_none()).map(|(g, _)| {
+                Text::new("×", (x0(*g) + slot * 0.3, 0.02), ("sans-serif", 14).into_font().color(&color))
+            }))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    s.push_str("</svg>\n");
-    s
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_a_cell() {
+        let p = percentiles([0.5, 0.7, 0.6, 4.0, 0.55].into_iter()).expect("five samples");
+        // Nearest rank: ⌈q·n⌉, so the p99 of five samples is their maximum.
+        assert!((p.p50 - 0.6).abs() < 0.001, "{}", p.p50);
+        assert!((p.p99 - 4.0).abs() < 0.005, "{}", p.p99);
+        assert!((p.max - 4.0).abs() < 0.005, "{}", p.max);
+        assert!(percentiles(std::iter::empty()).is_none());
+    }
+
+    #[test]
+    fn plot_has_a_bar_per_measured_cell_and_a_cross_per_lost_one() {
+        let path = std::env::temp_dir().join(format!("evictd-bench-plot-{}.svg", std::process::id()));
+        let p = |ms| Some(Percentiles { p50: ms, p99: ms * 2.0, max: ms * 2.0 });
+        let rows = [
+            Row { rate: 256, mode: Mode::Ebpf, detection: p(0.5) },
+            Row { rate: 256, mode: Mode::Poll10s, detection: None },
+            Row { rate: 1024, mode: Mode::Ebpf, detection: p(0.7) },
+        ];
+        plot(&rows, &[256, 1024], &[Mode::Ebpf, Mode::Poll10s], &path).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("svg written");
+        if std::env::var_os("EVICTD_KEEP_PLOT").is_none() {
+            let _ = std::fs::remove_file(&path);
+        }
+        assert!(svg.contains("256 MiB/s") && svg.contains("1024 MiB/s"), "rate labels");
+        assert!(svg.contains("ebpf") && svg.contains("poll-10s"), "legend");
+        assert_eq!(svg.matches('×').count(), 2, "a cross for each cell without a detection");
+        assert!(svg.matches("<rect").count() >= 2, "bars");
+    }
 }
