@@ -23,7 +23,37 @@ pub const COUNTER_RING_DROPS: u32 = 1;
 pub const COUNTER_RATE_LIMITED: u32 = 2;
 /// Events emitted, by cause: `COUNTER_EMITTED_BASE + cause`.
 pub const COUNTER_EMITTED_BASE: u32 = 3;
-pub const COUNTER_COUNT: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
+/// Kernel-side failures, by kind: `COUNTER_ERRORS_BASE + KernelError as u32`.
+pub const COUNTER_ERRORS_BASE: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
+pub const COUNTER_COUNT: u32 = COUNTER_ERRORS_BASE + KERNEL_ERROR_COUNT as u32;
+
+/// What can go wrong in a program. None should ever happen; each is counted rather than
+/// silently skipped, and `--trace` reports the counts.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelError {
+    /// The `CONFIG` map had no entry.
+    NoConfig = 0,
+    /// The `CPU_STATE` map had no entry for this CPU.
+    NoCpuState = 1,
+    /// Following memcg → cgroup → kernfs node → id failed (`bpf_probe_read_kernel`).
+    MemcgIdRead = 2,
+}
+
+pub const KERNEL_ERROR_COUNT: usize = 3;
+
+impl KernelError {
+    pub const ALL: [KernelError; KERNEL_ERROR_COUNT] =
+        [KernelError::NoConfig, KernelError::NoCpuState, KernelError::MemcgIdRead];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelError::NoConfig => "no-config",
+            KernelError::NoCpuState => "no-cpu-state",
+            KernelError::MemcgIdRead => "memcg-id-read",
+        }
+    }
+}
 
 /// Which stat items count as charge: bit `i` set means item `i` does. Written once, at load
 /// time, into the program's read-only data (the `CHARGE_ITEMS` global), so the kernel side
@@ -40,7 +70,8 @@ impl ChargeItems {
             return false;
         }
         let item = item as usize;
-        self.0[item / 64] & (1u64 << (item % 64)) != 0
+        // The mask keeps the index provably in bounds for the BPF verifier (no panic path).
+        self.0[(item / 64) & (STAT_ITEM_WORDS - 1)] & (1u64 << (item % 64)) != 0
     }
 
     /// Select stat item `item`; returns false when it does not fit the mask.
@@ -92,6 +123,14 @@ unsafe impl aya::Pod for ChargeItems {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_errors_are_dense_and_counted_last() {
+        for (i, e) in KernelError::ALL.iter().enumerate() {
+            assert_eq!(*e as usize, i);
+        }
+        assert_eq!(COUNTER_COUNT, COUNTER_ERRORS_BASE + KernelError::ALL.len() as u32);
+    }
 
     #[test]
     fn item_mask_round_trip_and_bounds() {

@@ -11,7 +11,7 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 use aya_ebpf::{
-    EbpfContext as _,
+    EbpfContext as _, Global,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
@@ -22,10 +22,16 @@ use aya_ebpf::{
 };
 use evictd_common::{
     CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, CGROUP_KIND_DEFAULT,
-    CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_COUNT, COUNTER_EMITTED_BASE, COUNTER_RATE_LIMITED,
-    COUNTER_RING_DROPS, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, STAT_ITEM_LIMIT,
-    STAT_ITEM_WORDS, WakeEvent,
+    CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_COUNT, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE,
+    COUNTER_RATE_LIMITED, COUNTER_RING_DROPS, ChargeItems, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
+    KernelConfig, KernelError, STAT_ITEM_WORDS, WakeEvent,
+    tracepoints::{
+        Field, MEMCG_STAT_ARG_ITEM, MEMCG_STAT_ARG_MEMCG, MEMCG_STAT_ARG_VAL, OOM_ANON_RSS, OOM_FILE_RSS,
+        OOM_PID, OOM_SHMEM_RSS, RECLAIM_ORDER,
+    },
 };
+
+// Map and global names are `evictd_common::names`; userspace checks this object against them.
 
 /// Wake events to userspace. Userspace may resize it at load time.
 #[map]
@@ -55,45 +61,47 @@ struct CpuState {
 #[map]
 static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
-// vmscan:mm_vmscan_{direct,memcg}_reclaim_begin
-const RECLAIM_ORDER_OFF: usize = 8; // int order
-// oom:mark_victim
-const OOM_PID_OFF: usize = 8; // int pid
-const OOM_ANON_RSS_OFF: usize = 24; // unsigned long, kB
-const OOM_FILE_RSS_OFF: usize = 32; // unsigned long, kB
-const OOM_SHMEM_RSS_OFF: usize = 40; // unsigned long, kB
-
 // Raw tracepoints: the kernel calls them with the tracepoint's arguments, without building
 // a trace record first, which is most of a classic tracepoint's cost on a path that runs for
 // every page charged and freed. Arguments: (struct mem_cgroup *memcg, int item, int val).
+// Each program is a thin wrapper: the work is in a `try_` function whose failures are
+// counted (`COUNTER_ERRORS_BASE + KernelError`) for `--trace`, never silently dropped.
+
 #[raw_tracepoint(tracepoint = "mod_memcg_lruvec_state")]
 pub fn mod_memcg_lruvec_state(ctx: RawTracePointContext) -> i32 {
-    on_memcg_stat(&ctx);
+    count_failure(try_memcg_stat(&ctx));
     0
 }
 
 #[raw_tracepoint(tracepoint = "mod_memcg_state")]
 pub fn mod_memcg_state(ctx: RawTracePointContext) -> i32 {
-    on_memcg_stat(&ctx);
+    count_failure(try_memcg_stat(&ctx));
     0
 }
 
 #[tracepoint]
 pub fn direct_reclaim_begin(ctx: TracePointContext) -> u32 {
-    on_reclaim(&ctx, CAUSE_DIRECT_RECLAIM);
+    count_failure(try_reclaim(&ctx, CAUSE_DIRECT_RECLAIM));
     0
 }
 
 #[tracepoint]
 pub fn memcg_reclaim_begin(ctx: TracePointContext) -> u32 {
-    on_reclaim(&ctx, CAUSE_MEMCG_RECLAIM);
+    count_failure(try_reclaim(&ctx, CAUSE_MEMCG_RECLAIM));
     0
 }
 
 #[tracepoint]
 pub fn mark_victim(ctx: TracePointContext) -> u32 {
-    on_oom(&ctx);
+    count_failure(try_oom(&ctx));
     0
+}
+
+#[inline(always)]
+fn count_failure(r: Result<(), KernelError>) {
+    if let Err(e) = r {
+        bump(COUNTER_ERRORS_BASE + e as u32);
+    }
 }
 
 #[inline(always)]
@@ -108,45 +116,38 @@ fn bump(counter: u32) {
 /// context, and a plain load is far cheaper than a `bpf_probe_read` helper call, which
 /// matters on a path that runs for every page charged and freed.
 #[inline(always)]
-fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+fn field<T: Copy>(ctx: &TracePointContext, f: Field) -> T {
     // SAFETY: offset and size match the record layout userspace checked against this
     // kernel's format file before attaching; the verifier bounds-checks the access.
-    unsafe { core::ptr::read_unaligned(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
+    unsafe { core::ptr::read_unaligned(ctx.as_ptr().cast::<u8>().add(f.offset).cast::<T>()) }
 }
 
 /// Which stat items count as charge: a bit per `enum node_stat_item`/`memcg_stat_item`
 /// value. Set once by userspace at load time (from BTF names), so it lives in read-only data
 /// and the test below needs no map lookup: most calls end there.
 #[unsafe(no_mangle)]
-static CHARGE_ITEMS: [u64; STAT_ITEM_WORDS] = [0; STAT_ITEM_WORDS];
+static CHARGE_ITEMS: Global<ChargeItems> = Global::new(ChargeItems([0; STAT_ITEM_WORDS]));
 
 #[inline(always)]
-fn on_memcg_stat(ctx: &RawTracePointContext) {
+fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     // Register arguments: no memory access at all until an event is known to count.
-    let item = ctx.arg::<u64>(1) as i32;
+    let item = ctx.arg::<u64>(MEMCG_STAT_ARG_ITEM) as i32;
     // Most stat updates are for items that do not count (dirty, writeback, mapped...).
-    if item < 0 || item as usize >= STAT_ITEM_LIMIT {
-        return;
-    }
-    // SAFETY: a plain read of a global; volatile so the compiler keeps the load (the real
-    // value is set at load time, after compilation).
-    let word =
-        unsafe { core::ptr::read_volatile(&CHARGE_ITEMS[(item as usize / 64) & (STAT_ITEM_WORDS - 1)]) };
-    if word & (1u64 << (item as usize % 64)) == 0 {
-        return;
+    if !CHARGE_ITEMS.load().counts_item(item) {
+        return Ok(());
     }
     // Frees are skipped, so the sum is the gross charge since userspace last re-armed: it can
     // only reach the watermark earlier than the net growth would, never later.
-    let val = ctx.arg::<u64>(2) as i32;
+    let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
     if val <= 0 {
-        return;
+        return Ok(());
     }
-    let Some(cfg) = CONFIG.get(0) else { return };
+    let cfg = CONFIG.get(0).ok_or(KernelError::NoConfig)?;
     if cfg.flags & FLAG_CHARGE == 0 {
-        return;
+        return Ok(());
     }
-    let memcg = ctx.arg::<u64>(0);
-    let Some(st) = CPU_STATE.get_ptr_mut(0) else { return };
+    let memcg = ctx.arg::<u64>(MEMCG_STAT_ARG_MEMCG);
+    let st = CPU_STATE.get_ptr_mut(0).ok_or(KernelError::NoCpuState)?;
     // SAFETY: per-CPU slot; a program is not re-entered on the same CPU.
     let st = unsafe { &mut *st };
     if st.generation != cfg.generation {
@@ -159,23 +160,24 @@ fn on_memcg_stat(ctx: &RawTracePointContext) {
     let id = if memcg == st.last_memcg {
         st.last_id
     } else {
-        let Some(id) = memcg_cgroup_id(cfg, memcg) else { return };
+        let id = memcg_cgroup_id(cfg, memcg).ok_or(KernelError::MemcgIdRead)?;
         st.last_memcg = memcg;
         st.last_id = id;
         id
     };
     // SAFETY: map value read only, u8 is Copy.
     if cfg.flags & FLAG_SCOPE != 0 && unsafe { SCOPE.get(id) }.is_none() {
-        return;
+        return Ok(());
     }
     bump(COUNTER_CHARGE_MATCHED);
     st.charge_pages += val as i64;
     if st.charge_pages < cfg.watermark_pages_per_cpu {
-        return;
+        return Ok(());
     }
     let pages = st.charge_pages;
     st.charge_pages = 0;
     emit(CAUSE_CHARGE, id, CGROUP_KIND_MEMCG, pages << cfg.page_shift, current_tgid());
+    Ok(())
 }
 
 /// memcg->css.cgroup->kn->id, with the offsets userspace resolved from this kernel's BTF.
@@ -190,13 +192,13 @@ fn memcg_cgroup_id(cfg: &KernelConfig, memcg: u64) -> Option<u64> {
 }
 
 #[inline(always)]
-fn on_reclaim(ctx: &TracePointContext, cause: u32) {
-    let Some(cfg) = CONFIG.get(0) else { return };
+fn try_reclaim(ctx: &TracePointContext, cause: u32) -> Result<(), KernelError> {
+    let cfg = CONFIG.get(0).ok_or(KernelError::NoConfig)?;
     if cfg.flags & FLAG_RECLAIM == 0 {
-        return;
+        return Ok(());
     }
-    let Some(st) = CPU_STATE.get_ptr_mut(0) else { return };
-    // SAFETY: per-CPU slot, see on_memcg_stat.
+    let st = CPU_STATE.get_ptr_mut(0).ok_or(KernelError::NoCpuState)?;
+    // SAFETY: per-CPU slot, see try_memcg_stat.
     let st = unsafe { &mut *st };
     // SAFETY: helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -204,42 +206,44 @@ fn on_reclaim(ctx: &TracePointContext, cause: u32) {
     // per CPU is all userspace needs.
     if now.wrapping_sub(st.last_reclaim_ns) < cfg.min_interval_ns {
         bump(COUNTER_RATE_LIMITED);
-        return;
+        return Ok(());
     }
     st.last_reclaim_ns = now;
-    let order: i32 = field(ctx, RECLAIM_ORDER_OFF);
+    let order: i32 = field(ctx, RECLAIM_ORDER);
     let pages = 1i64 << (order & 31);
     // SAFETY: helper with no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     emit(cause, cgroup, CGROUP_KIND_DEFAULT, pages << cfg.page_shift, current_tgid());
+    Ok(())
 }
 
 #[inline(always)]
-fn on_oom(ctx: &TracePointContext) {
-    let Some(cfg) = CONFIG.get(0) else { return };
+fn try_oom(ctx: &TracePointContext) -> Result<(), KernelError> {
+    let cfg = CONFIG.get(0).ok_or(KernelError::NoConfig)?;
     if cfg.flags & FLAG_OOM == 0 {
-        return;
+        return Ok(());
     }
-    let Some(st) = CPU_STATE.get_ptr_mut(0) else { return };
-    // SAFETY: per-CPU slot, see on_memcg_stat.
+    let st = CPU_STATE.get_ptr_mut(0).ok_or(KernelError::NoCpuState)?;
+    // SAFETY: per-CPU slot, see try_memcg_stat.
     let st = unsafe { &mut *st };
     // SAFETY: helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if now.wrapping_sub(st.last_oom_ns) < cfg.min_interval_ns {
         bump(COUNTER_RATE_LIMITED);
-        return;
+        return Ok(());
     }
     st.last_oom_ns = now;
-    let pid: i32 = field(ctx, OOM_PID_OFF);
-    let anon: u64 = field(ctx, OOM_ANON_RSS_OFF);
-    let file: u64 = field(ctx, OOM_FILE_RSS_OFF);
-    let shmem: u64 = field(ctx, OOM_SHMEM_RSS_OFF);
+    let pid: i32 = field(ctx, OOM_PID);
+    let anon: u64 = field(ctx, OOM_ANON_RSS);
+    let file: u64 = field(ctx, OOM_FILE_RSS);
+    let shmem: u64 = field(ctx, OOM_SHMEM_RSS);
     let rss_bytes = (anon + file + shmem) << 10;
     // The victim is marked from the allocating task's context, so the current cgroup is
     // the one that ran out; userspace resolves the victim's memcg from its pid.
     // SAFETY: helper with no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     emit(CAUSE_OOM_KILL, cgroup, CGROUP_KIND_DEFAULT, rss_bytes as i64, pid as u32);
+    Ok(())
 }
 
 #[inline(always)]

@@ -9,9 +9,12 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{RawTracePoint, TracePoint},
 };
+pub use evictd_common::tracepoints::{TRACEPOINTS, TracepointSpec};
 use evictd_common::{
-    CAUSE_COUNT, COUNTER_CHARGE_MATCHED, COUNTER_EMITTED_BASE, COUNTER_RATE_LIMITED, COUNTER_RING_DROPS,
-    ChargeItems, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig,
+    CAUSE_COUNT, COUNTER_CHARGE_MATCHED, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED,
+    COUNTER_RING_DROPS, ChargeItems, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KERNEL_ERROR_COUNT,
+    KernelConfig,
+    names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_SCOPE},
 };
 
 use crate::kernel::{
@@ -22,57 +25,6 @@ use crate::kernel::{
 
 /// The object built from `evictd-ebpf` by build.rs.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/evictd-ebpf"));
-
-/// A program, its tracepoint, and the record layout it was compiled for.
-pub struct TracepointSpec {
-    pub program: &'static str,
-    pub group: &'static str,
-    pub name: &'static str,
-    /// Raw tracepoint (prototype checked in BTF) rather than a classic one (record layout
-    /// checked in the format file).
-    pub raw: bool,
-    pub fields: &'static [(&'static str, usize, usize)],
-}
-
-const RECLAIM_FIELDS: &[(&str, usize, usize)] = &[("order", 8, 4)];
-
-pub const TRACEPOINTS: [TracepointSpec; 5] = [
-    TracepointSpec {
-        program: "mod_memcg_lruvec_state",
-        group: "memcg",
-        name: "mod_memcg_lruvec_state",
-        raw: true,
-        fields: &[],
-    },
-    TracepointSpec {
-        program: "mod_memcg_state",
-        group: "memcg",
-        name: "mod_memcg_state",
-        raw: true,
-        fields: &[],
-    },
-    TracepointSpec {
-        program: "direct_reclaim_begin",
-        group: "vmscan",
-        name: "mm_vmscan_direct_reclaim_begin",
-        raw: false,
-        fields: RECLAIM_FIELDS,
-    },
-    TracepointSpec {
-        program: "memcg_reclaim_begin",
-        group: "vmscan",
-        name: "mm_vmscan_memcg_reclaim_begin",
-        raw: false,
-        fields: RECLAIM_FIELDS,
-    },
-    TracepointSpec {
-        program: "mark_victim",
-        group: "oom",
-        name: "mark_victim",
-        raw: false,
-        fields: &[("pid", 8, 4), ("anon_rss", 24, 8), ("file_rss", 32, 8), ("shmem_rss", 40, 8)],
-    },
-];
 
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {
@@ -131,6 +83,8 @@ pub struct Counters {
     pub rate_limited: u64,
     /// By `CAUSE_*` index.
     pub emitted: [u64; CAUSE_COUNT],
+    /// Kernel-side failures, by `KernelError` index (no-config, no-cpu-state, memcg-id-read).
+    pub errors: [u64; KERNEL_ERROR_COUNT],
 }
 
 pub struct KernelProbes {
@@ -161,15 +115,15 @@ impl KernelProbes {
             mask.select_item(item.value);
         }
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", opts.ring_buffer_bytes)
-            .override_global("CHARGE_ITEMS", &mask, true)
+            .map_max_entries(MAP_EVENTS, opts.ring_buffer_bytes)
+            .override_global(GLOBAL_CHARGE_ITEMS, &mask, true)
             .load(EBPF_OBJECT)
             .map_err(EbpfError::Load)?;
 
         let id_path = btf.memcg_id_path()?;
         let mut programs = Vec::new();
         for tp in &TRACEPOINTS {
-            let error = attach(&mut ebpf, &tracefs, &btf, tp).err();
+            let error = attach(&mut ebpf, &tracefs, &btf, tp).err().map(|e| e.to_string());
             if let Some(e) = &error {
                 tracing::warn!(tracepoint = %format!("{}:{}", tp.group, tp.name), "not attached: {e}");
             }
@@ -184,8 +138,8 @@ impl KernelProbes {
             return Err(EbpfError::NothingAttached(why.join("; ")));
         }
 
-        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(EbpfError::MissingMap("EVENTS"))?)
-            .map_err(map_err("EVENTS"))?;
+        let ring = RingBuf::try_from(ebpf.take_map(MAP_EVENTS).ok_or(EbpfError::MissingMap(MAP_EVENTS))?)
+            .map_err(map_err(MAP_EVENTS))?;
         let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
             .ok()
             .flatten()
@@ -226,15 +180,15 @@ impl KernelProbes {
     /// Counts charge only in these memory cgroups (`None`: everywhere, i.e. the whole node).
     pub fn set_scope(&mut self, ids: Option<&[u64]>) -> Result<(), EbpfError> {
         let mut map: HashMap<_, u64, u8> =
-            HashMap::try_from(self.ebpf.map_mut("SCOPE").ok_or(EbpfError::MissingMap("SCOPE"))?)
-                .map_err(map_err("SCOPE"))?;
+            HashMap::try_from(self.ebpf.map_mut(MAP_SCOPE).ok_or(EbpfError::MissingMap(MAP_SCOPE))?)
+                .map_err(map_err(MAP_SCOPE))?;
         let wanted: HashSet<u64> = ids.unwrap_or_default().iter().copied().collect();
         for stale in self.scope.difference(&wanted) {
             // A cgroup that vanished may already be gone from the map: not an error.
             let _ = map.remove(stale);
         }
         for new in wanted.difference(&self.scope) {
-            map.insert(new, 1, 0).map_err(map_err("SCOPE"))?;
+            map.insert(new, 1, 0).map_err(map_err(MAP_SCOPE))?;
         }
         self.scope = wanted;
         if ids.is_some() {
@@ -247,10 +201,10 @@ impl KernelProbes {
 
     pub fn counters(&self) -> Result<Counters, EbpfError> {
         let map: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.ebpf.map("COUNTERS").ok_or(EbpfError::MissingMap("COUNTERS"))?)
-                .map_err(map_err("COUNTERS"))?;
+            PerCpuArray::try_from(self.ebpf.map(MAP_COUNTERS).ok_or(EbpfError::MissingMap(MAP_COUNTERS))?)
+                .map_err(map_err(MAP_COUNTERS))?;
         let sum = |i: u32| -> Result<u64, EbpfError> {
-            Ok(map.get(&i, 0).map_err(map_err("COUNTERS"))?.iter().sum())
+            Ok(map.get(&i, 0).map_err(map_err(MAP_COUNTERS))?.iter().sum())
         };
         let mut c = Counters {
             charge_matched: sum(COUNTER_CHARGE_MATCHED)?,
@@ -261,15 +215,33 @@ impl KernelProbes {
         for (cause, slot) in c.emitted.iter_mut().enumerate() {
             *slot = sum(COUNTER_EMITTED_BASE + cause as u32)?;
         }
+        for (error, slot) in c.errors.iter_mut().enumerate() {
+            *slot = sum(COUNTER_ERRORS_BASE + error as u32)?;
+        }
         Ok(c)
     }
 
     fn write_config(&mut self) -> Result<(), EbpfError> {
         let mut map: Array<_, KernelConfig> =
-            Array::try_from(self.ebpf.map_mut("CONFIG").ok_or(EbpfError::MissingMap("CONFIG"))?)
-                .map_err(map_err("CONFIG"))?;
-        map.set(0, self.config, 0).map_err(map_err("CONFIG"))
+            Array::try_from(self.ebpf.map_mut(MAP_CONFIG).ok_or(EbpfError::MissingMap(MAP_CONFIG))?)
+                .map_err(map_err(MAP_CONFIG))?;
+        map.set(0, self.config, 0).map_err(map_err(MAP_CONFIG))
     }
+}
+
+/// Why one program was not attached.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("program {0} is missing from the eBPF object (build mismatch)")]
+    Missing(&'static str),
+    #[error(transparent)]
+    Btf(#[from] BtfError),
+    #[error(transparent)]
+    RecordFormat(#[from] TracefsError),
+    #[error("the verifier rejected {program}: {error}\n{log}")]
+    Verifier { program: &'static str, error: aya::programs::ProgramError, log: String },
+    #[error("{what} {program}: {error}")]
+    Program { what: &'static str, program: &'static str, error: aya::programs::ProgramError },
 }
 
 fn attach(
@@ -277,28 +249,49 @@ fn attach(
     tracefs: &std::path::Path,
     btf: &KernelBtf,
     tp: &TracepointSpec,
-) -> Result<(), String> {
-    let load_err = |e: aya::programs::ProgramError| match &e {
+) -> Result<(), AttachError> {
+    let program = tp.program;
+    let load_err = |error: aya::programs::ProgramError| match &error {
         aya::programs::ProgramError::LoadError { verifier_log, .. } => {
-            format!("the verifier rejected {}: {e}\n{verifier_log}", tp.program)
+            let log = verifier_log.to_string();
+            AttachError::Verifier { program, error, log }
         }
-        _ => format!("loading {}: {e}", tp.program),
+        _ => AttachError::Program { what: "loading", program, error },
     };
-    let program = ebpf
-        .program_mut(tp.program)
-        .ok_or_else(|| format!("program {} missing from the eBPF object", tp.program))?;
+    let as_kind = |error| AttachError::Program { what: "program", program, error };
+    let attach_err = |error| AttachError::Program { what: "attaching", program, error };
+    let prog = ebpf.program_mut(program).ok_or(AttachError::Missing(program))?;
     if tp.raw {
-        btf.check_memcg_tracepoint(tp.name).map_err(|e| e.to_string())?;
-        let program: &mut RawTracePoint =
-            program.try_into().map_err(|e| format!("program {}: {e}", tp.program))?;
-        program.load().map_err(load_err)?;
-        program.attach(tp.name).map_err(|e| format!("attaching {}: {e}", tp.program))?;
+        btf.check_memcg_tracepoint(tp.name)?;
+        let prog: &mut RawTracePoint = prog.try_into().map_err(as_kind)?;
+        prog.load().map_err(load_err)?;
+        prog.attach(tp.name).map_err(attach_err)?;
     } else {
-        tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields).map_err(|e| e.to_string())?;
-        let program: &mut TracePoint =
-            program.try_into().map_err(|e| format!("program {}: {e}", tp.program))?;
-        program.load().map_err(load_err)?;
-        program.attach(tp.group, tp.name).map_err(|e| format!("attaching {}: {e}", tp.program))?;
+        tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields)?;
+        let prog: &mut TracePoint = prog.try_into().map_err(as_kind)?;
+        prog.load().map_err(load_err)?;
+        prog.attach(tp.group, tp.name).map_err(attach_err)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use evictd_common::names::MAPS;
+
+    use super::*;
+
+    /// The names both sides agree on (`evictd_common::names`, `tracepoints`) are the ones in
+    /// the object that was built: no root needed to find a renamed map or program. (The
+    /// `CHARGE_ITEMS` global is checked when loading: `override_global` must find it.)
+    #[test]
+    fn the_object_has_every_map_and_program_named_in_common() {
+        let obj = aya_obj::Object::parse(EBPF_OBJECT).expect("the embedded eBPF object parses");
+        for map in MAPS {
+            assert!(obj.maps.contains_key(map), "map {map} missing; the object has {:?}", obj.maps.keys());
+        }
+        for tp in &TRACEPOINTS {
+            assert!(obj.programs.contains_key(tp.program), "program {} missing", tp.program);
+        }
+    }
 }

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use evictd_common::tracepoints::Field;
+
 const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +51,7 @@ pub fn ensure_mounted() -> Result<PathBuf, TracefsError> {
 
 /// One `field:` line of a tracepoint format file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Field {
+pub struct FormatField {
     pub decl: String,
     pub name: String,
     pub offset: usize,
@@ -57,7 +59,7 @@ pub struct Field {
 }
 
 /// Parses the fields of a tracepoint `format` file.
-pub fn parse_format(text: &str) -> Vec<Field> {
+pub fn parse_format(text: &str) -> Vec<FormatField> {
     text.lines()
         .filter_map(|line| {
             let mut decl = None;
@@ -76,17 +78,17 @@ pub fn parse_format(text: &str) -> Vec<Field> {
             let decl = decl?;
             // The name is the last identifier of the declaration (`char comm[16]` -> comm).
             let name = decl.split_whitespace().last()?.split('[').next()?.to_owned();
-            Some(Field { decl, name, offset: offset?, size: size? })
+            Some(FormatField { decl, name, offset: offset?, size: size? })
         })
         .collect()
 }
 
-/// Checks that `group:name` has each `(field, offset, size)`.
+/// Checks that `group:name` has each expected field at its offset and size.
 pub fn check_record_format(
     root: &Path,
     group: &str,
     name: &str,
-    expected: &[(&str, usize, usize)],
+    expected: &[Field],
 ) -> Result<(), TracefsError> {
     let path = root.join("events").join(group).join(name).join("format");
     let text = std::fs::read_to_string(&path).map_err(|source| TracefsError::NoTracepoint {
@@ -96,7 +98,7 @@ pub fn check_record_format(
         source,
     })?;
     let fields = parse_format(&text);
-    for &(field, offset, size) in expected {
+    for &Field { name: field, offset, size } in expected {
         let found = fields.iter().find(|f| f.name == field);
         let ok = found.is_some_and(|f| f.offset == offset && f.size == size);
         if !ok {
@@ -122,11 +124,15 @@ mod tests {
     fn parses_fields() {
         let f = parse_format(MEMCG);
         assert_eq!(f.len(), 4);
-        assert_eq!(f[1], Field { decl: "u64 id".into(), name: "id".into(), offset: 8, size: 8 });
+        assert_eq!(f[1], FormatField { decl: "u64 id".into(), name: "id".into(), offset: 8, size: 8 });
         let comm = parse_format("\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;\n");
         assert_eq!(comm[0].name, "comm");
         let loc = parse_format("\tfield:__data_loc char[] comm;\toffset:12;\tsize:4;\tsigned:0;\n");
         assert_eq!(loc[0].name, "comm");
+    }
+
+    fn field(name: &'static str, offset: usize, size: usize) -> Field {
+        Field { name, offset, size }
     }
 
     #[test]
@@ -135,10 +141,18 @@ mod tests {
         let tp = dir.path().join("events/memcg/mod_memcg_state");
         std::fs::create_dir_all(&tp).unwrap();
         std::fs::write(tp.join("format"), MEMCG).unwrap();
-        check_record_format(dir.path(), "memcg", "mod_memcg_state", &[("id", 8, 8), ("val", 20, 4)]).unwrap();
-        let err = check_record_format(dir.path(), "memcg", "mod_memcg_state", &[("val", 24, 8)]).unwrap_err();
+        check_record_format(
+            dir.path(),
+            "memcg",
+            "mod_memcg_state",
+            &[field("id", 8, 8), field("val", 20, 4)],
+        )
+        .unwrap();
+        let err =
+            check_record_format(dir.path(), "memcg", "mod_memcg_state", &[field("val", 24, 8)]).unwrap_err();
         assert!(err.to_string().contains("field `val` is at offset 20 size 4"), "{err}");
-        let err = check_record_format(dir.path(), "memcg", "mod_memcg_state", &[("nope", 0, 1)]).unwrap_err();
+        let err =
+            check_record_format(dir.path(), "memcg", "mod_memcg_state", &[field("nope", 0, 1)]).unwrap_err();
         assert!(err.to_string().contains("missing"), "{err}");
         let err = check_record_format(dir.path(), "oom", "mark_victim", &[]).unwrap_err();
         assert!(err.to_string().contains("does not exist on this kernel"), "{err}");

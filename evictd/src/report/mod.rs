@@ -8,7 +8,10 @@ use std::{
     time::Instant,
 };
 
+use evictd_common::KernelError;
+
 use crate::{
+    kernel::ebpf::Counters,
     node::{cgroup_names::CgroupNames, cgroups::CgroupMounts},
     wake::{Wake, WakeCause, WakeSource, WakeStats},
 };
@@ -89,6 +92,7 @@ struct WakeCounts {
     at_last_summary: [u64; WakeCause::ALL.len()],
     last_summary: Option<Instant>,
     last_drops: u64,
+    last_kernel_errors: u64,
     available: Option<i64>,
 }
 
@@ -109,6 +113,7 @@ impl WakeCounts {
             s.ring_drops = k.ring_drops - self.last_drops;
             s.ring_drops_total = k.ring_drops;
             self.last_drops = k.ring_drops;
+            self.warn_kernel_errors(k);
         }
         s.kernel = kernel;
         s.channel_full_total = stats.channel_full.load(Ordering::Relaxed);
@@ -122,5 +127,23 @@ impl WakeCounts {
         }
         tracing::debug!(available = ?self.available.map(units::bytes), "summary");
         s
+    }
+
+    /// The kernel side counts its failures instead of hiding them; any new one is worth a
+    /// warning, with or without `--trace`.
+    fn warn_kernel_errors(&mut self, k: &Counters) {
+        let total: u64 = k.errors.iter().sum();
+        if total > self.last_kernel_errors {
+            let by_kind: Vec<String> = KernelError::ALL
+                .iter()
+                .map(|e| format!("{} {}", e.as_str(), k.errors[*e as usize]))
+                .collect();
+            tracing::warn!(
+                "eBPF programs failed {} more times ({})",
+                total - self.last_kernel_errors,
+                by_kind.join(", ")
+            );
+        }
+        self.last_kernel_errors = total;
     }
 }

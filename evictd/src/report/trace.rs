@@ -179,9 +179,12 @@ impl<W: Write> TraceSink<W> {
             TraceFormat::Text => {
                 let rates: Vec<String> =
                     s.events_per_second.iter().map(|(k, v)| format!("{k} {v:.0}")).collect();
+                // Shown only when there are any: they should never happen.
+                let errors: u64 = s.kernel.map_or(0, |k| k.errors.iter().sum());
+                let errors = if errors > 0 { format!(" | kernel errors {errors}") } else { String::new() };
                 writeln!(
                     self.out,
-                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}",
+                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}{errors}",
                     rates.join(", "),
                     s.ring_drops,
                     s.ring_drops_total,

@@ -1,0 +1,18 @@
+//! The names of the kernel side's maps and load-time globals. The kernel side declares them
+//! as statics of these names (the `#[map]` macro takes the identifier); userspace looks them
+//! up by these constants, and a test checks the built object against this list.
+
+/// Ring buffer of `WakeEvent`s; userspace sizes it at load time.
+pub const MAP_EVENTS: &str = "EVENTS";
+/// One-entry array holding the `KernelConfig`.
+pub const MAP_CONFIG: &str = "CONFIG";
+/// Per-CPU counters, indexed by the `COUNTER_*` constants.
+pub const MAP_COUNTERS: &str = "COUNTERS";
+/// Memory cgroup ids whose charge counts when `FLAG_SCOPE` is set.
+pub const MAP_SCOPE: &str = "SCOPE";
+/// Per-CPU running state (charge sums, rate limits, the memcg → id memo).
+pub const MAP_CPU_STATE: &str = "CPU_STATE";
+/// The `ChargeItems` mask, in read-only data, set by the loader.
+pub const GLOBAL_CHARGE_ITEMS: &str = "CHARGE_ITEMS";
+
+pub const MAPS: [&str; 5] = [MAP_EVENTS, MAP_CONFIG, MAP_COUNTERS, MAP_SCOPE, MAP_CPU_STATE];
