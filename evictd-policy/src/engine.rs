@@ -2,7 +2,8 @@
 //! state) → (new state, decision). No I/O, no clock: the daemon, `simulate` and `replay` all
 //! call this same code, so what the offline commands show is what the daemon does.
 //!
-//! It follows the kubelet's `synchronize` step by step (semantic reference §4): thresholds
+//! `decide` follows the kubelet's `synchronize` (pkg/kubelet/eviction/eviction_manager.go,
+//! with helpers.go) step by step, each step a function named for the kubelet's: thresholds
 //! met, min-reclaim hysteresis, first-observed tracking and grace periods, node conditions
 //! with the transition period, the stale-stats rule, signal priority, node-level reclaim,
 //! ranking, critical pods, one eviction per decision, the victim's grace period and the

@@ -22,4 +22,5 @@ pub mod podspec;
 pub mod policy;
 pub mod quantity;
 pub mod rank;
+pub mod signal;
 pub mod summary;

@@ -117,15 +117,26 @@ fn by_priority(a: &PodEntry, b: &PodEntry) -> Ordering {
     a.pod.priority().cmp(&b.pod.priority())
 }
 
+/// The kubelet's `orderedBy(exceedRequests, priority, usage)`, the chain memory and disk
+/// ranking share: pods without stats first, then pods using more than `exceeds` says they
+/// may, then lower priority, then the most `above` their request.
+fn exceeds_then_priority_then_usage(
+    a: &PodEntry,
+    b: &PodEntry,
+    exceeds: impl Fn(&PodEntry) -> bool,
+    above: impl Fn(&PodEntry) -> i128,
+) -> Ordering {
+    without_stats_first(a, b)
+        .unwrap_or_else(|| true_first(exceeds(a), exceeds(b)))
+        .then_with(|| by_priority(a, b))
+        .then_with(|| without_stats_first(a, b).unwrap_or_else(|| above(b).cmp(&above(a))))
+}
+
 fn compare(a: &PodEntry, b: &PodEntry, signal: Signal, layout: FsLayout) -> Ordering {
     match signal.resource() {
         Resource::Memory => {
-            let exceeds = |e: &PodEntry| memory_nanos(e) > e.pod.request_nanos("memory");
             let above = |e: &PodEntry| memory_nanos(e) - e.pod.request_nanos("memory");
-            without_stats_first(a, b)
-                .unwrap_or_else(|| true_first(exceeds(a), exceeds(b)))
-                .then_with(|| by_priority(a, b))
-                .then_with(|| without_stats_first(a, b).unwrap_or_else(|| above(b).cmp(&above(a))))
+            exceeds_then_priority_then_usage(a, b, |e| above(e) > 0, above)
         }
         Resource::Pids => by_priority(a, b)
             .then_with(|| without_stats_first(a, b).unwrap_or_else(|| processes(b).cmp(&processes(a)))),
@@ -137,13 +148,9 @@ fn compare(a: &PodEntry, b: &PodEntry, signal: Signal, layout: FsLayout) -> Orde
             };
             // No pod requests inodes, so any inode use "exceeds".
             let request = |e: &PodEntry| if inodes { 0 } else { e.pod.request_nanos("ephemeral-storage") };
-            let exceeds = |e: &PodEntry| usage(e) > request(e);
             // The kubelet subtracts the ephemeral-storage byte request even when ranking inodes.
             let above = |e: &PodEntry| usage(e) - e.pod.request_nanos("ephemeral-storage");
-            without_stats_first(a, b)
-                .unwrap_or_else(|| true_first(exceeds(a), exceeds(b)))
-                .then_with(|| by_priority(a, b))
-                .then_with(|| without_stats_first(a, b).unwrap_or_else(|| above(b).cmp(&above(a))))
+            exceeds_then_priority_then_usage(a, b, |e| usage(e) > request(e), above)
         }
     }
 }

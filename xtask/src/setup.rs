@@ -20,8 +20,24 @@ pub(crate) fn setup() -> Result<BuildEnv> {
     let mut paths = vec![bin.clone()];
     paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
     let env = BuildEnv { path: env::join_paths(paths).context("PATH")? };
+    ensure_nightly()?;
+    ensure_debian_packages()?;
+    // bpf-linker, built against the nightly toolchain's own libLLVM: no LLVM package of that
+    // version exists here, and the linker must match the LLVM rustc emits bitcode for.
+    let linker_ok = Command::new(bin.join("bpf-linker"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
+    if !linker_ok {
+        install_bpf_linker(&env)?;
+    }
+    step(&format!("setup complete ({:.1}s)", started.elapsed().as_secs_f64()));
+    Ok(env)
+}
 
-    // 1. The nightly toolchain compiles the eBPF crate (-Z build-std=core needs rust-src).
+/// The nightly toolchain compiles the eBPF crate (`-Z build-std=core` needs rust-src), and
+/// its rustfmt checks formatting (import grouping, see rustfmt.toml).
+fn ensure_nightly() -> Result<()> {
     let toolchains =
         output(Command::new("rustup").args(["toolchain", "list"]), "step 1 (rustup toolchain list)")
             .context("rustup is needed: evictd builds its eBPF programs with the nightly toolchain")?;
@@ -36,7 +52,6 @@ pub(crate) fn setup() -> Result<BuildEnv> {
         Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]),
         "step 2 (listing nightly components)",
     )?;
-    // rustfmt: formatting is checked with nightly rustfmt (import grouping, see rustfmt.toml).
     for component in ["rust-src", "rustfmt"] {
         if !components.lines().any(|l| l.starts_with(component)) {
             step(&format!("adding {component} to the nightly toolchain"));
@@ -46,8 +61,10 @@ pub(crate) fn setup() -> Result<BuildEnv> {
             )?;
         }
     }
+    Ok(())
+}
 
-    // 2. Debian packages.
+fn ensure_debian_packages() -> Result<()> {
     let missing: Vec<&str> = APT_PACKAGES
         .iter()
         .copied()
@@ -58,37 +75,26 @@ pub(crate) fn setup() -> Result<BuildEnv> {
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         })
         .collect();
-    if !missing.is_empty() {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            bail!(
-                "step 3: Debian packages missing: {}; install them as root: apt-get install -y --no-install-recommends {}",
-                missing.join(" "),
-                missing.join(" ")
-            );
-        }
-        step(&format!("installing Debian packages: {}", missing.join(" ")));
-        run_status(Command::new("apt-get").arg("update").arg("-q"), "step 3 (apt-get update)")?;
-        run_status(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            "step 3 (apt-get install)",
-        )?;
+    if missing.is_empty() {
+        return Ok(());
     }
-
-    // 3. bpf-linker, built against the nightly toolchain's own libLLVM: no LLVM package of
-    //    that version exists here, and the linker must match the LLVM rustc emits bitcode for.
-    let linker_ok = Command::new(bin.join("bpf-linker"))
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
-    if !linker_ok {
-        install_bpf_linker(&env)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "step 3: Debian packages missing: {}; install them as root: apt-get install -y --no-install-recommends {}",
+            missing.join(" "),
+            missing.join(" ")
+        );
     }
-    step(&format!("setup complete ({:.1}s)", started.elapsed().as_secs_f64()));
-    Ok(env)
+    step(&format!("installing Debian packages: {}", missing.join(" ")));
+    run_status(Command::new("apt-get").arg("update").arg("-q"), "step 3 (apt-get update)")?;
+    run_status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        "step 3 (apt-get install)",
+    )
 }
 
 fn install_bpf_linker(env: &BuildEnv) -> Result<()> {

@@ -1,4 +1,5 @@
-//! The kubelet's synchronize rules (semantic reference §4, §5, §10), one test per rule.
+//! The kubelet's `synchronize` rules (pkg/kubelet/eviction/eviction_manager.go and helpers.go:
+//! thresholds, grace periods, conditions, eviction message), one test per rule.
 
 use super::*;
 use crate::{

@@ -1,4 +1,4 @@
-//! One test per rule of the kubelet's ParseThresholdConfig (see the semantic reference, §3).
+//! One test per rule of the kubelet's `ParseThresholdConfig` (pkg/kubelet/eviction/helpers.go).
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! The kubelet's ranking rules (semantic reference §6), one case per comparator.
+//! The kubelet's ranking rules (pkg/kubelet/eviction/helpers.go: `rankMemoryPressure`,
+//! `rankPIDPressure`, `rankDiskPressureFunc`), one case per comparator.
 
 use super::*;
 use crate::summary::PodStats;

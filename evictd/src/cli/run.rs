@@ -9,7 +9,7 @@ use evictd_policy::{flags::PolicyArgs, quantity::Quantity, rank::FsLayout};
 
 use crate::{
     daemon::{PressureOptions, RunOptions},
-    kernel::{ebpf::LoadOptions, stat_items},
+    kernel::ebpf::LoadOptions,
     node::{cgroups::CgroupMounts, memory::MemoryCgroup, signals::NodeSignalSources},
     report::trace::TraceFormat,
     runtime::cri,
@@ -91,8 +91,16 @@ pub struct RunArgs {
     pub duration: Option<Duration>,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (examples: 10s, 500ms, 5m)"))
+/// A duration flag that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("{text:?}: {error} (examples: 10s, 500ms, 5m)")]
+struct DurationFlagError {
+    text: String,
+    error: humantime::DurationError,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, DurationFlagError> {
+    humantime::parse_duration(s).map_err(|error| DurationFlagError { text: s.into(), error })
 }
 
 impl RunArgs {
@@ -168,15 +176,16 @@ impl RunArgs {
         if !(4096..=1 << 30).contains(&ring) || (ring as u64).count_ones() != 1 {
             bail!("--ring-buffer-size: {} is not a power of two between 4Ki and 1Gi", self.ring_buffer_size);
         }
+        let defaults = LoadOptions::default();
         let charge_items = match &self.charge_items {
             Some(list) => list.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
-            None => stat_items::DEFAULT_CHARGE_ITEMS.iter().map(|s| s.to_string()).collect(),
+            None => defaults.charge_items.clone(),
         };
         let load = LoadOptions {
             charge_items,
             ring_buffer_bytes: ring as u32,
             min_interval: self.reclaim_min_interval,
-            ..Default::default()
+            ..defaults
         };
         Ok(WakeOptions { sources, housekeeping: self.housekeeping_interval, load, watermark })
     }

@@ -29,11 +29,20 @@ pub struct ProbeReport {
     pub wake_sources: Vec<String>,
 }
 
-fn check(name: impl Into<String>, r: Result<String, String>) -> Check {
+/// A check's outcome: what was found, or why it is not there.
+fn check<E: std::fmt::Display>(name: impl Into<String>, r: Result<String, E>) -> Check {
     match r {
         Ok(detail) => Check { name: name.into(), ok: true, detail },
-        Err(detail) => Check { name: name.into(), ok: false, detail },
+        Err(e) => failed(name, e),
     }
+}
+
+fn passed(name: impl Into<String>, detail: impl Into<String>) -> Check {
+    Check { name: name.into(), ok: true, detail: detail.into() }
+}
+
+fn failed(name: impl Into<String>, why: impl std::fmt::Display) -> Check {
+    Check { name: name.into(), ok: false, detail: why.to_string() }
 }
 
 pub fn run() -> ProbeReport {
@@ -44,11 +53,11 @@ pub fn run() -> ProbeReport {
     probe_bpf(&mut r);
     match CgroupMounts::detect() {
         Ok(layout) => {
-            r.checks.push(check("cgroups", Ok(describe_cgroups(&layout))));
+            r.checks.push(passed("cgroups", describe_cgroups(&layout)));
             probe_eventfd(&layout, &mut r);
             probe_psi(&layout, &mut r);
         }
-        Err(e) => r.checks.push(check("cgroups", Err(e.to_string()))),
+        Err(e) => r.checks.push(failed("cgroups", e)),
     }
     r.wake_sources.push("timer (always)".into());
     r
@@ -63,12 +72,10 @@ fn check_btf() -> Check {
         .and_then(|all| stat_items::select(&all, stat_items::DEFAULT_CHARGE_ITEMS));
     check(
         "btf",
-        items
-            .map(|items| {
-                let list: Vec<String> = items.iter().map(|i| format!("{}={}", i.name, i.value)).collect();
-                format!("{} ({})", btf.display(), list.join(" "))
-            })
-            .map_err(|e| e.to_string()),
+        items.map(|items| {
+            let list: Vec<String> = items.iter().map(|i| format!("{}={}", i.name, i.value)).collect();
+            format!("{} ({})", btf.display(), list.join(" "))
+        }),
     )
 }
 
@@ -77,7 +84,7 @@ fn check_tracefs() -> Check {
         "tracefs",
         tracefs::find()
             .map(|p| p.display().to_string())
-            .ok_or_else(|| "not mounted (evictd mounts it at /sys/kernel/tracing when run as root)".into()),
+            .ok_or("not mounted (evictd mounts it at /sys/kernel/tracing when run as root)"),
     )
 }
 
@@ -86,8 +93,7 @@ fn check_tracefs() -> Check {
 fn probe_bpf(r: &mut ProbeReport) {
     match KernelProbes::load(&LoadOptions::default()) {
         Ok((probes, _ring)) => {
-            r.checks
-                .push(check("bpf", Ok("programs load (ring buffer, array, per-CPU and hash maps)".into())));
+            r.checks.push(passed("bpf", "programs load (ring buffer, array, per-CPU and hash maps)"));
             for p in &probes.programs {
                 r.checks.push(check(
                     format!("tracepoint {}", p.tracepoint),
@@ -98,14 +104,13 @@ fn probe_bpf(r: &mut ProbeReport) {
             r.wake_sources.push(format!("ebpf ({attached} of {} tracepoints)", probes.programs.len()));
         }
         Err(e) => {
-            r.checks.push(check("bpf", Err(e.to_string())));
+            r.checks.push(failed("bpf", e));
             let Some(root) = tracefs::find() else { return };
             for tp in TRACEPOINTS.iter().filter(|tp| !tp.raw) {
                 r.checks.push(check(
                     format!("tracepoint {}:{}", tp.group, tp.name),
                     tracefs::check_record_format(&root, tp.group, tp.name, tp.fields)
-                        .map(|()| "present, layout matches (not attached)".into())
-                        .map_err(|e| e.to_string()),
+                        .map(|()| "present, layout matches (not attached)".into()),
                 ));
             }
         }
@@ -125,7 +130,7 @@ fn describe_cgroups(layout: &CgroupMounts) -> String {
 /// Registers (and drops) a threshold far above any usage on the memory root.
 fn probe_eventfd(layout: &CgroupMounts, r: &mut ProbeReport) {
     if layout.memory_version != CgroupVersion::V1 {
-        r.checks.push(check("eventfd thresholds", Err("cgroup v1 only; this node's memory is on v2".into())));
+        r.checks.push(failed("eventfd thresholds", "cgroup v1 only; this node's memory is on v2"));
         return;
     }
     let res = eventfd::register(&layout.memory_root, 1 << 40)
@@ -145,9 +150,7 @@ fn probe_psi(layout: &CgroupMounts, r: &mut ProbeReport) {
     }
     let mut any = false;
     for p in paths {
-        let res = psi::open_best(&p)
-            .map(|t| format!("trigger accepted, {:?} window", t.window))
-            .map_err(|e| e.to_string());
+        let res = psi::open_best(&p).map(|t| format!("trigger accepted, {:?} window", t.window));
         any |= res.is_ok();
         r.checks.push(check(format!("psi {}", p.display()), res));
     }

@@ -108,6 +108,25 @@ pub trait WakeSource {
     }
 }
 
+/// A source that is nothing but a task waiting on the kernel or the clock (PSI, timer):
+/// nothing to re-arm; stopping it ends the task.
+struct TaskSource {
+    kind: SourceKind,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WakeSource for TaskSource {
+    fn kind(&self) -> SourceKind {
+        self.kind
+    }
+}
+
+impl Drop for TaskSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Starts every source in `opts.sources` that this node allows; each one that cannot start
 /// is reported and skipped. Fails only when none starts.
 pub fn start(

@@ -12,7 +12,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{SourceKind, Wake, WakeCause, WakeError, WakeSource};
+use super::{SourceKind, TaskSource, Wake, WakeCause, WakeError, WakeSource};
 use crate::node::{cgroups::CgroupVersion, signals::NodeSignalSources};
 
 /// A registered trigger; the kernel keeps it while the file stays open.
@@ -49,22 +49,6 @@ impl std::os::fd::AsRawFd for Trigger {
     }
 }
 
-struct PsiWake {
-    task: JoinHandle<()>,
-}
-
-impl WakeSource for PsiWake {
-    fn kind(&self) -> SourceKind {
-        SourceKind::Psi
-    }
-}
-
-impl Drop for PsiWake {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// Starts the source on the node cgroup's pressure file: a v2 node cgroup has its own; on
 /// v1 only the system-wide one exists.
 pub fn start(signals: &NodeSignalSources, tx: mpsc::Sender<Wake>) -> Result<Box<dyn WakeSource>, WakeError> {
@@ -75,7 +59,7 @@ pub fn start(signals: &NodeSignalSources, tx: mpsc::Sender<Wake>) -> Result<Box<
     };
     let task =
         spawn(&path, tx).map_err(|error| WakeError::Psi { path: path.display().to_string(), error })?;
-    Ok(Box::new(PsiWake { task }))
+    Ok(Box::new(TaskSource { kind: SourceKind::Psi, task }))
 }
 
 /// Registers a trigger on `path` (the privileged 500 ms window, else the 2 s one, saying so)

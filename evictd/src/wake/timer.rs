@@ -3,25 +3,9 @@
 
 use std::time::Duration;
 
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::sync::mpsc;
 
-use super::{SourceKind, Wake, WakeCause, WakeSource};
-
-struct TimerWake {
-    task: JoinHandle<()>,
-}
-
-impl WakeSource for TimerWake {
-    fn kind(&self) -> SourceKind {
-        SourceKind::Timer
-    }
-}
-
-impl Drop for TimerWake {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use super::{SourceKind, TaskSource, Wake, WakeCause, WakeSource};
 
 pub fn start(interval: Duration, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> {
     let task = tokio::spawn(async move {
@@ -35,5 +19,5 @@ pub fn start(interval: Duration, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> 
             }
         }
     });
-    Box::new(TimerWake { task })
+    Box::new(TaskSource { kind: SourceKind::Timer, task })
 }

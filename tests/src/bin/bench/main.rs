@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod overhead;
+mod plot;
 mod reaction;
 
 #[derive(Parser)]
