@@ -144,3 +144,23 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     assert!(!tags.iter().any(|t| t.contains("evictd.test/unused")), "{tags:?}");
     assert!(ctd.sandbox_ready(&p.sandbox_id).await, "reclaim never touches running pods");
 }
+
+/// Issue 12, defect 2: a node whose sandboxes carry large annotations (any tenant can add
+/// them) answers ListPodSandbox with more than tonic's default 4 MiB. evictd accepts what
+/// the kubelet accepts (16 MiB), so the inventory keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_pod_sandbox_response_over_4_mib_is_read() {
+    if !containerd::available("a_list_pod_sandbox_response_over_4_mib_is_read") {
+        return;
+    }
+    let mut ctd = Containerd::start(2 << 30);
+    let mut spec = pod("annotated");
+    spec.annotations.insert("example.com/blob".into(), "x".repeat(5 << 20));
+    let p = ctd.run_pod(spec).await;
+    let c = ctd.client();
+    let sandboxes = c.list_pod_sandboxes().await.expect("a ListPodSandbox response over 4 MiB");
+    assert!(sandboxes.iter().any(|s| s.id == p.sandbox_id));
+    let mut inv = evictd::runtime::inventory::Inventory::new(None, 2 << 30);
+    inv.refresh(&c).await.expect("an inventory refresh over 4 MiB");
+    assert!(inv.pods().any(|r| r.sandbox_id == p.sandbox_id), "the annotated pod is in the inventory");
+}

@@ -313,3 +313,56 @@ async fn a_pod_ignoring_sigterm_is_killed_after_its_grace_period() {
     assert!(!ctd.sandbox_ready(&pods[0].sandbox_id).await);
     assert!(pods[0].usage() < MI, "memory released: {} bytes left", pods[0].usage());
 }
+
+/// A process of this test's own, ended by PID when the test ends (also on failure).
+struct Squatter(std::process::Child);
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// (f) Issue 12, defect 4: the runtime stops the victim, but its cgroup keeps a process the
+/// runtime does not own (as one stuck in D state would): the completed stop is the eviction,
+/// reported as not released, and the next candidate is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_pod_whose_cgroup_keeps_a_process_is_still_one_eviction() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_stopped_pod_whose_cgroup_keeps_a_process_is_still_one_eviction") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(
+        &mut ctd,
+        &[
+            PodDef { request_mib: Some(100), ..PodDef::new("worker", "burstable") },
+            PodDef::new("batch", "besteffort"),
+        ],
+    )
+    .await;
+    let (worker, batch) = (&pods[0], &pods[1]);
+    batch.set_mib(100);
+    batch.wait_usage_at_least(100 * MI, Duration::from_secs(10));
+    let squatter = Squatter(std::process::Command::new("sleep").arg("600").spawn().expect("sleep"));
+    std::fs::write(worker.cgroup.join("cgroup.procs"), squatter.0.id().to_string())
+        .expect("moving the squatter into the worker's pod cgroup");
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &["--eviction-hard", "memory.available<400Mi", "--release-timeout", "1s"],
+    );
+    worker.set_mib(650);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "worker", "{e}");
+    assert!(e["error"].is_null(), "a completed stop is the eviction: {e}");
+    assert!(e["phases"]["memory_released_ms"].is_null(), "the squatter keeps the cgroup busy: {e}");
+    // Past the release timeout, and then some: still one eviction, and batch untouched.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(evictd.evictions().len(), 1, "{:?}", evictd.evictions());
+    assert!(ctd.sandbox_ready(&batch.sandbox_id).await, "the next candidate must not be evicted too");
+    assert!(!ctd.sandbox_ready(&worker.sandbox_id).await);
+    assert!(evictd.log().contains("still holds a process"), "the slow release is reported");
+    drop(squatter);
+}

@@ -177,25 +177,34 @@ impl Pressure {
 
     /// The pods that can be ranked, with their usage read from their cgroups. A pod whose
     /// cgroup is gone is terminating, not a candidate; one evicted already is skipped until
-    /// the inventory stops listing it.
-    fn candidates<'a>(&self, pods: &'a [PodRecord]) -> Vec<(&'a PodRecord, Option<PodStats>)> {
-        pods.iter()
-            .filter(|p| !self.gone.contains(&p.sandbox_id))
-            .filter_map(|p| {
-                let cg = self.cgroups_of(p);
-                if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
-                    return None;
-                }
-                Some((p, usage::pod_stats(p, cg.as_ref(), &self.cgroups)))
-            })
-            .collect()
+    /// the inventory stops listing it; one whose usage cannot be read is left out and
+    /// logged: ranked "without stats" it would go first, on data evictd could not read.
+    fn candidates<'a>(&mut self, pods: &'a [PodRecord]) -> Vec<(&'a PodRecord, PodStats)> {
+        let mut out = Vec::with_capacity(pods.len());
+        for p in pods {
+            if self.gone.contains(&p.sandbox_id) {
+                continue;
+            }
+            let cg = self.cgroups_of(p);
+            if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
+                continue;
+            }
+            match usage::pod_stats(p, cg.as_ref(), &self.cgroups) {
+                Ok(stats) => out.push((p, stats)),
+                Err(e) => self.warn_limited(format!(
+                    "pod {}/{} left out of ranking: its usage cannot be read: {e}",
+                    p.namespace, p.name
+                )),
+            }
+        }
+        out
     }
 
     /// Evicts the top-ranked pod; when its kill fails, the next candidate, as the kubelet
     /// does (at most `MAX_CANDIDATES`).
     async fn evict_one(
         &mut self,
-        candidates: &[(&PodRecord, Option<PodStats>)],
+        candidates: &[(&PodRecord, PodStats)],
         obs: &Observations,
         now: i64,
         t0: Instant,
@@ -207,7 +216,7 @@ impl Pressure {
                 .enumerate()
                 .map(|(i, (p, s))| PodEntry {
                     pod: &p.spec,
-                    stats: s.as_ref(),
+                    stats: Some(s),
                     protected: failed.contains(&i) || self.own_pod_uid.as_deref() == Some(p.uid.as_str()),
                 })
                 .collect();
@@ -286,14 +295,14 @@ impl Pressure {
         let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
         match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout).await {
             Ok(phases) => {
-                rec.released_ns = Some(monotonic_ns());
+                rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
                 self.gone.insert(pod.sandbox_id.clone());
                 tracing::info!(
                     pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
                     grace = rec.grace_period_seconds, decide_us = rec.decide_us,
                     stop_containers_ms = phases.stop_containers_ms,
                     stop_sandbox_ms = phases.stop_sandbox_ms,
-                    memory_released_ms = phases.memory_released_ms,
+                    memory_released_ms = ?phases.memory_released_ms,
                     "evicted: {}", rec.message
                 );
                 rec.phases = Some(phases);
@@ -318,5 +327,71 @@ impl Pressure {
 
     fn cgroups_of(&self, p: &PodRecord) -> Option<usage::PodCgroups> {
         usage::pod_cgroups(p, &self.cgroups)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::{
+        node::{cgroups::CgroupVersion, memory::MemoryCgroup},
+        runtime::inventory::tests::{container, record},
+    };
+
+    /// A Pressure on a fixture cgroup v1 tree at `root`, with no runtime.
+    fn pressure(root: &Path) -> Pressure {
+        let cgroups =
+            CgroupMounts { memory_root: root.into(), memory_version: CgroupVersion::V1, unified_root: None };
+        let signals = NodeSignalSources {
+            node: MemoryCgroup::new(root, CgroupVersion::V1, true),
+            kubepods: None,
+            nodefs: "/".into(),
+            imagefs: "/".into(),
+        };
+        let opts = PressureOptions {
+            signals,
+            fs_layout: FsLayout::SingleFs,
+            cri_endpoint: None,
+            cri_timeout: Duration::from_secs(1),
+            dry_run: true,
+            pods_file: None,
+            inventory_interval: Duration::from_secs(1),
+            release_timeout: Duration::from_secs(1),
+        };
+        let mut warnings = Vec::new();
+        let policy = evictd_policy::policy::build(&Default::default(), &mut warnings).unwrap();
+        Pressure::new(policy, opts, cgroups, None)
+    }
+
+    fn pod(name: &str, parent: Option<&str>) -> PodRecord {
+        let mut r = record(parent.unwrap_or(""), vec![container(None, None)]);
+        r.name = name.into();
+        r.sandbox_id = format!("sb-{name}");
+        r.cgroup_parent = parent.map(Into::into);
+        r
+    }
+
+    /// Issue 12, defect 1: a pod whose usage cannot be read must not be ranked at all
+    /// (ranked "without stats" it would be the first victim).
+    #[test]
+    fn pods_whose_usage_cannot_be_read_are_not_candidates() {
+        let d = tempfile::tempdir().unwrap();
+        let readable = d.path().join("kubepods/pod-ok");
+        std::fs::create_dir_all(&readable).unwrap();
+        std::fs::write(readable.join("memory.usage_in_bytes"), "1048576\n").unwrap();
+        std::fs::write(readable.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+        std::fs::write(readable.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        // Its cgroup is there, but its memory files cannot be read.
+        std::fs::create_dir_all(d.path().join("kubepods/pod-broken")).unwrap();
+        let pods = vec![
+            pod("ok", Some("/kubepods/pod-ok")),
+            pod("broken", Some("/kubepods/pod-broken")),
+            pod("nowhere", None),
+        ];
+        let mut p = pressure(d.path());
+        let names: Vec<&str> = p.candidates(&pods).iter().map(|(r, _)| r.name.as_str()).collect();
+        assert_eq!(names, ["ok"]);
     }
 }

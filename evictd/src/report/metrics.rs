@@ -106,7 +106,9 @@ impl Metrics {
         if let Some(p) = &e.phases {
             phase("stop_containers", p.stop_containers_ms);
             phase("stop_sandbox", p.stop_sandbox_ms);
-            phase("memory_released", p.memory_released_ms);
+            if let Some(ms) = p.memory_released_ms {
+                phase("memory_released", ms);
+            }
         }
     }
 
@@ -175,7 +177,7 @@ mod tests {
             phases: Some(crate::runtime::evict::Phases {
                 stop_containers_ms: 120.0,
                 stop_sandbox_ms: 30.0,
-                memory_released_ms: 0.1,
+                memory_released_ms: Some(0.1),
             }),
             wake_cause: Some(WakeCause::Charge),
             wake_kernel_ts_ns: Some(1_000_000),

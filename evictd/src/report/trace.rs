@@ -145,9 +145,12 @@ impl<W: Write> TraceSink<W> {
                     (None, false) => "EVICTED".into(),
                 };
                 let phases = e.phases.as_ref().map_or(String::new(), |p| {
+                    let released = p
+                        .memory_released_ms
+                        .map_or("memory NOT released".into(), |ms| format!("memory released {ms:.1}ms"));
                     format!(
-                        " | decide {}µs, stop containers {:.1}ms, stop sandbox {:.1}ms, memory released {:.1}ms",
-                        e.decide_us, p.stop_containers_ms, p.stop_sandbox_ms, p.memory_released_ms
+                        " | decide {}µs, stop containers {:.1}ms, stop sandbox {:.1}ms, {released}",
+                        e.decide_us, p.stop_containers_ms, p.stop_sandbox_ms
                     )
                 });
                 writeln!(

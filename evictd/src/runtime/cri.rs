@@ -63,6 +63,18 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
     Ok(PathBuf::from(path))
 }
 
+/// The largest CRI response accepted: the kubelet's (16 MiB), not tonic's default 4 MiB, which
+/// a node whose sandboxes carry large annotations (any tenant can add them) exceeds, failing
+/// every inventory refresh.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// `msg` as a request whose deadline the runtime sees.
+fn deadline<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(timeout);
+    r
+}
+
 impl CriClient {
     /// A client for `endpoint`. Connecting is lazy: this succeeds while the runtime is down,
     /// and every call (re)connects as needed.
@@ -80,8 +92,8 @@ impl CriClient {
             ));
         Ok(CriClient {
             endpoint: endpoint.to_owned(),
-            runtime: RuntimeServiceClient::new(channel.clone()),
-            images: ImageServiceClient::new(channel),
+            runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES),
+            images: ImageServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES),
             timeout,
         })
     }
@@ -90,7 +102,9 @@ impl CriClient {
         &self.endpoint
     }
 
-    /// Runs one call under `timeout`, mapping failures to errors that name the call.
+    /// Runs one call under `timeout`, mapping failures to errors that name the call. The
+    /// request carries the same deadline (`grpc-timeout`), so the runtime gives up when
+    /// evictd does instead of finishing work nobody waits for.
     async fn call<T, F>(&self, call: &'static str, timeout: Duration, fut: F) -> Result<T, CriError>
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -106,7 +120,12 @@ impl CriClient {
 
     pub async fn version(&self) -> Result<cri::VersionResponse, CriError> {
         let mut c = self.runtime.clone();
-        self.call("Version", self.timeout, c.version(cri::VersionRequest { version: "v1".into() })).await
+        self.call(
+            "Version",
+            self.timeout,
+            c.version(deadline(cri::VersionRequest { version: "v1".into() }, self.timeout)),
+        )
+        .await
     }
 
     pub async fn list_pod_sandboxes(&self) -> Result<Vec<cri::PodSandbox>, CriError> {
@@ -114,7 +133,7 @@ impl CriClient {
         let r = self.call(
             "ListPodSandbox",
             self.timeout,
-            c.list_pod_sandbox(cri::ListPodSandboxRequest::default()),
+            c.list_pod_sandbox(deadline(cri::ListPodSandboxRequest::default(), self.timeout)),
         );
         Ok(r.await?.items)
     }
@@ -122,7 +141,7 @@ impl CriClient {
     pub async fn pod_sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatusResponse, CriError> {
         let mut c = self.runtime.clone();
         let req = cri::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true };
-        self.call("PodSandboxStatus", self.timeout, c.pod_sandbox_status(req)).await
+        self.call("PodSandboxStatus", self.timeout, c.pod_sandbox_status(deadline(req, self.timeout))).await
     }
 
     pub async fn list_containers(&self) -> Result<Vec<cri::Container>, CriError> {
@@ -130,7 +149,7 @@ impl CriClient {
         let r = self.call(
             "ListContainers",
             self.timeout,
-            c.list_containers(cri::ListContainersRequest::default()),
+            c.list_containers(deadline(cri::ListContainersRequest::default(), self.timeout)),
         );
         Ok(r.await?.containers)
     }
@@ -138,19 +157,25 @@ impl CriClient {
     pub async fn container_status(&self, id: &str) -> Result<cri::ContainerStatusResponse, CriError> {
         let mut c = self.runtime.clone();
         let req = cri::ContainerStatusRequest { container_id: id.into(), verbose: true };
-        self.call("ContainerStatus", self.timeout, c.container_status(req)).await
+        self.call("ContainerStatus", self.timeout, c.container_status(deadline(req, self.timeout))).await
     }
 
     pub async fn list_pod_sandbox_stats(&self) -> Result<Vec<cri::PodSandboxStats>, CriError> {
         let mut c = self.runtime.clone();
         let req = cri::ListPodSandboxStatsRequest::default();
-        Ok(self.call("ListPodSandboxStats", self.timeout, c.list_pod_sandbox_stats(req)).await?.stats)
+        Ok(self
+            .call("ListPodSandboxStats", self.timeout, c.list_pod_sandbox_stats(deadline(req, self.timeout)))
+            .await?
+            .stats)
     }
 
     pub async fn list_container_stats(&self) -> Result<Vec<cri::ContainerStats>, CriError> {
         let mut c = self.runtime.clone();
         let req = cri::ListContainerStatsRequest::default();
-        Ok(self.call("ListContainerStats", self.timeout, c.list_container_stats(req)).await?.stats)
+        Ok(self
+            .call("ListContainerStats", self.timeout, c.list_container_stats(deadline(req, self.timeout)))
+            .await?
+            .stats)
     }
 
     /// SIGTERM, then SIGKILL after `grace_seconds`. The call lasts as long as the grace period,
@@ -158,37 +183,53 @@ impl CriClient {
     pub async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::StopContainerRequest { container_id: id.into(), timeout: grace_seconds };
-        let deadline = self.timeout + Duration::from_secs(grace_seconds.max(0) as u64);
-        gone_is_done(self.call("StopContainer", deadline, c.stop_container(req)).await)
+        let limit = self.timeout + Duration::from_secs(grace_seconds.max(0) as u64);
+        gone_is_done(self.call("StopContainer", limit, c.stop_container(deadline(req, limit))).await)
     }
 
     pub async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::StopPodSandboxRequest { pod_sandbox_id: id.into() };
-        gone_is_done(self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(req)).await)
+        gone_is_done(
+            self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(deadline(req, self.timeout))).await,
+        )
     }
 
     pub async fn remove_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::RemovePodSandboxRequest { pod_sandbox_id: id.into() };
-        gone_is_done(self.call("RemovePodSandbox", self.timeout, c.remove_pod_sandbox(req)).await)
+        gone_is_done(
+            self.call("RemovePodSandbox", self.timeout, c.remove_pod_sandbox(deadline(req, self.timeout)))
+                .await,
+        )
     }
 
     pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::RemoveContainerRequest { container_id: id.into() };
-        gone_is_done(self.call("RemoveContainer", self.timeout, c.remove_container(req)).await)
+        gone_is_done(
+            self.call("RemoveContainer", self.timeout, c.remove_container(deadline(req, self.timeout))).await,
+        )
     }
 
     pub async fn image_fs_info(&self) -> Result<cri::ImageFsInfoResponse, CriError> {
         let mut c = self.images.clone();
-        self.call("ImageFsInfo", self.timeout, c.image_fs_info(cri::ImageFsInfoRequest::default())).await
+        self.call(
+            "ImageFsInfo",
+            self.timeout,
+            c.image_fs_info(deadline(cri::ImageFsInfoRequest::default(), self.timeout)),
+        )
+        .await
     }
 
     pub async fn list_images(&self) -> Result<Vec<cri::Image>, CriError> {
         let mut c = self.images.clone();
         Ok(self
-            .call("ListImages", self.timeout, c.list_images(cri::ListImagesRequest::default()))
+            .call(
+                "ListImages",
+                self.timeout,
+                c.list_images(deadline(cri::ListImagesRequest::default(), self.timeout)),
+            )
             .await?
             .images)
     }
@@ -198,7 +239,9 @@ impl CriClient {
         let req = cri::RemoveImageRequest {
             image: Some(cri::ImageSpec { image: id.into(), ..Default::default() }),
         };
-        gone_is_done(self.call("RemoveImage", self.timeout, c.remove_image(req)).await)
+        gone_is_done(
+            self.call("RemoveImage", self.timeout, c.remove_image(deadline(req, self.timeout))).await,
+        )
     }
 
     /// The raw runtime client, for callers (the test harness) that create pods.

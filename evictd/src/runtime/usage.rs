@@ -10,7 +10,7 @@ use evictd_policy::summary::{ContainerStats, FsStats, MemoryStats, PodRef, PodSt
 use super::inventory::PodRecord;
 use crate::node::{
     cgroups::{CgroupMounts, CgroupVersion},
-    memory::MemoryCgroup,
+    memory::{MemoryCgroup, MemoryError},
 };
 
 /// The directory of a pod cgroup relative to a hierarchy root. cgroupfs parents are paths
@@ -49,12 +49,26 @@ pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupMounts) -> Option<PodCgroups>
     Some(PodCgroups { memory, pids })
 }
 
+/// Why a pod's usage could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("the runtime gave no cgroup parent for it")]
+    NoCgroup,
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+}
+
 /// The pod's stats for ranking and messages, read now from its cgroups (memory, processes)
-/// and from the last refresh (disk). `None` when its cgroup cannot be read: such a pod ranks
-/// as "without stats", as in the kubelet.
-pub fn pod_stats(rec: &PodRecord, cgroups: Option<&PodCgroups>, layout: &CgroupMounts) -> Option<PodStats> {
-    let cg = cgroups?;
-    let mem = cg.memory.read().ok()?;
+/// and from the last refresh (disk). An error when its memory cgroup cannot be read: the
+/// caller must not rank such a pod "without stats" (first), since that would evict on data
+/// evictd could not read.
+pub fn pod_stats(
+    rec: &PodRecord,
+    cgroups: Option<&PodCgroups>,
+    layout: &CgroupMounts,
+) -> Result<PodStats, UsageError> {
+    let cg = cgroups.ok_or(UsageError::NoCgroup)?;
+    let mem = cg.memory.read()?;
     let processes = cg
         .pids
         .as_ref()
@@ -83,7 +97,7 @@ pub fn pod_stats(rec: &PodRecord, cgroups: Option<&PodCgroups>, layout: &CgroupM
             }
         })
         .collect();
-    Some(PodStats {
+    Ok(PodStats {
         pod_ref: PodRef { name: rec.name.clone(), namespace: rec.namespace.clone(), uid: rec.uid.clone() },
         containers,
         memory: Some(MemoryStats { working_set_bytes: Some(mem.working_set()), ..Default::default() }),

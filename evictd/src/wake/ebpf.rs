@@ -11,7 +11,7 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use evictd_common::WakeEvent;
-use evictd_policy::distance::nearest_memory_threshold;
+use evictd_policy::{distance::nearest_memory_threshold, observations::Observations, policy::Threshold};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     sync::mpsc,
@@ -38,12 +38,35 @@ pub const MIN_AUTO_WATERMARK: u64 = 1 << 20;
 /// With no memory threshold at all, still look after this much growth.
 const NO_THRESHOLD_WATERMARK: u64 = 256 << 20;
 
-/// The watermark for a given distance to the nearest threshold.
-pub fn watermark_for(mode: Watermark, distance: Option<i64>) -> u64 {
+/// How far memory is from its nearest threshold, as far as evictd knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Distance {
+    /// available − threshold quantity of the nearest memory threshold.
+    Known(i64),
+    /// There are memory thresholds, but the signal could not be read: it may be right there.
+    Unknown,
+    /// No memory threshold is configured at all.
+    NoMemoryThreshold,
+}
+
+impl Distance {
+    pub fn of(thresholds: &[Threshold], obs: &Observations) -> Self {
+        match nearest_memory_threshold(thresholds, obs) {
+            Some((_, d)) => Distance::Known(d),
+            None if thresholds.iter().any(|t| t.signal.is_memory()) => Distance::Unknown,
+            None => Distance::NoMemoryThreshold,
+        }
+    }
+}
+
+/// The watermark for a given distance to the nearest threshold. Not knowing the distance
+/// means assuming the threshold is near: the floor, never the no-threshold default.
+pub fn watermark_for(mode: Watermark, distance: Distance) -> u64 {
     match (mode, distance) {
         (Watermark::Fixed(b), _) => b,
-        (Watermark::Auto, None) => NO_THRESHOLD_WATERMARK,
-        (Watermark::Auto, Some(d)) => (d.max(0) as u64 / 2).max(MIN_AUTO_WATERMARK),
+        (Watermark::Auto, Distance::NoMemoryThreshold) => NO_THRESHOLD_WATERMARK,
+        (Watermark::Auto, Distance::Unknown) => MIN_AUTO_WATERMARK,
+        (Watermark::Auto, Distance::Known(d)) => (d.max(0) as u64 / 2).max(MIN_AUTO_WATERMARK),
     }
 }
 
@@ -79,8 +102,7 @@ impl WakeSource for EbpfWake {
     }
 
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
-        let nearest = nearest_memory_threshold(node.thresholds, node.observations);
-        let w = watermark_for(self.mode, nearest.map(|(_, d)| d));
+        let w = watermark_for(self.mode, Distance::of(node.thresholds, node.observations));
         self.probes.rearm(w)?;
         self.watermark = Some(w);
         Ok(())
@@ -154,10 +176,27 @@ mod tests {
 
     #[test]
     fn watermark_is_half_the_distance_with_a_floor() {
-        assert_eq!(watermark_for(Watermark::Auto, Some(1 << 30)), 1 << 29);
-        assert_eq!(watermark_for(Watermark::Auto, Some(1000)), MIN_AUTO_WATERMARK);
-        assert_eq!(watermark_for(Watermark::Auto, Some(-5)), MIN_AUTO_WATERMARK);
-        assert_eq!(watermark_for(Watermark::Auto, None), NO_THRESHOLD_WATERMARK);
-        assert_eq!(watermark_for(Watermark::Fixed(0), Some(1 << 30)), 0);
+        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(1 << 30)), 1 << 29);
+        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(1000)), MIN_AUTO_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(-5)), MIN_AUTO_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Auto, Distance::NoMemoryThreshold), NO_THRESHOLD_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Fixed(0), Distance::Known(1 << 30)), 0);
+    }
+
+    /// Issue 12, defect 5: a node whose memory cannot be read has no "nearest threshold",
+    /// which must mean the floor (it may be right there), not the no-threshold default.
+    #[test]
+    fn an_unreadable_node_arms_the_floor() {
+        let mut warnings = Vec::new();
+        let policy = evictd_policy::policy::build(&Default::default(), &mut warnings).unwrap();
+        let unreadable = Observations::new();
+        assert_eq!(Distance::of(&policy.thresholds, &unreadable), Distance::Unknown);
+        assert_eq!(
+            watermark_for(Watermark::Auto, Distance::of(&policy.thresholds, &unreadable)),
+            MIN_AUTO_WATERMARK
+        );
+        let no_memory: Vec<Threshold> =
+            policy.thresholds.iter().filter(|t| !t.signal.is_memory()).copied().collect();
+        assert_eq!(Distance::of(&no_memory, &unreadable), Distance::NoMemoryThreshold);
     }
 }
