@@ -184,7 +184,8 @@ impl std::str::FromStr for Quantity {
             let m = checked_mul(m, NANO)?;
             div_ceil(m, 10i128.pow(scale as u32))
         } else {
-            let pow10 = exp + 9 - scale;
+            // i64: an exponent near i32::MAX must not overflow (`1e2147483647`).
+            let pow10 = i64::from(exp) + 9 - i64::from(scale);
             if pow10 >= 0 {
                 if pow10 > 36 {
                     if mantissa == 0 {
@@ -281,6 +282,15 @@ mod tests {
 
     fn q(s: &str) -> Quantity {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    /// Issue 12, defect 10: exponents at the ends of i32 are errors or round, never overflow.
+    #[test]
+    fn extreme_exponents_do_not_overflow() {
+        assert_eq!("1e2147483647".parse::<Quantity>(), Err(QuantityError::TooLarge));
+        assert_eq!(q("0e2147483647").value(), 0);
+        assert_eq!(q("1e-2147483648").nanos(), 1, "rounded up to the smallest unit");
+        assert_eq!(q("5e-2147483640").nanos(), 1);
     }
 
     #[test]

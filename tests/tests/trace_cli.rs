@@ -55,3 +55,37 @@ fn trace_json_reports_charge_in_the_node_cgroup() {
     assert!(avail > 0 && avail < 1 << 30, "available {avail} must be within the 1 GiB node cgroup");
     assert_eq!(e["threshold_distance_bytes"].as_i64(), Some(avail - (100 << 20)));
 }
+
+/// Issue 12: the summary line shows memory.available as read that second. With no wake at
+/// all (only a timer that never fires), a workload growing by 256 MiB must show.
+#[test]
+fn the_summary_shows_memory_as_read_that_second() {
+    if !privileged("the_summary_shows_memory_as_read_that_second") {
+        return;
+    }
+    let cg = TestCgroup::new(Some(1 << 30));
+    let mut hog = MemHog::spawn_in(&cg);
+    let mut evictd = Command::new(evictd_binary())
+        .args(["--trace", "--json", "--wake-sources", "timer", "--housekeeping-interval", "1h"])
+        .args(["--cri-endpoint", "none", "--duration", "4s", "--eviction-hard", "memory.available<100Mi"])
+        .arg("--node-cgroup")
+        .arg(&cg.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting evictd");
+    let mut lines = BufReader::new(evictd.stdout.take().expect("stdout")).lines();
+    let mut next_summary = || loop {
+        let line = lines.next().expect("evictd stopped early").expect("read");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON line");
+        if v["type"] == "summary" {
+            return v["memory_available_bytes"].as_i64().expect("memory.available is read");
+        }
+    };
+    let before = next_summary();
+    hog.alloc(256);
+    std::thread::sleep(Duration::from_millis(1100));
+    let after = next_summary().min(next_summary());
+    let _ = evictd.wait();
+    assert!(before - after >= 200 << 20, "summary must follow the node: {before} → {after}");
+}

@@ -5,11 +5,11 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use evictd_policy::{flags::PolicyArgs, quantity::Quantity, rank::FsLayout};
+use evictd_policy::{flags::PolicyArgs, policy::Policy, quantity::Quantity, rank::FsLayout};
 
 use crate::{
     daemon::{PressureOptions, RunOptions},
-    kernel::ebpf::LoadOptions,
+    kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items},
     node::{cgroups::CgroupMounts, memory::MemoryCgroup, signals::NodeSignalSources},
     report::trace::TraceFormat,
     runtime::cri,
@@ -34,7 +34,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "unix:///PATH|none", default_value = cri::DEFAULT_ENDPOINT)]
     pub cri_endpoint: String,
     /// Deadline of one CRI call (StopContainer gets the pod's grace period on top).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub cri_timeout: Duration,
     /// Decide and report, but stop no pod ("would evict ...").
     #[arg(long)]
@@ -55,13 +55,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR", default_value = "/var/lib/containerd")]
     pub imagefs_path: PathBuf,
     /// How often the pod inventory is refreshed from the runtime.
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_period)]
     pub inventory_interval: Duration,
     /// How long to wait for an evicted pod's memory to be released.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub release_timeout: Duration,
     /// The fallback timer's period.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub housekeeping_interval: Duration,
     /// Which wake sources to use, comma-separated: ebpf, eventfd (cgroup v1 memory
     /// thresholds), psi (pressure stall triggers), timer. Each that this kernel does not
@@ -91,16 +91,40 @@ pub struct RunArgs {
     pub duration: Option<Duration>,
 }
 
-/// A duration flag that does not parse.
+/// Longer than any interval or timeout makes sense for, and short enough that adding it to
+/// a clock cannot overflow.
+const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+/// The shortest period a timer, an inventory refresh or a CRI deadline may have: below it the
+/// daemon would spin (or every call would time out).
+const MIN_PERIOD: Duration = Duration::from_millis(10);
+
+/// A duration flag that does not parse, or is out of range.
 #[derive(Debug, thiserror::Error)]
-#[error("{text:?}: {error} (examples: 10s, 500ms, 5m)")]
-struct DurationFlagError {
-    text: String,
-    error: humantime::DurationError,
+enum DurationFlagError {
+    #[error("{text:?}: {error} (examples: 10s, 500ms, 5m)")]
+    Parse { text: String, error: humantime::DurationError },
+    #[error("{text:?} is longer than a year")]
+    TooLong { text: String },
+    #[error("{text:?} is shorter than {MIN_PERIOD:?}: the daemon would spin")]
+    TooShort { text: String },
 }
 
 fn parse_duration(s: &str) -> Result<Duration, DurationFlagError> {
-    humantime::parse_duration(s).map_err(|error| DurationFlagError { text: s.into(), error })
+    let d =
+        humantime::parse_duration(s).map_err(|error| DurationFlagError::Parse { text: s.into(), error })?;
+    if d > MAX_FLAG_DURATION {
+        return Err(DurationFlagError::TooLong { text: s.into() });
+    }
+    Ok(d)
+}
+
+/// A period: a timer's, a refresh's, a deadline's.
+fn parse_period(s: &str) -> Result<Duration, DurationFlagError> {
+    let d = parse_duration(s)?;
+    if d < MIN_PERIOD {
+        return Err(DurationFlagError::TooShort { text: s.into() });
+    }
+    Ok(d)
 }
 
 impl RunArgs {
@@ -111,6 +135,9 @@ impl RunArgs {
             tracing::warn!("{w}");
         }
         let wake = self.wake_options()?;
+        if let Some(w) = unwoken_thresholds(&policy, &wake.sources) {
+            tracing::warn!("{w}");
+        }
         let cgroups = CgroupMounts::detect()?;
         let signals = self.node_signals(&cgroups)?;
         let fs_layout =
@@ -178,7 +205,12 @@ impl RunArgs {
         }
         let defaults = LoadOptions::default();
         let charge_items = match &self.charge_items {
-            Some(list) => list.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
+            Some(list) => {
+                let items: Vec<String> =
+                    list.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
+                check_charge_items(&items, &defaults.btf_path)?;
+                items
+            }
             None => defaults.charge_items.clone(),
         };
         let load = LoadOptions {
@@ -212,15 +244,52 @@ impl RunArgs {
             None => NodeSignalSources::kubepods_for(&node, "kubepods")
                 .or_else(|| NodeSignalSources::kubepods_for(&node, "kubepods.slice")),
         };
-        // Paths that do not exist on this machine (no kubelet here) fall back to /.
-        let existing = |p: &PathBuf| if p.exists() { p.clone() } else { PathBuf::from("/") };
+        // Paths that do not exist on this machine (no kubelet here) fall back to /, and say so.
+        let existing = |flag: &str, p: &PathBuf| {
+            if p.exists() {
+                return p.clone();
+            }
+            tracing::warn!("{flag} {} does not exist: measuring / instead", p.display());
+            PathBuf::from("/")
+        };
         Ok(NodeSignalSources {
             node,
             kubepods,
-            nodefs: existing(&self.nodefs_path),
-            imagefs: existing(&self.imagefs_path),
+            nodefs: existing("--nodefs-path", &self.nodefs_path),
+            imagefs: existing("--imagefs-path", &self.imagefs_path),
         })
     }
+}
+
+/// Names in `--charge-items` that this kernel does not have are an error at start-up, not a
+/// warning and a silent fall back to the timer. Without BTF there is nothing to check them
+/// against; the eBPF source then reports that itself.
+fn check_charge_items(items: &[String], btf: &std::path::Path) -> anyhow::Result<()> {
+    let Ok(btf) = KernelBtf::open(btf) else { return Ok(()) };
+    let known = stat_items::kernel_items(&btf).context("--charge-items")?;
+    stat_items::select(&known, items).context("--charge-items")?;
+    Ok(())
+}
+
+/// Only the timer (and a wake that happens to come) looks at disk and PID signals, and at
+/// soft thresholds whose grace period runs out while memory stays put: without it they may
+/// never be evaluated.
+fn unwoken_thresholds(policy: &Policy, sources: &[SourceKind]) -> Option<String> {
+    if sources.contains(&SourceKind::Timer) {
+        return None;
+    }
+    let unwoken: Vec<String> = policy
+        .thresholds
+        .iter()
+        .filter(|t| !t.signal.is_memory() || !t.is_hard())
+        .map(|t| t.to_string())
+        .collect();
+    (!unwoken.is_empty()).then(|| {
+        format!(
+            "--wake-sources has no timer: {} are evaluated only when another source happens to wake evictd",
+            unwoken.join(", ")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -263,11 +332,32 @@ mod tests {
             (vec!["--cri-endpoint", "tcp://127.0.0.1:1"], "--cri-endpoint"),
             (vec!["--pods-file", "/nonexistent/pods.json"], "--pods-file"),
             (vec!["--kubepods-cgroup", "nope"], "--kubepods-cgroup"),
+            // Issue 12, defect 9: flags that used to break the daemon quietly.
+            (vec!["--housekeeping-interval", "0s"], "--housekeeping-interval"),
+            (vec!["--inventory-interval", "0s"], "--inventory-interval"),
+            (vec!["--cri-timeout", "0s"], "--cri-timeout"),
+            (vec!["--duration", "1000000d"], "--duration"),
+            (vec!["--charge-items", "NR_ACTIVE_ANON,NR_ACTIV_FILE"], "--charge-items"),
         ] {
             let err = args(&argv).err().unwrap_or_else(|| panic!("{argv:?} should fail"));
             assert!(format!("{err:#}").contains(needle), "{argv:?}: {err:#}");
         }
         assert!(args(&["--housekeeping-interval", "soon"]).is_err());
+        assert!(args(&["--charge-items", "NR_ACTIVE_ANON,NR_ACTIVE_FILE"]).is_ok());
         assert!(args(&["--json"]).is_err(), "--json needs --trace");
+    }
+
+    #[test]
+    fn no_timer_is_a_warning_when_some_threshold_needs_it() {
+        let (all, _) = PolicyArgs::default().policy().unwrap();
+        let w =
+            unwoken_thresholds(&all, &[SourceKind::Ebpf]).expect("the default policy has disk thresholds");
+        assert!(w.contains("--wake-sources") && w.contains("nodefs.available<10%"), "{w}");
+        assert!(!w.contains("memory.available<100Mi"), "hard memory thresholds are woken by the kernel: {w}");
+        assert!(unwoken_thresholds(&all, &[SourceKind::Ebpf, SourceKind::Timer]).is_none());
+        let memory_only =
+            PolicyArgs { eviction_hard: Some("memory.available<1Gi".into()), ..Default::default() };
+        let (memory_only, _) = memory_only.policy().unwrap();
+        assert!(unwoken_thresholds(&memory_only, &[SourceKind::Ebpf]).is_none());
     }
 }

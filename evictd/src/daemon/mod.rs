@@ -65,9 +65,11 @@ pub struct PressureOptions {
     pub release_timeout: Duration,
 }
 
-/// Wall-clock ns: the engine's clock (grace periods, transition period).
-fn wall_ns() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+/// The engine's clock (grace periods, the transition period, stats' freshness): monotonic,
+/// so that a wall-clock step (NTP, an operator) can neither cut a grace period short nor
+/// hold a pressure condition for hours.
+fn engine_ns() -> i64 {
+    wake::monotonic_ns() as i64
 }
 
 fn memory_view(pressure: &Pressure, obs: &Observations) -> MemoryView {
@@ -138,14 +140,15 @@ impl Daemon {
             None => None,
         };
         let kick = Arc::new(Notify::new());
-        let pods = spawn_inventory(client.as_ref(), &opts.pressure, kick.clone());
+        let pods = spawn_inventory(client.as_ref(), &opts.pressure, kick.clone())?;
+        log_sources(&opts.pressure);
         if opts.pressure.dry_run {
             tracing::info!("dry run: evictd decides and reports, and stops no pod");
         }
         let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
         let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client);
         let mut daemon = Daemon { pressure, sources, stats, report, pods, kick };
-        let obs = daemon.pressure.observe(wall_ns());
+        let obs = daemon.pressure.observe(engine_ns());
         daemon.report.observed(&memory_view(&daemon.pressure, &obs));
         daemon.rearm(&obs);
         Ok(daemon)
@@ -156,7 +159,7 @@ impl Daemon {
         let pods = self.pods.borrow().clone();
         // The wake to account the decision to: the earliest in the batch.
         let first = batch.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
-        let (evictions, obs) = self.pressure.pass(&pods, wall_ns, first).await;
+        let (evictions, obs) = self.pressure.pass(&pods, engine_ns, first).await;
         if !evictions.is_empty() {
             self.kick.notify_one();
         }
@@ -171,9 +174,12 @@ impl Daemon {
         self.cgroups_changed();
     }
 
+    /// The summary shows memory.available as read now, not as the last wake saw it: on a
+    /// node far from any threshold there may be no wake for a long time.
     fn each_second(&mut self) -> anyhow::Result<()> {
         self.cgroups_changed();
-        self.report.summary(&self.sources, &self.stats)?;
+        let available = self.pressure.signals.node.read().ok().map(|m| m.available());
+        self.report.summary(&self.sources, &self.stats, available)?;
         Ok(())
     }
 
@@ -197,16 +203,36 @@ impl Daemon {
     }
 }
 
-/// The inventory task, or, without a runtime, a snapshot that stays empty.
+/// The inventory task, or, without a runtime, a snapshot that stays empty. The node's
+/// capacity turns oom_score_adj back into requests: without it, inferred requests would be
+/// zero and every burstable pod would look over its request.
 fn spawn_inventory(
     client: Option<&CriClient>,
     opts: &PressureOptions,
     kick: Arc<Notify>,
-) -> watch::Receiver<Arc<Vec<PodRecord>>> {
-    let Some(client) = client else { return watch::channel(Arc::new(Vec::new())).1 };
-    let capacity = opts.signals.node.read().map(|m| m.capacity as i64).unwrap_or(0);
+) -> anyhow::Result<watch::Receiver<Arc<Vec<PodRecord>>>> {
+    let Some(client) = client else { return Ok(watch::channel(Arc::new(Vec::new())).1) };
+    let node = &opts.signals.node;
+    let capacity = node
+        .read()
+        .with_context(|| format!("reading the node's memory capacity from {}", node.dir.display()))?
+        .capacity as i64;
     let inventory = Inventory::new(opts.pods_file.clone(), capacity);
-    inventory::spawn_refresh(client.clone(), inventory, opts.inventory_interval, kick)
+    Ok(inventory::spawn_refresh(client.clone(), inventory, opts.inventory_interval, kick))
+}
+
+/// What evictd measures, said once at start: a missing mount or cgroup silently changes it.
+fn log_sources(opts: &PressureOptions) {
+    let s = &opts.signals;
+    tracing::info!(
+        node_cgroup = %s.node.dir.display(),
+        kubepods_cgroup = %s.kubepods.as_ref().map_or("none (no allocatableMemory.available)".into(), |k| k.dir.display().to_string()),
+        nodefs = %s.nodefs.display(),
+        imagefs = %s.imagefs.display(),
+        dedicated_imagefs = s.dedicated_imagefs(),
+        cri = opts.cri_endpoint.as_deref().unwrap_or("none"),
+        "observing"
+    );
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -282,10 +282,13 @@ impl Pressure {
     async fn act(&mut self, pod: &PodRecord, e: &engine::Eviction, rec: &mut EvictionRecord) -> bool {
         let who = format!("{}/{}", rec.namespace, rec.name);
         if self.dry_run {
-            tracing::info!(
-                pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
-                grace = rec.grace_period_seconds, "dry run: would evict: {}", rec.message
-            );
+            // Every wake repeats the same decision while the pressure lasts.
+            if !self.repeated(&format!("would evict {who}")) {
+                tracing::info!(
+                    pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
+                    grace = rec.grace_period_seconds, "dry run: would evict: {}", rec.message
+                );
+            }
             return true;
         }
         let Some(client) = &self.client else {
@@ -318,11 +321,18 @@ impl Pressure {
 
     /// The same warning at most every `WARN_EVERY`: wakes come many times a second.
     fn warn_limited(&mut self, msg: String) {
-        let repeat = self.last_warning.as_ref().is_some_and(|(m, t)| *m == msg && t.elapsed() < WARN_EVERY);
-        if !repeat {
+        if !self.repeated(&msg) {
             tracing::warn!("{msg}");
-            self.last_warning = Some((msg, Instant::now()));
         }
+    }
+
+    /// Whether `msg` was the last message said, less than `WARN_EVERY` ago; records it if not.
+    fn repeated(&mut self, msg: &str) -> bool {
+        let repeat = self.last_warning.as_ref().is_some_and(|(m, t)| m == msg && t.elapsed() < WARN_EVERY);
+        if !repeat {
+            self.last_warning = Some((msg.to_owned(), Instant::now()));
+        }
+        repeat
     }
 
     fn cgroups_of(&self, p: &PodRecord) -> Option<usage::PodCgroups> {

@@ -71,8 +71,15 @@ impl Report {
         self.counts.available = view.available;
     }
 
-    /// The once-a-second `--trace` summary (and its warnings, with or without `--trace`).
-    pub fn summary(&mut self, sources: &[Box<dyn WakeSource>], stats: &WakeStats) -> io::Result<()> {
+    /// The once-a-second `--trace` summary (and its warnings, with or without `--trace`);
+    /// `available` is memory.available as read for it (`None`: unreadable).
+    pub fn summary(
+        &mut self,
+        sources: &[Box<dyn WakeSource>],
+        stats: &WakeStats,
+        available: Option<i64>,
+    ) -> io::Result<()> {
+        self.counts.available = available;
         let summary = self.counts.summary(sources, stats);
         match self.sink.as_mut() {
             Some(s) => s.summary(&summary),

@@ -11,7 +11,7 @@ use evictd_policy::{
     quantity::Quantity,
 };
 
-use super::inventory::PodRecord;
+use super::inventory::{ContainerRecord, PodRecord};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Qos {
@@ -32,37 +32,19 @@ pub fn qos_of_cgroup(parent: &str) -> Qos {
 }
 
 /// A spec built from what the node shows, for pods the pods file does not describe.
+///
+/// Only the latest instance of each container name counts (a restarted container's earlier
+/// instances are history, not demand). A name whose latest instance runs is a regular
+/// container; one whose latest instance has exited while the pod runs is taken as an init
+/// container, so the kubelet's rule applies: the pod requests the larger of its biggest
+/// init container and the sum of its regular containers.
 pub fn infer_spec(rec: &PodRecord, capacity: i64) -> Pod {
     let qos = rec.cgroup_parent.as_deref().map_or(Qos::BestEffort, qos_of_cgroup);
-    let containers = rec
-        .containers
-        .iter()
-        .map(|c| {
-            let request = match qos {
-                Qos::BestEffort => None,
-                Qos::Guaranteed => c.memory_limit,
-                // The kubelet sets oom_score_adj = 1000 − 1000·request/capacity for burstable
-                // containers; invert it (clamped values lose precision, not direction).
-                Qos::Burstable => c
-                    .oom_score_adj
-                    .filter(|adj| (1..1000).contains(adj))
-                    .map(|adj| ((1000 - adj) as i128 * capacity as i128 / 1000) as i64),
-            };
-            let mut requests = BTreeMap::new();
-            if let Some(r) = request {
-                requests.insert("memory".to_owned(), Quantity::from_units(r));
-            }
-            let mut limits = BTreeMap::new();
-            if let Some(l) = c.memory_limit {
-                limits.insert("memory".to_owned(), Quantity::from_units(l));
-            }
-            Container {
-                name: c.name.clone(),
-                resources: Resources { requests, limits },
-                restart_policy: None,
-            }
-        })
-        .collect();
+    let (mut containers, mut init_containers) = (Vec::new(), Vec::new());
+    for c in latest_instances(&rec.containers) {
+        let spec = inferred_container(c, qos, capacity);
+        if c.running { containers.push(spec) } else { init_containers.push(spec) }
+    }
     Pod {
         metadata: ObjectMeta {
             name: rec.name.clone(),
@@ -73,11 +55,48 @@ pub fn infer_spec(rec: &PodRecord, capacity: i64) -> Pod {
         },
         spec: PodSpec {
             containers,
+            init_containers,
             termination_grace_period_seconds: rec.containers.iter().find_map(|c| c.grace_seconds),
             ..Default::default()
         },
         status: Default::default(),
     }
+}
+
+/// The newest instance (highest attempt) of each container name, in first-seen order.
+fn latest_instances(all: &[ContainerRecord]) -> Vec<&ContainerRecord> {
+    let mut latest: Vec<&ContainerRecord> = Vec::new();
+    for c in all {
+        match latest.iter_mut().find(|l| l.name == c.name) {
+            Some(l) if c.attempt > l.attempt => *l = c,
+            Some(_) => {}
+            None => latest.push(c),
+        }
+    }
+    latest
+}
+
+/// One container's requests and limits, as its QoS class and the kubelet's settings show them.
+fn inferred_container(c: &ContainerRecord, qos: Qos, capacity: i64) -> Container {
+    let request = match qos {
+        Qos::BestEffort => None,
+        Qos::Guaranteed => c.memory_limit,
+        // The kubelet sets oom_score_adj = 1000 − 1000·request/capacity for burstable
+        // containers; invert it (clamped values lose precision, not direction).
+        Qos::Burstable => c
+            .oom_score_adj
+            .filter(|adj| (1..1000).contains(adj))
+            .map(|adj| ((1000 - adj) as i128 * capacity as i128 / 1000) as i64),
+    };
+    let mut requests = BTreeMap::new();
+    if let Some(r) = request {
+        requests.insert("memory".to_owned(), Quantity::from_units(r));
+    }
+    let mut limits = BTreeMap::new();
+    if let Some(l) = c.memory_limit {
+        limits.insert("memory".to_owned(), Quantity::from_units(l));
+    }
+    Container { name: c.name.clone(), resources: Resources { requests, limits }, restart_policy: None }
 }
 
 #[cfg(test)]
@@ -111,5 +130,37 @@ mod tests {
         let mut r = record("/kubepods/pod1", vec![]);
         r.annotations.insert("kubernetes.io/config.source".into(), "file".into());
         assert!(infer_spec(&r, 1).is_critical());
+    }
+
+    /// Issue 12, defect 3: a restarted container and a finished init container must not
+    /// add up to a request the pod never made.
+    #[test]
+    fn only_the_latest_instance_counts_and_init_containers_take_the_max() {
+        let cap = 1000 << 20;
+        let instance = |name: &str, attempt: u32, running: bool, adj: i64| ContainerRecord {
+            name: name.into(),
+            attempt,
+            running,
+            ..container(None, Some(adj))
+        };
+        // app: request 100/1000 of capacity (adj 900), restarted once; init: 50 (adj 950).
+        let r = record(
+            "/kubepods/burstable/pod1",
+            vec![
+                instance("init", 0, false, 950),
+                instance("app", 0, false, 900),
+                instance("app", 1, true, 900),
+            ],
+        );
+        let spec = infer_spec(&r, cap);
+        assert_eq!(spec.spec.containers.len(), 1, "one app, not two: {:?}", spec.spec.containers);
+        assert_eq!(spec.spec.init_containers.len(), 1);
+        assert_eq!(spec.request_nanos("memory"), (100i128 << 20) * 1_000_000_000, "max(50, 100), not 250");
+        // An init container bigger than the regular ones sets the request.
+        let r = record(
+            "/kubepods/burstable/pod2",
+            vec![instance("init", 0, false, 700), instance("app", 0, true, 900)],
+        );
+        assert_eq!(infer_spec(&r, cap).request_nanos("memory"), (300i128 << 20) * 1_000_000_000);
     }
 }

@@ -24,6 +24,9 @@ pub struct ContainerRecord {
     pub id: String,
     pub name: String,
     pub running: bool,
+    /// The kubelet's restart count for this container name: a higher attempt replaces a
+    /// lower one.
+    pub attempt: u32,
     pub memory_limit: Option<i64>,
     pub oom_score_adj: Option<i64>,
     pub grace_seconds: Option<i64>,
@@ -101,8 +104,16 @@ impl Inventory {
         self.pods.retain(|id, _| ready.iter().any(|s| &s.id == id));
         for sb in ready {
             if !self.pods.contains_key(&sb.id) {
-                let rec = self.describe_sandbox(client, sb).await?;
-                self.pods.insert(sb.id.clone(), rec);
+                // One sandbox the runtime cannot describe must not hide all the others.
+                match self.describe_sandbox(client, sb).await {
+                    Ok(rec) => {
+                        self.pods.insert(sb.id.clone(), rec);
+                    }
+                    Err(e) => {
+                        skip_object(e, "sandbox", &sb.id)?;
+                        continue;
+                    }
+                }
             }
             let Some(rec) = self.pods.get_mut(&sb.id) else { continue };
             let mine: Vec<&cri::Container> =
@@ -200,12 +211,26 @@ fn container_record(
         id: c.id.clone(),
         name: c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
         running,
+        attempt: c.metadata.as_ref().map_or(0, |m| m.attempt),
         // proto3 omits zeros: 0 means "not set" for both.
         memory_limit: res.as_ref().map(|r| r.memory_limit_in_bytes).filter(|v| *v > 0),
         oom_score_adj: res.as_ref().map(|r| r.oom_score_adj).filter(|v| *v != 0),
         grace_seconds: grace,
         rootfs: None,
     }
+}
+
+/// What a refresh does when the runtime cannot describe one object: a runtime that is down
+/// ends the refresh (the error), one that is gone is skipped quietly, any other failure is
+/// skipped with a warning, and the refresh goes on with the rest.
+fn skip_object(e: CriError, kind: &str, id: &str) -> Result<(), CriError> {
+    if e.is_unavailable() {
+        return Err(e);
+    }
+    if !e.is_not_found() {
+        tracing::warn!("{kind} {id} left out of the inventory for now: {e}");
+    }
+    Ok(())
 }
 
 /// The pods file could not be used; the specs read before stay.
@@ -233,8 +258,10 @@ async fn refresh_containers(
         }
         let status = match client.container_status(&c.id).await {
             Ok(s) => s,
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(e),
+            Err(e) => {
+                skip_object(e, "container", &c.id)?;
+                continue;
+            }
         };
         rec.containers.push(container_record(c, running, &status));
     }
@@ -289,6 +316,29 @@ pub fn spawn_refresh(
 pub(crate) mod tests {
     use super::*;
 
+    fn status(code: tonic::Code) -> CriError {
+        CriError::Call {
+            endpoint: "e".into(),
+            call: "ContainerStatus",
+            status: Box::new(tonic::Status::new(code, "x")),
+        }
+    }
+
+    /// Issue 12, defect 8: one object the runtime cannot describe is skipped; only a runtime
+    /// that is down ends the refresh.
+    #[test]
+    fn one_bad_object_does_not_end_a_refresh() {
+        assert!(skip_object(status(tonic::Code::Internal), "container", "c1").is_ok());
+        assert!(skip_object(status(tonic::Code::NotFound), "container", "c1").is_ok());
+        assert!(skip_object(status(tonic::Code::Unavailable), "container", "c1").is_err());
+        let timeout = CriError::Timeout {
+            endpoint: "e".into(),
+            call: "PodSandboxStatus",
+            timeout: Duration::from_secs(1),
+        };
+        assert!(skip_object(timeout, "sandbox", "s1").is_err());
+    }
+
     pub(crate) fn record(parent: &str, containers: Vec<ContainerRecord>) -> PodRecord {
         PodRecord {
             sandbox_id: "sb".into(),
@@ -310,6 +360,7 @@ pub(crate) mod tests {
             id: "c".into(),
             name: "app".into(),
             running: true,
+            attempt: 0,
             memory_limit: limit,
             oom_score_adj: adj,
             grace_seconds: Some(45),
