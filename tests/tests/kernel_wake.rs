@@ -9,7 +9,7 @@ use std::{
 
 use evictd::{
     kernel::ebpf::{KernelProbes, LoadOptions},
-    wake::{self, Wake, WakeCause, WakeStats},
+    wake::{self, Wake, WakeCause, WakeStats, eventfd::EventfdWake},
 };
 use evictd_common::{CAUSE_CHARGE, CGROUP_KIND_MEMCG};
 use evictd_tests::{MemHog, TestCgroup, privileged};
@@ -141,4 +141,31 @@ async fn hitting_the_limit_sends_reclaim_and_oom_kill_wakes() {
     assert!(reclaim.is_some(), "no memcg-reclaim wake from pid {pid}");
     let oom = oom.unwrap_or_else(|| panic!("no oom-kill wake naming victim pid {pid}"));
     assert!(oom.amount_bytes >= 64 << 20, "victim RSS {} too small", oom.amount_bytes);
+}
+
+/// Issue 12, defect 10: a node cgroup removed and made again at the same path is a new
+/// cgroup; its memory threshold must be registered again, not kept as "unchanged".
+#[tokio::test]
+async fn an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path() {
+    if !privileged("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let (tx, mut rx) = mpsc::channel(64);
+    let mut eventfd = EventfdWake::new(tx);
+    let levels = [(cg.dir.clone(), 64u64 << 20, 64u64 << 20)];
+    eventfd.update(&levels).expect("arming a threshold at 64 MiB");
+    std::fs::remove_dir(&cg.dir).expect("removing the empty test cgroup");
+    std::fs::create_dir(&cg.dir).expect("making it again");
+    eventfd.update(&levels).expect("re-arming");
+    // The removal itself signals the old eventfd: forget what came so far.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    while rx.try_recv().is_ok() {}
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.alloc(128);
+    let wake = tokio::time::timeout(Duration::from_secs(3), rx.recv()).await;
+    assert!(
+        matches!(wake, Ok(Some(w)) if w.cause == WakeCause::Eventfd),
+        "128 MiB past a 64 MiB threshold on the new cgroup sent no eventfd wake: {wake:?}"
+    );
 }

@@ -130,8 +130,7 @@ impl Daemon {
         drop(tx);
         let metrics = Arc::new(Metrics::default());
         if let Some(addr) = opts.metrics_addr {
-            let bound = crate::report::metrics::serve(addr, metrics.clone())
-                .await
+            let bound = crate::report::metrics::serve(addr, metrics.clone(), Default::default())
                 .with_context(|| format!("--metrics-addr: cannot listen on {addr}"))?;
             tracing::info!("metrics on http://{bound}/metrics");
         }
@@ -178,6 +177,12 @@ impl Daemon {
     /// node far from any threshold there may be no wake for a long time.
     fn each_second(&mut self) -> anyhow::Result<()> {
         self.cgroups_changed();
+        self.sources.retain_mut(|s| {
+            s.supervise().inspect_err(|e| tracing::error!("{e}; disabling this wake source")).is_ok()
+        });
+        if self.sources.is_empty() {
+            anyhow::bail!("every wake source has stopped");
+        }
         let available = self.pressure.signals.node.read().ok().map(|m| m.available());
         self.report.summary(&self.sources, &self.stats, available)?;
         Ok(())

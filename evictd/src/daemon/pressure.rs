@@ -96,22 +96,25 @@ impl Pressure {
         now_ns: impl Fn() -> i64,
         wake: Option<Wake>,
     ) -> (Vec<EvictionRecord>, Observations) {
-        let mut records = Vec::new();
+        let mut records: Vec<EvictionRecord> = Vec::new();
         let mut obs = self.observe(now_ns());
         for _ in 0..MAX_EVICTIONS_PER_PASS {
             let observed_ns = monotonic_ns();
-            let Some(mut rec) = self.decide_and_act(pods, &obs, now_ns()).await else { break };
-            rec.observed_ns = observed_ns;
+            let mut decided = self.decide_and_act(pods, &obs, now_ns()).await;
+            let Some(last) = decided.last() else { break };
+            let succeeded = last.error.is_none() && !last.dry_run;
+            for rec in &mut decided {
+                rec.observed_ns = observed_ns;
+            }
             // Only the first decision of a pass answers the wake; the rest follow evictions.
             if records.is_empty()
-                && let Some(w) = wake
+                && let (Some(w), Some(first)) = (wake, decided.first_mut())
             {
-                rec.wake_cause = Some(w.cause);
-                rec.wake_kernel_ts_ns = w.kernel_ts_ns;
-                rec.wake_received_ns = Some(w.received_ns);
+                first.wake_cause = Some(w.cause);
+                first.wake_kernel_ts_ns = w.kernel_ts_ns;
+                first.wake_received_ns = Some(w.received_ns);
             }
-            let succeeded = rec.error.is_none() && !rec.dry_run;
-            records.push(rec);
+            records.extend(decided);
             if !succeeded {
                 break;
             }
@@ -123,18 +126,19 @@ impl Pressure {
 
     /// One decision: first without pods (cheap, and all a wake far from any threshold
     /// costs), then node-level reclaim for disk signals, then the pods' usage and the
-    /// eviction of one pod.
+    /// eviction of one pod. Returns its records: those of candidates whose kill failed, then
+    /// the eviction (empty: nothing to do).
     async fn decide_and_act(
         &mut self,
         pods: &[PodRecord],
         obs: &Observations,
         now: i64,
-    ) -> Option<EvictionRecord> {
+    ) -> Vec<EvictionRecord> {
         let t0 = Instant::now();
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         if first.actionable.is_empty() || self.node_level_reclaim_resolves(&first, pods, now).await {
             self.state = state;
-            return None;
+            return Vec::new();
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
         let candidates = self.candidates(pods);
@@ -201,15 +205,18 @@ impl Pressure {
     }
 
     /// Evicts the top-ranked pod; when its kill fails, the next candidate, as the kubelet
-    /// does (at most `MAX_CANDIDATES`).
+    /// does (at most `MAX_CANDIDATES`). Every failed kill is recorded, and the engine's state
+    /// is kept whichever way the decision ends.
     async fn evict_one(
         &mut self,
         candidates: &[(&PodRecord, PodStats)],
         obs: &Observations,
         now: i64,
         t0: Instant,
-    ) -> Option<EvictionRecord> {
+    ) -> Vec<EvictionRecord> {
+        let mut records = Vec::new();
         let mut failed: BTreeSet<usize> = BTreeSet::new();
+        let mut final_state = None;
         for _ in 0..MAX_CANDIDATES {
             let entries: Vec<PodEntry> = candidates
                 .iter()
@@ -220,23 +227,29 @@ impl Pressure {
                     protected: failed.contains(&i) || self.own_pod_uid.as_deref() == Some(p.uid.as_str()),
                 })
                 .collect();
+            // Every try decides from the state before the decision: a state taken after a failed
+            // try would find the same stats "not newer" and decide nothing.
             let (state, d) = engine::decide(&self.input(obs, &entries, now), &self.state);
+            final_state = Some(state);
             let Some(e) = d.eviction else {
-                self.state = state;
                 self.warn_no_eviction(&d);
-                return None;
+                break;
             };
             let pod = candidates[e.pod].0;
             let mut rec = self.record(pod, &e, obs, t0);
-            if self.act(pod, &e, &mut rec).await || failed.len() + 1 >= candidates.len() {
-                self.state = state;
-                return Some(rec);
+            let done = self.act(pod, &e, &mut rec).await;
+            records.push(rec);
+            if done {
+                break;
             }
             // Only for this decision: the pod is still there, and the next pass may well
             // succeed where this one failed.
             failed.insert(e.pod);
         }
-        None
+        if let Some(state) = final_state {
+            self.state = state;
+        }
+        records
     }
 
     fn warn_no_eviction(&mut self, d: &engine::Decision) {
@@ -344,6 +357,8 @@ impl Pressure {
 mod tests {
     use std::path::Path;
 
+    use evictd_policy::flags::PolicyArgs;
+
     use super::*;
     use crate::{
         node::{cgroups::CgroupVersion, memory::MemoryCgroup},
@@ -352,6 +367,10 @@ mod tests {
 
     /// A Pressure on a fixture cgroup v1 tree at `root`, with no runtime.
     fn pressure(root: &Path) -> Pressure {
+        pressure_with(root, &PolicyArgs::default(), None)
+    }
+
+    fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> Pressure {
         let cgroups =
             CgroupMounts { memory_root: root.into(), memory_version: CgroupVersion::V1, unified_root: None };
         let signals = NodeSignalSources {
@@ -370,9 +389,16 @@ mod tests {
             inventory_interval: Duration::from_secs(1),
             release_timeout: Duration::from_secs(1),
         };
-        let mut warnings = Vec::new();
-        let policy = evictd_policy::policy::build(&Default::default(), &mut warnings).unwrap();
-        Pressure::new(policy, opts, cgroups, None)
+        let (policy, _) = args.policy().unwrap();
+        Pressure::new(policy, PressureOptions { dry_run: client.is_none(), ..opts }, cgroups, client)
+    }
+
+    /// A readable v1 memory cgroup at `dir` using `usage` bytes.
+    fn memcg(dir: &Path, usage: u64) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("memory.usage_in_bytes"), format!("{usage}\n")).unwrap();
+        std::fs::write(dir.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+        std::fs::write(dir.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
     }
 
     fn pod(name: &str, parent: Option<&str>) -> PodRecord {
@@ -388,11 +414,7 @@ mod tests {
     #[test]
     fn pods_whose_usage_cannot_be_read_are_not_candidates() {
         let d = tempfile::tempdir().unwrap();
-        let readable = d.path().join("kubepods/pod-ok");
-        std::fs::create_dir_all(&readable).unwrap();
-        std::fs::write(readable.join("memory.usage_in_bytes"), "1048576\n").unwrap();
-        std::fs::write(readable.join("memory.stat"), "total_inactive_file 0\n").unwrap();
-        std::fs::write(readable.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        memcg(&d.path().join("kubepods/pod-ok"), 1 << 20);
         // Its cgroup is there, but its memory files cannot be read.
         std::fs::create_dir_all(d.path().join("kubepods/pod-broken")).unwrap();
         let pods = vec![
@@ -403,5 +425,37 @@ mod tests {
         let mut p = pressure(d.path());
         let names: Vec<&str> = p.candidates(&pods).iter().map(|(r, _)| r.name.as_str()).collect();
         assert_eq!(names, ["ok"]);
+    }
+
+    /// Issue 12, defect 10: when kills fail, every failed candidate is recorded (and counted
+    /// as a failed eviction), not only the last one.
+    #[tokio::test(flavor = "current_thread")]
+    async fn every_failed_kill_is_recorded() {
+        let d = tempfile::tempdir().unwrap();
+        // The node: 4 GiB, 2 GiB used, so memory.available<75% (3 GiB) is met.
+        std::fs::write(
+            d.path().join("meminfo"),
+            "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
+        std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+        let names = ["a", "b", "c"];
+        for n in names {
+            memcg(&d.path().join(format!("kubepods/pod-{n}")), 100 << 20);
+        }
+        let pods: Vec<PodRecord> =
+            names.iter().map(|n| pod(n, Some(&format!("/kubepods/pod-{n}")))).collect();
+        // A runtime that is not there: every StopContainer fails.
+        let client =
+            CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_millis(200)).unwrap();
+        let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
+        let mut p = pressure_with(d.path(), &args, Some(client));
+        p.signals.node.meminfo = d.path().join("meminfo");
+        let (records, _) = p.pass(&Arc::new(pods), || 1, None).await;
+        let mut tried: Vec<&str> = records.iter().map(|r| r.name.as_str()).collect();
+        tried.sort_unstable();
+        assert_eq!(tried, names, "one record per failed candidate: {records:?}");
+        assert!(records.iter().all(|r| r.error.is_some()));
     }
 }

@@ -3,11 +3,11 @@
 //! source, kernel → userspace delivery, and each eviction phase). Served as text on
 //! `--metrics-addr` at /metrics.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use http_body_util::Full;
 use hyper::{Request, Response, body::Bytes, server::conn::http1, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
@@ -120,37 +120,90 @@ impl Metrics {
     }
 }
 
-/// Serves /metrics on `addr` until the process ends. Binding errors are returned; errors
-/// on one connection are logged and do not stop the server.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+/// How much the metrics endpoint gives any client.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerLimits {
+    /// Connections served at once; more are closed at once (a scraper retries).
+    pub max_connections: usize,
+    /// A client must send its request headers within this.
+    pub header_timeout: Duration,
+    /// No connection lives longer than this.
+    pub connection_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 16,
+            header_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves /metrics on `addr` until the process ends, on a thread and runtime of its own, so
+/// that no client — slow, many, or broken — can delay the pressure path. Binding errors are
+/// returned; errors on one connection are logged at debug level and end only that one.
+pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>, limits: ServerLimits) -> std::io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let metrics = metrics.clone();
-                    async move {
-                        if req.uri().path() == "/metrics" {
-                            Response::builder()
-                                .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-                                .body(Full::new(Bytes::from(metrics.encode())))
-                        } else {
-                            Response::builder()
-                                .status(404)
-                                .body(Full::new(Bytes::from_static(b"not found\n")))
-                        }
-                    }
-                });
-                if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
-                    tracing::debug!("metrics connection: {e}");
-                }
-            });
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("evictd-metrics".into()).spawn(move || {
+        rt.block_on(async move {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => accept_loop(listener, metrics, limits).await,
+                Err(e) => tracing::warn!("metrics endpoint stopped: {e}"),
+            }
+        })
+    })?;
+    Ok(bound)
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, limits: ServerLimits) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: back off instead of spinning on accept.
+                tracing::warn!("metrics endpoint: accept failed: {e}; retrying in 100 ms");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Over the cap the connection is dropped, i.e. closed, at once.
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        tokio::spawn(serve_connection(stream, metrics.clone(), limits, slot));
+    }
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    metrics: Arc<Metrics>,
+    limits: ServerLimits,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+        let metrics = metrics.clone();
+        async move {
+            if req.uri().path() == "/metrics" {
+                Response::builder()
+                    .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                    .body(Full::new(Bytes::from(metrics.encode())))
+            } else {
+                Response::builder().status(404).body(Full::new(Bytes::from_static(b"not found\n")))
+            }
         }
     });
-    Ok(bound)
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let conn = http.serve_connection(TokioIo::new(stream), svc);
+    match tokio::time::timeout(limits.connection_timeout, conn).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!("metrics connection: {e}"),
+        Err(_) => tracing::debug!("metrics connection closed after {:?}", limits.connection_timeout),
+    }
 }
 
 #[cfg(test)]
@@ -196,5 +249,57 @@ mod tests {
         // A dry run is not an eviction.
         m.eviction(&EvictionRecord { dry_run: true, ..rec });
         assert!(m.encode().contains("evictd_evictions_total{eviction_signal=\"memory.available\"} 1"));
+    }
+
+    fn get(addr: SocketAddr) -> std::io::Result<String> {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    /// Issue 12, defect 7: the endpoint runs off the daemon's thread, so a pressure pass that
+    /// holds that thread does not stop scrapes (and slow scrapes cannot hold a pass).
+    #[tokio::test(flavor = "current_thread")]
+    #[expect(clippy::disallowed_methods, reason = "blocks the runtime's thread on purpose")]
+    async fn scrapes_are_served_while_the_daemon_thread_is_busy() {
+        let m = Arc::new(Metrics::default());
+        let addr = serve("127.0.0.1:0".parse().unwrap(), m, ServerLimits::default()).unwrap();
+        let scrape = std::thread::spawn(move || get(addr));
+        // Hold this (the daemon's) thread: a server task on it could not answer.
+        std::thread::sleep(Duration::from_millis(500));
+        let body = scrape.join().unwrap().expect("scrape answered");
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    }
+
+    /// Slow clients are cut off after the header timeout, and past the cap new connections
+    /// are closed at once instead of piling up.
+    #[test]
+    #[expect(clippy::disallowed_methods, reason = "a plain test thread, no runtime on it")]
+    fn slow_and_surplus_clients_are_bounded() {
+        use std::io::Read as _;
+        let limits = ServerLimits {
+            max_connections: 2,
+            header_timeout: Duration::from_millis(300),
+            connection_timeout: Duration::from_secs(5),
+        };
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Arc::new(Metrics::default()), limits).unwrap();
+        let idle: Vec<std::net::TcpStream> =
+            (0..2).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        // Both slots are taken by clients that send nothing: a third is closed at once.
+        let mut surplus = std::net::TcpStream::connect(addr).unwrap();
+        surplus.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert_eq!(surplus.read(&mut [0u8; 16]).unwrap_or(0), 0, "closed without an answer");
+        // The idle ones are cut off after the header timeout, which frees the slots.
+        for mut c in idle {
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).expect("the server closes a client that sends no headers");
+        }
+        assert!(get(addr).expect("scrape after the slow clients are gone").starts_with("HTTP/1.1 200"));
     }
 }

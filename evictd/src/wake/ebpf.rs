@@ -117,6 +117,15 @@ impl WakeSource for EbpfWake {
         Ok(())
     }
 
+    /// The ring-buffer reader ends only on an error of the ring buffer's fd; without it no
+    /// kernel event arrives, so the source is gone (and the others carry on).
+    fn supervise(&mut self) -> Result<(), WakeError> {
+        if self.task.is_finished() {
+            return Err(WakeError::Stopped("the eBPF wake source's ring-buffer reader"));
+        }
+        Ok(())
+    }
+
     fn kernel_counters(&self) -> Option<Counters> {
         self.probes.counters().inspect_err(|e| tracing::warn!("reading eBPF counters: {e}")).ok()
     }

@@ -90,10 +90,24 @@ fn notifier_levels(node: &NodeNow) -> Vec<(PathBuf, u64, u64)> {
     out
 }
 
+/// One registered threshold and the task waiting on it.
+struct Armed {
+    dir: PathBuf,
+    /// The cgroup directory's inode: a cgroup removed and made again at the same path is a
+    /// new cgroup, and the old registration is dead.
+    inode: Option<u64>,
+    level: u64,
+    task: JoinHandle<()>,
+}
+
 pub struct EventfdWake {
-    /// (cgroup dir, usage level, the task waiting on its eventfd)
-    armed: Vec<(PathBuf, u64, JoinHandle<()>)>,
+    armed: Vec<Armed>,
     tx: mpsc::Sender<Wake>,
+}
+
+fn inode(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(dir).ok().map(|m| m.ino())
 }
 
 impl EventfdWake {
@@ -102,27 +116,33 @@ impl EventfdWake {
     }
 
     /// Arms one threshold per `(cgroup dir, usage level in bytes, distance)`; leaves
-    /// registrations whose level has barely moved alone.
+    /// registrations whose level has barely moved (on the very same cgroup) alone.
     pub fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), ThresholdError> {
         let unchanged = levels.len() == self.armed.len()
-            && levels
-                .iter()
-                .zip(&self.armed)
-                .all(|((d, l, dist), (ad, al, _))| d == ad && l.abs_diff(*al) <= MIN_DRIFT.max(dist / 16));
+            && levels.iter().zip(&self.armed).all(|((d, l, dist), a)| {
+                *d == a.dir
+                    && a.inode.is_some()
+                    && inode(d) == a.inode
+                    && l.abs_diff(a.level) <= MIN_DRIFT.max(dist / 16)
+            });
         if unchanged {
             return Ok(());
         }
-        for (_, _, task) in self.armed.drain(..) {
-            task.abort();
-        }
+        self.disarm();
         for (dir, level, _) in levels {
             tracing::debug!(cgroup = %dir.display(), level, "arming memory.usage_in_bytes threshold");
             let t = register(dir, *level)?;
             let task = spawn_waiter(t, self.tx.clone())
                 .map_err(|source| ThresholdError::Io { path: dir.display().to_string(), source })?;
-            self.armed.push((dir.clone(), *level, task));
+            self.armed.push(Armed { dir: dir.clone(), inode: inode(dir), level: *level, task });
         }
         Ok(())
+    }
+
+    fn disarm(&mut self) {
+        for a in self.armed.drain(..) {
+            a.task.abort();
+        }
     }
 }
 
@@ -134,13 +154,23 @@ impl WakeSource for EventfdWake {
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
         Ok(self.update(&notifier_levels(node))?)
     }
+
+    /// A waiter that ended (its eventfd failed) is a threshold nobody watches: disarm all,
+    /// so that the next `rearm` registers them afresh.
+    fn supervise(&mut self) -> Result<(), WakeError> {
+        if self.armed.iter().any(|a| a.task.is_finished()) {
+            tracing::warn!(
+                "eventfd wake source: a threshold waiter stopped; registering the thresholds again"
+            );
+            self.disarm();
+        }
+        Ok(())
+    }
 }
 
 impl Drop for EventfdWake {
     fn drop(&mut self) {
-        for (_, _, task) in self.armed.drain(..) {
-            task.abort();
-        }
+        self.disarm();
     }
 }
 

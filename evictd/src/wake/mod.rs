@@ -83,6 +83,8 @@ pub enum WakeError {
     Eventfd(#[from] eventfd::ThresholdError),
     #[error("PSI wake source on {path}: {error}")]
     Psi { path: String, error: std::io::Error },
+    #[error("{0} stopped")]
+    Stopped(&'static str),
     #[error("no wake source could be started (see the warnings above; --wake-sources timer always works)")]
     NoSource,
 }
@@ -96,6 +98,10 @@ pub trait WakeSource {
     }
     /// Pods (and so cgroups) may have come or gone.
     fn cgroups_changed(&mut self) -> Result<(), WakeError> {
+        Ok(())
+    }
+    /// Once a second: check that the source's tasks still run; an error drops the source.
+    fn supervise(&mut self) -> Result<(), WakeError> {
         Ok(())
     }
     /// The kernel side's counters, for the `--trace` summary.
