@@ -23,3 +23,15 @@ pub mod node;
 pub mod report;
 pub mod runtime;
 pub mod wake;
+
+/// For unit tests that need something of this machine (BTF, a v1 memory hierarchy): say why
+/// they cannot run, loudly (libtest swallows `eprintln!`), or, where privileged tests are
+/// required (`EVICTD_REQUIRE_PRIVILEGED=1`, set by CI), fail.
+#[cfg(test)]
+pub(crate) fn skip(test: &str, reason: &str) {
+    use std::io::Write as _;
+    if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+        panic!("{test}: cannot run ({reason}) and EVICTD_REQUIRE_PRIVILEGED=1");
+    }
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+}

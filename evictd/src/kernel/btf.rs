@@ -136,11 +136,9 @@ mod tests {
     fn this_kernel_has_the_memcg_tracepoints_and_the_id_path() {
         let path = Path::new(crate::kernel::stat_items::VMLINUX_BTF);
         if !path.exists() {
-            use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED this_kernel_has_the_memcg_tracepoints: no {}",
-                path.display()
+            crate::skip(
+                "this_kernel_has_the_memcg_tracepoints_and_the_id_path",
+                &format!("no {}", path.display()),
             );
             return;
         }

@@ -74,11 +74,9 @@ mod tests {
     fn resolves_default_items_on_this_kernel() {
         let path = std::path::Path::new(VMLINUX_BTF);
         if !path.exists() {
-            use std::io::Write as _;
-            // Not eprintln!: libtest would swallow it, and a skip must be seen.
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED resolves_default_items_on_this_kernel: {VMLINUX_BTF} does not exist on this kernel"
+            crate::skip(
+                "resolves_default_items_on_this_kernel",
+                &format!("{VMLINUX_BTF} does not exist on this kernel"),
             );
             return;
         }
