@@ -33,7 +33,13 @@ pub enum ConfigError {
 pub fn read(path: &Path) -> Result<PolicyInput, ConfigError> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: p.clone(), error })?;
-    let cfg: KubeletConfiguration = serde_yaml_ng::from_str(&text)
+    parse(&text, &p)
+}
+
+/// `read` without the file: the text of a KubeletConfiguration, named `p` in errors.
+pub fn parse(text: &str, p: &str) -> Result<PolicyInput, ConfigError> {
+    let p = p.to_owned();
+    let cfg: KubeletConfiguration = serde_yaml_ng::from_str(text)
         .map_err(|e| ConfigError::Parse { path: p.clone(), reason: e.to_string() })?;
     if let Some(kind) = &cfg.kind
         && kind != "KubeletConfiguration"

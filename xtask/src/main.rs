@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod build;
+mod fuzz;
 mod setup;
 mod test;
 
@@ -48,6 +49,9 @@ enum Cmd {
     /// Benchmarks (root): eviction reaction time per wake mode and allocation rate, or the
     /// probes' cost on the allocation path.
     Bench(bench::BenchArgs),
+    /// Fuzz every parser evictd points at user or kernel text (cargo-fuzz, nightly), each
+    /// target for a bounded time; a crash fails the run.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         Cmd::Run { args } => setup::setup().and_then(|env| build::run(&env, &args)),
         Cmd::Test => setup::setup().and_then(|env| test::test(&env)),
         Cmd::Bench(args) => setup::setup().and_then(|env| bench::bench(&env, &args)),
+        Cmd::Fuzz(args) => setup::setup().and_then(|env| fuzz::fuzz(&env, &args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

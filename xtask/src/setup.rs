@@ -11,8 +11,9 @@ use crate::{BuildEnv, cargo_bin_dir, output, run_status, step};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages: protoc builds the CRI bindings (k8s-cri); containerd and runc run the
-/// end-to-end tests' private container runtime; gcc builds their static test binaries.
-const APT_PACKAGES: &[&str] = &["protobuf-compiler", "containerd", "runc", "gcc", "libc6-dev"];
+/// end-to-end tests' private container runtime; gcc builds their static test binaries; g++
+/// builds libFuzzer for `cargo xtask fuzz`.
+const APT_PACKAGES: &[&str] = &["protobuf-compiler", "containerd", "runc", "gcc", "g++", "libc6-dev"];
 
 pub(crate) fn setup() -> Result<BuildEnv> {
     let started = Instant::now();

@@ -122,23 +122,61 @@ fn read_u64(path: &Path) -> Result<u64, MemoryError> {
 fn stat_key(path: &Path, key: &'static str) -> Result<u64, MemoryError> {
     let text =
         fs::read_to_string(path).map_err(|source| MemoryError::Read { path: path.to_owned(), source })?;
-    let value = text
-        .lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(' ')))
-        .ok_or(MemoryError::MissingKey { path: path.to_owned(), key })?;
-    parse_u64(path, value.trim())
+    parse::stat_value(&text, key).map_err(|e| e.at(path, key))
 }
 
 /// A `Key:   N kB` line of /proc/meminfo, in bytes.
 fn meminfo_bytes(path: &Path, key: &'static str) -> Result<u64, MemoryError> {
     let text =
         fs::read_to_string(path).map_err(|source| MemoryError::Read { path: path.to_owned(), source })?;
-    let value = text
-        .lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')))
-        .ok_or(MemoryError::MissingKey { path: path.to_owned(), key })?;
-    let kb = value.trim().trim_end_matches("kB").trim();
-    Ok(parse_u64(path, kb)? * 1024)
+    parse::meminfo_bytes(&text, key).map_err(|e| e.at(path, key))
+}
+
+/// The text of memory.stat and /proc/meminfo, apart from reading the files (and fuzzed).
+pub mod parse {
+    use std::path::Path;
+
+    use super::MemoryError;
+
+    /// What is wrong with a file's text.
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum FieldError {
+        Missing,
+        NotANumber(String),
+    }
+
+    impl FieldError {
+        pub(super) fn at(self, path: &Path, key: &'static str) -> MemoryError {
+            match self {
+                FieldError::Missing => MemoryError::MissingKey { path: path.to_owned(), key },
+                FieldError::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
+            }
+        }
+    }
+
+    fn number(s: &str) -> Result<u64, FieldError> {
+        s.parse().map_err(|_| FieldError::NotANumber(s.to_owned()))
+    }
+
+    /// The value of the `key value` line of memory.stat.
+    pub fn stat_value(text: &str, key: &str) -> Result<u64, FieldError> {
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(' ')))
+            .ok_or(FieldError::Missing)?;
+        number(value.trim())
+    }
+
+    /// The `Key:   N kB` line of /proc/meminfo, in bytes; a value that does not fit in bytes
+    /// is not a number either.
+    pub fn meminfo_bytes(text: &str, key: &str) -> Result<u64, FieldError> {
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')))
+            .ok_or(FieldError::Missing)?;
+        let kb = value.trim().trim_end_matches("kB").trim();
+        number(kb)?.checked_mul(1024).ok_or_else(|| FieldError::NotANumber(kb.to_owned()))
+    }
 }
 
 #[cfg(test)]
@@ -238,5 +276,18 @@ mod tests {
         let s = MemoryCgroup::new(&layout.memory_root, layout.memory_version, true).read().unwrap();
         assert!(s.capacity > 0 && s.usage > 0, "{s:?}");
         assert!(s.available() <= s.capacity as i64);
+    }
+
+    /// A meminfo value too large to be bytes is an error, not an overflow.
+    #[test]
+    fn meminfo_values_that_do_not_fit_are_errors() {
+        let huge = format!("MemTotal: {} kB\n", u64::MAX / 512);
+        assert!(matches!(parse::meminfo_bytes(&huge, "MemTotal"), Err(parse::FieldError::NotANumber(_))));
+        assert_eq!(parse::meminfo_bytes("MemTotal: 2 kB\n", "MemTotal"), Ok(2048));
+        assert_eq!(parse::stat_value("total_inactive_file 7\n", "total_inactive_file"), Ok(7));
+        assert_eq!(
+            parse::stat_value("inactive_file x\n", "inactive_file"),
+            Err(parse::FieldError::NotANumber("x".into()))
+        );
     }
 }

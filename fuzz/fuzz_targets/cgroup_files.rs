@@ -1,0 +1,14 @@
+//! memory.stat and /proc/meminfo text, any text: a value or an error naming what is wrong.
+#![no_main]
+
+use evictd::node::memory::parse::{meminfo_bytes, stat_value};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|s: &str| {
+    for key in ["total_inactive_file", "inactive_file", "file"] {
+        let _ = stat_value(s, key);
+    }
+    for key in ["MemTotal", "Inactive(file)"] {
+        let _ = meminfo_bytes(s, key);
+    }
+});
