@@ -74,6 +74,10 @@ impl Evictd {
         e
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn evictions(&self) -> Vec<Value> {
         self.lines.lock().expect("lines").iter().filter(|v| v["type"] == "eviction").cloned().collect()
     }

@@ -49,16 +49,7 @@ pub(crate) fn bench(env: &BuildEnv, args: &BenchArgs) -> Result<()> {
     let kind = args.kind.as_str();
     let rest: Vec<&str> = args.rest.iter().map(String::as_str).filter(|a| *a != "--smoke").collect();
     let smoke = args.smoke || args.rest.iter().any(|a| a == "--smoke");
-    // The smoke run uses the debug build the tests already made; numbers need release.
-    let profile = if smoke { "debug" } else { "release" };
-    step(&format!("building evictd and evictd-bench ({profile})"));
-    let mut cmd = env.cargo();
-    cmd.args(["build", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd", "--bin", "evictd-bench"]);
-    if !smoke {
-        cmd.arg("--release");
-    }
-    run_status(&mut cmd, "building the benchmark")?;
-    let bin = workspace_root().join("target").join(profile).join("evictd-bench");
+    let bin = build_bench(env, smoke)?;
     let mut run = Command::new(&bin);
     run.arg(kind).env("PATH", &env.path).current_dir(workspace_root());
     if smoke {
@@ -67,4 +58,50 @@ pub(crate) fn bench(env: &BuildEnv, args: &BenchArgs) -> Result<()> {
     run.args(&rest);
     step(&format!("running {} {kind} {}", bin.display(), rest.join(" ")));
     run_status(&mut run, &format!("evictd-bench {kind}"))
+}
+
+/// Builds evictd and evictd-bench: release for numbers, debug (what the tests built) for a
+/// smoke run. Returns evictd-bench's path.
+fn build_bench(env: &BuildEnv, smoke: bool) -> Result<std::path::PathBuf> {
+    let profile = if smoke { "debug" } else { "release" };
+    step(&format!("building evictd and evictd-bench ({profile})"));
+    let mut cmd = env.cargo();
+    cmd.args(["build", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd", "--bin", "evictd-bench"]);
+    if !smoke {
+        cmd.arg("--release");
+    }
+    run_status(&mut cmd, "building the benchmark")?;
+    Ok(workspace_root().join("target").join(profile).join("evictd-bench"))
+}
+
+#[derive(Args)]
+pub(crate) struct SoakArgs {
+    /// How long, minutes.
+    #[arg(long, default_value_t = 20.0)]
+    minutes: f64,
+    /// Restart the runtime every this many episodes (0: never).
+    #[arg(long, default_value_t = 10)]
+    restart_every: usize,
+    /// The debug build the tests made, instead of release (CI's short run).
+    #[arg(long)]
+    debug: bool,
+}
+
+/// `cargo xtask soak`: repeated pressure episodes with runtime restarts (root).
+pub(crate) fn soak(env: &BuildEnv, args: &SoakArgs) -> Result<()> {
+    let bin = build_bench(env, args.debug)?;
+    step(&format!("soaking for {} min", args.minutes));
+    run_status(
+        Command::new(&bin)
+            .args([
+                "soak",
+                "--minutes",
+                &args.minutes.to_string(),
+                "--restart-every",
+                &args.restart_every.to_string(),
+            ])
+            .env("PATH", &env.path)
+            .current_dir(workspace_root()),
+        "evictd-bench soak",
+    )
 }

@@ -52,6 +52,9 @@ enum Cmd {
     /// Fuzz every parser evictd points at user or kernel text (cargo-fuzz, nightly), each
     /// target for a bounded time; a crash fails the run.
     Fuzz(fuzz::FuzzArgs),
+    /// Repeated pressure episodes on a private containerd, the runtime restarted now and
+    /// then (root): one eviction per crossing, no pod twice, evictd's RSS and fds flat.
+    Soak(bench::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Cmd::Test => setup::setup().and_then(|env| test::test(&env)),
         Cmd::Bench(args) => setup::setup().and_then(|env| bench::bench(&env, &args)),
         Cmd::Fuzz(args) => setup::setup().and_then(|env| fuzz::fuzz(&env, &args)),
+        Cmd::Soak(args) => setup::setup().and_then(|env| bench::soak(&env, &args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

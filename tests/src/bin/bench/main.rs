@@ -7,6 +7,7 @@ use clap::Parser;
 mod overhead;
 mod plot;
 mod reaction;
+mod soak;
 
 #[derive(Parser)]
 #[command(name = "evictd-bench", about = "evictd's benchmarks (root); run through `cargo xtask bench`")]
@@ -15,6 +16,9 @@ enum Bench {
     Reaction(reaction::Opts),
     /// The probes' cost on the allocation path, evictd's RSS and idle CPU.
     Overhead(overhead::Opts),
+    /// Repeated pressure episodes with runtime restarts: one eviction per crossing, no pod
+    /// twice, evictd's RSS and open file descriptors flat.
+    Soak(soak::Opts),
     /// The child `overhead` spawns to time a process's exit: holds MIB of touched memory.
     #[command(hide = true)]
     OverheadHold {
@@ -30,6 +34,10 @@ fn main() -> ExitCode {
             rt.block_on(reaction::reaction(&o))
         }),
         Bench::Overhead(o) => o.validate().and_then(|()| overhead::overhead(&o)),
+        Bench::Soak(o) => o.validate().and_then(|()| {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(soak::soak(&o))
+        }),
         Bench::OverheadHold { mib } => overhead::hold(mib),
     };
     match result {

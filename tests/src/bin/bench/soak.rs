@@ -1,0 +1,141 @@
+//! `cargo xtask soak`: repeated pressure episodes on a private containerd for a fixed time,
+//! with the runtime restarted now and then. Each episode starts one pod that grows past the
+//! node's hard threshold; evictd must evict it, once, and nothing else. At the end: the
+//! counts, and evictd's resident memory and open file descriptors at the start and the end,
+//! which must stay flat.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use evictd_tests::{
+    containerd::{Containerd, PodSpec},
+    evictd_proc::Evictd,
+};
+
+const MI: u64 = 1 << 20;
+
+#[derive(clap::Args, Debug)]
+pub struct Opts {
+    /// How long to run, minutes (CI runs a short version).
+    #[arg(long, default_value_t = 20.0)]
+    minutes: f64,
+    /// Restart the runtime every this many episodes (0: never).
+    #[arg(long, default_value_t = 10)]
+    restart_every: usize,
+}
+
+impl Opts {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.minutes > 0.0, "--minutes must be positive");
+        Ok(())
+    }
+}
+
+/// evictd's resident set (KiB) and open file descriptors.
+fn footprint(pid: u32) -> (u64, usize) {
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0);
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    (rss, fds)
+}
+
+#[derive(Default, Debug)]
+struct Counts {
+    episodes: usize,
+    evicted: usize,
+    missed: usize,
+    /// Eviction records of a pod other than the episode's, or a second one of it.
+    wrong_or_twice: usize,
+    restarts: usize,
+}
+
+pub async fn soak(o: &Opts) -> anyhow::Result<()> {
+    let mut ctd = Containerd::start(1024 * MI);
+    let evictd = Evictd::start(&ctd, None, &["--eviction-hard", "memory.available<300Mi"]);
+    let deadline = Instant::now() + Duration::from_secs_f64(o.minutes * 60.0);
+    eprintln!(
+        "[soak] {:.1} min of pressure episodes, runtime restarted every {} episodes",
+        o.minutes, o.restart_every
+    );
+    let mut c = Counts::default();
+    let mut start = None;
+    while Instant::now() < deadline {
+        episode(&mut ctd, &evictd, &mut c).await;
+        // The footprint after the first episode: everything is loaded and warm by then.
+        start.get_or_insert_with(|| footprint(evictd.pid()));
+        if o.restart_every > 0 && c.episodes % o.restart_every == 0 {
+            ctd.stop_daemon();
+            ctd.spawn();
+            c.restarts += 1;
+        }
+    }
+    // Every record must name an episode's pod, and no pod may appear twice.
+    let mut per_uid: BTreeMap<String, usize> = BTreeMap::new();
+    for e in evictd.evictions().iter().filter(|e| e["error"].is_null()) {
+        *per_uid.entry(e["uid"].as_str().unwrap_or("").to_owned()).or_default() += 1;
+    }
+    c.wrong_or_twice += per_uid.values().filter(|n| **n > 1).count();
+    let (rss0, fds0) = start.unwrap_or_default();
+    let (rss1, fds1) = footprint(evictd.pid());
+    println!(
+        "episodes {}  evicted {}  missed {}  wrong-or-twice {}  runtime restarts {}",
+        c.episodes, c.evicted, c.missed, c.wrong_or_twice, c.restarts
+    );
+    println!("evictd RSS {rss0} KiB -> {rss1} KiB, open fds {fds0} -> {fds1}");
+    anyhow::ensure!(c.missed == 0 && c.wrong_or_twice == 0, "soak failed: {c:?}");
+    anyhow::ensure!(fds1 <= fds0 + 4, "evictd's open file descriptors grew: {fds0} -> {fds1}");
+    anyhow::ensure!(rss1 <= rss0 + rss0 / 4 + 2048, "evictd's RSS grew: {rss0} KiB -> {rss1} KiB");
+    Ok(())
+}
+
+/// One pod grows past the threshold; evictd must evict exactly it, once.
+async fn episode(ctd: &mut Containerd, evictd: &Evictd, c: &mut Counts) {
+    c.episodes += 1;
+    let seen = evictd.evictions().len();
+    let name = format!("soak{}", c.episodes);
+    let pod = ctd
+        .run_pod(PodSpec {
+            name: &name,
+            qos: "besteffort",
+            memory_limit: None,
+            oom_score_adj: 1000,
+            annotations: Default::default(),
+            ignore_sigterm: false,
+            termination_grace_seconds: 30,
+            hog_args: None,
+        })
+        .await;
+    pod.set_mib(800);
+    let until = Instant::now() + Duration::from_secs(30);
+    let mine = loop {
+        let new: Vec<_> = evictd.evictions().into_iter().skip(seen).collect();
+        if let Some(e) = new.iter().find(|e| e["uid"] == pod.uid.as_str() && e["error"].is_null()) {
+            c.wrong_or_twice += new.iter().filter(|x| x["uid"] != pod.uid.as_str()).count();
+            break Some(e.clone());
+        }
+        if Instant::now() > until {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    match mine {
+        Some(_) => c.evicted += 1,
+        None => {
+            c.missed += 1;
+            eprintln!("[soak] episode {}: {name} was not evicted within 30 s", c.episodes);
+        }
+    }
+    let client = ctd.client();
+    let _ = client.stop_pod_sandbox(&pod.sandbox_id).await;
+    let _ = client.remove_pod_sandbox(&pod.sandbox_id).await;
+    let _ = std::fs::remove_dir(&pod.cgroup);
+    // A pressure that lasts until the runtime's cleanup is done would be a second crossing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
