@@ -97,6 +97,21 @@ impl Evictd {
         }
     }
 
+    /// SIGTERM (by PID, ours) and the time evictd took to exit; `None` if it did not within
+    /// `within` (it is killed then).
+    pub fn terminate(&mut self, within: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).expect("SIGTERM to evictd");
+        while t.elapsed() < within {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return Some(t.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
     pub fn wait_eviction(&self, within: Duration) -> Value {
         self.wait_for("an eviction", within, |l| l.iter().any(|v| v["type"] == "eviction"));
         self.evictions().remove(0)

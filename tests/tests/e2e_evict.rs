@@ -374,3 +374,71 @@ async fn a_stopped_pod_whose_cgroup_keeps_a_process_is_still_one_eviction() {
     assert!(evictd.log().contains("still holds a process"), "the slow release is reported");
     drop(squatter);
 }
+
+/// A pod that ignores SIGTERM, under a soft threshold, with a 30 s grace period of its own.
+async fn stubborn_under_soft_pressure(ctd: &mut Containerd) -> (TestPod, Evictd) {
+    let (mut pods, file) = make_pods(
+        ctd,
+        &[PodDef { ignore_sigterm: true, grace: 30, ..PodDef::new("stubborn", "besteffort") }],
+    )
+    .await;
+    let pod = pods.remove(0);
+    pod.set_mib(500);
+    pod.wait_usage_at_least(500 * MI, Duration::from_secs(10));
+    let evictd = Evictd::start(
+        ctd,
+        Some(&file),
+        &[
+            "--eviction-hard",
+            "memory.available<250Mi",
+            "--eviction-soft",
+            "memory.available<600Mi",
+            "--eviction-soft-grace-period",
+            "memory.available=1s",
+        ],
+    );
+    (pod, evictd)
+}
+
+/// (g) Issue 12, defect 6: a hard threshold is never waiting behind a soft eviction's grace
+/// period. The soft eviction gives the pod 30 s; when the node then crosses the hard
+/// threshold, the stop is cut to the hard eviction's 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_threshold_cuts_a_soft_evictions_grace_period_short() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_hard_threshold_cuts_a_soft_evictions_grace_period_short") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pod, evictd) = stubborn_under_soft_pressure(&mut ctd).await;
+    // Past the soft grace period the stop (30 s, SIGTERM ignored) is under way; then the
+    // pod grows past the hard threshold.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(evictd.evictions().is_empty(), "the 30 s stop cannot have ended yet");
+    pod.set_mib(850);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "stubborn", "{e}");
+    assert_eq!(e["grace_period_seconds"], 30, "decided as a soft eviction: {e}");
+    let stop_ms = e["phases"]["stop_containers_ms"].as_f64().expect("phase timings");
+    assert!(stop_ms < 10_000.0, "the hard threshold must cut the 30 s grace period short, took {stop_ms} ms");
+    assert!(
+        evictd.log().contains("a hard threshold is met during the 30 s grace period"),
+        "{}",
+        evictd.log()
+    );
+}
+
+/// (h) Issue 12, defect 6: SIGTERM is answered while a soft eviction's grace period runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_is_answered_during_a_long_grace_period() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("sigterm_is_answered_during_a_long_grace_period") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (_pod, mut evictd) = stubborn_under_soft_pressure(&mut ctd).await;
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(evictd.evictions().is_empty(), "the 30 s stop is under way");
+    let took = evictd.terminate(Duration::from_secs(5));
+    assert!(took.is_some(), "evictd did not exit within 5 s of SIGTERM during a 30 s grace period");
+}

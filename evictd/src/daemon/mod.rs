@@ -13,16 +13,20 @@ use anyhow::Context as _;
 use evictd_policy::{
     distance::nearest_memory_threshold,
     observations::Observations,
-    policy::{Policy, Signal},
+    policy::{Policy, Signal, Threshold},
     rank::FsLayout,
 };
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::{
+    sync::{Notify, mpsc, watch},
+    task::JoinHandle,
+};
 
 use crate::{
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     report::{
         Report,
         metrics::Metrics,
+        record::EvictionRecord,
         trace::{MemoryView, TraceFormat},
     },
     runtime::{
@@ -72,16 +76,36 @@ fn engine_ns() -> i64 {
     wake::monotonic_ns() as i64
 }
 
-fn memory_view(pressure: &Pressure, obs: &Observations) -> MemoryView {
+fn memory_view(thresholds: &[Threshold], obs: &Observations) -> MemoryView {
     MemoryView {
         available: obs.get(&Signal::MemoryAvailable).map(|o| o.available),
-        nearest: nearest_memory_threshold(&pressure.thresholds, obs),
+        nearest: nearest_memory_threshold(thresholds, obs),
     }
 }
 
-/// The pieces the loop drives.
-struct Daemon {
+/// What a pass hands back when it ends: the pressure state, and what it did and saw.
+struct PassDone {
     pressure: Pressure,
+    wakes: Vec<Wake>,
+    evictions: Vec<EvictionRecord>,
+    obs: Observations,
+}
+
+/// The pieces the loop drives. The pass (observe → decide → act) runs in a task of its own,
+/// with the pressure state moved into it, so that while a pod's grace period runs the loop
+/// still drains wakes, answers signals, reports, and can cut that grace period short when a
+/// hard threshold is met.
+struct Daemon {
+    /// `None` while a pass runs.
+    pressure: Option<Pressure>,
+    pass: Option<JoinHandle<PassDone>>,
+    /// Wakes that came while a pass ran: they get a pass of their own after it.
+    pending: Vec<Wake>,
+    /// Copies of what the loop needs while the pressure state is in a pass.
+    thresholds: Vec<Threshold>,
+    signals: NodeSignalSources,
+    escalate: watch::Sender<bool>,
+    inventory_dirty: bool,
     sources: Vec<Box<dyn WakeSource>>,
     stats: Arc<WakeStats>,
     report: Report,
@@ -106,12 +130,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
             Ok(()) = daemon.pods.changed() => daemon.inventory_changed(),
+            done = pass_end(&mut daemon.pass) => daemon.pass_done(done?)?,
             n = rx.recv_many(&mut batch, WAKE_BATCH) => {
                 if n == 0 {
                     anyhow::bail!("every wake source has stopped");
                 }
-                daemon.on_wakes(&batch).await?;
-                batch.clear();
+                daemon.on_wakes(&mut batch);
             }
             _ = summary_tick.tick() => daemon.each_second()?,
         }
@@ -119,6 +143,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     daemon.report.flush()?;
     tracing::info!("stopping");
     Ok(())
+}
+
+/// The end of the running pass; never, when none runs.
+async fn pass_end(pass: &mut Option<JoinHandle<PassDone>>) -> anyhow::Result<PassDone> {
+    match pass.as_mut() {
+        Some(handle) => {
+            let done = handle.await.context("the pressure pass failed");
+            *pass = None;
+            done
+        }
+        None => std::future::pending().await,
+    }
 }
 
 impl Daemon {
@@ -145,31 +181,90 @@ impl Daemon {
             tracing::info!("dry run: evictd decides and reports, and stops no pod");
         }
         let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
-        let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client);
-        let mut daemon = Daemon { pressure, sources, stats, report, pods, kick };
-        let obs = daemon.pressure.observe(engine_ns());
-        daemon.report.observed(&memory_view(&daemon.pressure, &obs));
+        let signals = opts.pressure.signals.clone();
+        let (escalate, escalated) = watch::channel(false);
+        let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
+        let thresholds = pressure.thresholds.clone();
+        let obs = pressure.observe(engine_ns());
+        let mut daemon = Daemon {
+            pressure: Some(pressure),
+            pass: None,
+            pending: Vec::new(),
+            thresholds,
+            signals,
+            escalate,
+            inventory_dirty: false,
+            sources,
+            stats,
+            report,
+            pods,
+            kick,
+        };
+        daemon.report.observed(&memory_view(&daemon.thresholds, &obs));
         daemon.rearm(&obs);
         Ok(daemon)
     }
 
-    /// One batch of wakes: one pass, its report, and re-arming every source.
-    async fn on_wakes(&mut self, batch: &[Wake]) -> anyhow::Result<()> {
+    /// A batch of wakes: a pass, or, while one runs, a note for the next one — and a look
+    /// at the hard thresholds, which may cut the running stop's grace period short.
+    fn on_wakes(&mut self, batch: &mut Vec<Wake>) {
+        self.pending.append(batch);
+        if self.pressure.is_some() {
+            self.start_pass();
+        } else if self.hard_threshold_met() {
+            self.escalate.send_if_modified(|v| !std::mem::replace(v, true));
+        }
+    }
+
+    fn start_pass(&mut self) {
+        let Some(mut pressure) = self.pressure.take() else { return };
+        if self.inventory_dirty {
+            pressure.inventory_updated(&self.pods.borrow());
+            self.inventory_dirty = false;
+        }
+        self.escalate.send_replace(false);
         let pods = self.pods.borrow().clone();
+        let wakes = std::mem::take(&mut self.pending);
         // The wake to account the decision to: the earliest in the batch.
-        let first = batch.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
-        let (evictions, obs) = self.pressure.pass(&pods, engine_ns, first).await;
-        if !evictions.is_empty() {
+        let first = wakes.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
+        self.pass = Some(tokio::spawn(async move {
+            let (evictions, obs) = pressure.pass(&pods, engine_ns, first).await;
+            PassDone { pressure, wakes, evictions, obs }
+        }));
+    }
+
+    /// A pass ended: report it, re-arm every source, and run the next one if wakes came
+    /// meanwhile.
+    fn pass_done(&mut self, done: PassDone) -> anyhow::Result<()> {
+        self.pressure = Some(done.pressure);
+        if !done.evictions.is_empty() {
             self.kick.notify_one();
         }
-        self.report.pass(batch, &evictions, &memory_view(&self.pressure, &obs))?;
-        self.rearm(&obs);
+        self.report.pass(&done.wakes, &done.evictions, &memory_view(&self.thresholds, &done.obs))?;
+        self.rearm(&done.obs);
+        if !self.pending.is_empty() {
+            self.start_pass();
+        }
         Ok(())
+    }
+
+    /// Whether a hard threshold on memory is met now (read from the node, not waiting for
+    /// the running pass): its grace period is the kubelet's 1 s, whatever a soft eviction
+    /// under way was given.
+    fn hard_threshold_met(&self) -> bool {
+        let obs = self.signals.observe(engine_ns(), &mut Vec::new());
+        self.thresholds
+            .iter()
+            .filter(|t| t.is_hard())
+            .any(|t| obs.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false)))
     }
 
     fn inventory_changed(&mut self) {
         let pods = self.pods.borrow_and_update().clone();
-        self.pressure.inventory_updated(&pods);
+        match self.pressure.as_mut() {
+            Some(p) => p.inventory_updated(&pods),
+            None => self.inventory_dirty = true,
+        }
         self.cgroups_changed();
     }
 
@@ -183,7 +278,7 @@ impl Daemon {
         if self.sources.is_empty() {
             anyhow::bail!("every wake source has stopped");
         }
-        let available = self.pressure.signals.node.read().ok().map(|m| m.available());
+        let available = self.signals.node.read().ok().map(|m| m.available());
         self.report.summary(&self.sources, &self.stats, available)?;
         Ok(())
     }
@@ -191,11 +286,7 @@ impl Daemon {
     /// Every source re-arms on `obs`; one that cannot is dropped, with a warning, and the
     /// others carry on.
     fn rearm(&mut self, obs: &Observations) {
-        let node = NodeNow {
-            thresholds: &self.pressure.thresholds,
-            observations: obs,
-            signals: &self.pressure.signals,
-        };
+        let node = NodeNow { thresholds: &self.thresholds, observations: obs, signals: &self.signals };
         self.sources.retain_mut(|s| {
             s.rearm(&node).inspect_err(|e| tracing::warn!("{e}; disabling this wake source")).is_ok()
         });

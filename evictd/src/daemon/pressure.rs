@@ -17,6 +17,7 @@ use evictd_policy::{
     rank::{FsLayout, PodEntry},
     summary::PodStats,
 };
+use tokio::sync::watch;
 
 use super::PressureOptions;
 use crate::{
@@ -43,6 +44,9 @@ pub struct Pressure {
     pub dry_run: bool,
     pub release_timeout: Duration,
     pub own_pod_uid: Option<String>,
+    /// Turns true while a stop runs when a hard threshold is met meanwhile (set by the
+    /// daemon): a soft eviction's grace period is then cut to the hard one.
+    pub escalate: watch::Receiver<bool>,
     state: EngineState,
     /// Sandboxes evicted until the inventory stops listing them.
     gone: BTreeSet<String>,
@@ -55,6 +59,7 @@ impl Pressure {
         opts: PressureOptions,
         cgroups: CgroupMounts,
         client: Option<CriClient>,
+        escalate: watch::Receiver<bool>,
     ) -> Self {
         let thresholds = engine::thresholds_for_layout(&policy, opts.fs_layout);
         Pressure {
@@ -67,6 +72,7 @@ impl Pressure {
             dry_run: opts.dry_run,
             release_timeout: opts.release_timeout,
             own_pod_uid: crate::node::own_pod::uid(),
+            escalate,
             state: EngineState::default(),
             gone: BTreeSet::new(),
             last_warning: None,
@@ -309,7 +315,9 @@ impl Pressure {
             return true;
         };
         let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
-        match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout).await {
+        let escalate = Some(self.escalate.clone());
+        match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout, escalate).await
+        {
             Ok(phases) => {
                 rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
                 self.gone.insert(pod.sandbox_id.clone());
@@ -390,7 +398,14 @@ mod tests {
             release_timeout: Duration::from_secs(1),
         };
         let (policy, _) = args.policy().unwrap();
-        Pressure::new(policy, PressureOptions { dry_run: client.is_none(), ..opts }, cgroups, client)
+        let escalate = watch::channel(false).1;
+        Pressure::new(
+            policy,
+            PressureOptions { dry_run: client.is_none(), ..opts },
+            cgroups,
+            client,
+            escalate,
+        )
     }
 
     /// A readable v1 memory cgroup at `dir` using `usage` bytes.

@@ -12,6 +12,7 @@ use evictd_policy::{
 
 use crate::node::memory::MemoryCgroup;
 
+#[derive(Clone, Debug)]
 pub struct NodeSignalSources {
     pub node: MemoryCgroup,
     /// The pods' memory cgroup (`kubepods` or `kubepods.slice`); missing means no

@@ -12,6 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tokio::sync::watch;
+
 use crate::runtime::{
     cri::{CriClient, CriError},
     inventory::PodRecord,
@@ -37,21 +39,28 @@ pub enum EvictError {
     Cri { pod: String, source: CriError },
 }
 
+/// The kubelet's grace period for a hard eviction, which an escalated stop falls back to.
+const HARD_GRACE_SECONDS: i64 = 1;
+
 /// Stops `pod` with `grace_seconds` for each container. `cgroup` is the pod's memory cgroup
-/// directory, watched until empty (`None`: the runtime's word is taken).
+/// directory, watched until empty (`None`: the runtime's word is taken). When `escalate`
+/// turns true while a longer grace period runs (a hard threshold is met meanwhile), the
+/// containers are stopped again with the hard eviction's 1 s: a hard threshold never waits
+/// behind a soft eviction's grace.
 pub async fn evict(
     client: &CriClient,
     pod: &PodRecord,
     grace_seconds: i64,
     cgroup: Option<PathBuf>,
     release_timeout: Duration,
+    escalate: Option<watch::Receiver<bool>>,
 ) -> Result<Phases, EvictError> {
     let name = format!("{}/{}", pod.namespace, pod.name);
     let cri_err = |source| EvictError::Cri { pod: name.clone(), source };
     let mut phases = Phases::default();
 
     let t = Instant::now();
-    stop_containers(client, pod, grace_seconds).await.map_err(cri_err)?;
+    stop_containers(client, pod, grace_seconds, escalate).await.map_err(cri_err)?;
     phases.stop_containers_ms = ms(t);
 
     let t = Instant::now();
@@ -78,27 +87,60 @@ pub async fn evict(
 /// StopContainer for every running container, in parallel. Every stop is waited for, also
 /// when one fails, so that no stop is still under way in the runtime when the caller moves
 /// on (to the next candidate, say); the first error is returned.
-async fn stop_containers(client: &CriClient, pod: &PodRecord, grace_seconds: i64) -> Result<(), CriError> {
+async fn stop_containers(
+    client: &CriClient,
+    pod: &PodRecord,
+    grace_seconds: i64,
+    mut escalate: Option<watch::Receiver<bool>>,
+) -> Result<(), CriError> {
     let mut stops = tokio::task::JoinSet::new();
-    for c in pod.containers.iter().filter(|c| c.running) {
-        let client = client.clone();
-        let id = c.id.clone();
-        stops.spawn(async move { client.stop_container(&id, grace_seconds).await });
-    }
+    let spawn_stops = |stops: &mut tokio::task::JoinSet<_>, grace: i64| {
+        for c in pod.containers.iter().filter(|c| c.running) {
+            let client = client.clone();
+            let id = c.id.clone();
+            stops.spawn(async move { client.stop_container(&id, grace).await });
+        }
+    };
+    spawn_stops(&mut stops, grace_seconds);
+    let mut escalated = grace_seconds <= HARD_GRACE_SECONDS;
     let mut first_error = None;
-    while let Some(r) = stops.join_next().await {
-        let r = r.unwrap_or_else(|join| {
-            Err(CriError::Call {
-                endpoint: client.endpoint().into(),
-                call: "StopContainer",
-                status: Box::new(tonic::Status::internal(join.to_string())),
-            })
-        });
-        if let Err(e) = r {
-            first_error.get_or_insert(e);
+    loop {
+        tokio::select! {
+            r = stops.join_next() => {
+                let Some(r) = r else { break };
+                if let Err(e) = r.unwrap_or_else(|join| Err(join_error(client, join))) {
+                    first_error.get_or_insert(e);
+                }
+            }
+            () = hard_threshold_met(&mut escalate), if !escalated => {
+                escalated = true;
+                tracing::warn!(
+                    pod = %format!("{}/{}", pod.namespace, pod.name),
+                    "a hard threshold is met during the {grace_seconds} s grace period: stopping with {HARD_GRACE_SECONDS} s"
+                );
+                spawn_stops(&mut stops, HARD_GRACE_SECONDS);
+            }
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Resolves when the escalation flag turns true; never without one.
+async fn hard_threshold_met(escalate: &mut Option<watch::Receiver<bool>>) {
+    if let Some(rx) = escalate
+        && rx.wait_for(|v| *v).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+fn join_error(client: &CriClient, join: tokio::task::JoinError) -> CriError {
+    CriError::Call {
+        endpoint: client.endpoint().into(),
+        call: "StopContainer",
+        status: Box::new(tonic::Status::internal(join.to_string())),
+    }
 }
 
 /// Whether the cgroup tree at `dir` holds no process within `timeout`.
