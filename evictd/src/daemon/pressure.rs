@@ -136,7 +136,7 @@ impl Pressure {
     /// the eviction (empty: nothing to do).
     async fn decide_and_act(
         &mut self,
-        pods: &[PodRecord],
+        pods: &Arc<Vec<PodRecord>>,
         obs: &Observations,
         now: i64,
     ) -> Vec<EvictionRecord> {
@@ -147,7 +147,7 @@ impl Pressure {
             return Vec::new();
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
-        let candidates = self.candidates(pods);
+        let candidates = self.candidates(pods).await;
         self.evict_one(&candidates, obs, now, t0).await
     }
 
@@ -189,17 +189,22 @@ impl Pressure {
     /// cgroup is gone is terminating, not a candidate; one evicted already is skipped until
     /// the inventory stops listing it; one whose usage cannot be read is left out and
     /// logged: ranked "without stats" it would go first, on data evictd could not read.
-    fn candidates<'a>(&mut self, pods: &'a [PodRecord]) -> Vec<(&'a PodRecord, PodStats)> {
-        let mut out = Vec::with_capacity(pods.len());
-        for p in pods {
-            if self.gone.contains(&p.sandbox_id) {
-                continue;
+    /// The reads (cgroup files, log directories walked) run on the blocking pool: the
+    /// daemon's one thread keeps serving wakes meanwhile.
+    async fn candidates<'a>(&mut self, pods: &'a Arc<Vec<PodRecord>>) -> Vec<(&'a PodRecord, PodStats)> {
+        let (all, gone, cgroups) = (pods.clone(), self.gone.clone(), self.cgroups.clone());
+        let read = tokio::task::spawn_blocking(move || read_usage(&all, &gone, &cgroups)).await;
+        let usage = match read {
+            Ok(usage) => usage,
+            Err(e) => {
+                self.warn_limited(format!("reading the pods' usage failed: {e}; no pod is ranked"));
+                return Vec::new();
             }
-            let cg = self.cgroups_of(p);
-            if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
-                continue;
-            }
-            match usage::pod_stats(p, cg.as_ref(), &self.cgroups) {
+        };
+        let mut out = Vec::with_capacity(usage.len());
+        for (i, stats) in usage {
+            let p = &pods[i];
+            match stats {
                 Ok(stats) => out.push((p, stats)),
                 Err(e) => self.warn_limited(format!(
                     "pod {}/{} left out of ranking: its usage cannot be read: {e}",
@@ -361,6 +366,26 @@ impl Pressure {
     }
 }
 
+/// Each live pod's usage (by index into `pods`): pods evicted already (`gone`) and pods
+/// whose cgroup is gone (terminating) are not listed.
+fn read_usage(
+    pods: &[PodRecord],
+    gone: &BTreeSet<String>,
+    cgroups: &CgroupMounts,
+) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
+    pods.iter()
+        .enumerate()
+        .filter(|(_, p)| !gone.contains(&p.sandbox_id))
+        .filter_map(|(i, p)| {
+            let cg = usage::pod_cgroups(p, cgroups);
+            if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
+                return None;
+            }
+            Some((i, usage::pod_stats(p, cg.as_ref(), cgroups)))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -426,19 +451,19 @@ mod tests {
 
     /// Issue 12, defect 1: a pod whose usage cannot be read must not be ranked at all
     /// (ranked "without stats" it would be the first victim).
-    #[test]
-    fn pods_whose_usage_cannot_be_read_are_not_candidates() {
+    #[tokio::test(flavor = "current_thread")]
+    async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
         let d = tempfile::tempdir().unwrap();
         memcg(&d.path().join("kubepods/pod-ok"), 1 << 20);
         // Its cgroup is there, but its memory files cannot be read.
         std::fs::create_dir_all(d.path().join("kubepods/pod-broken")).unwrap();
-        let pods = vec![
+        let pods = Arc::new(vec![
             pod("ok", Some("/kubepods/pod-ok")),
             pod("broken", Some("/kubepods/pod-broken")),
             pod("nowhere", None),
-        ];
+        ]);
         let mut p = pressure(d.path());
-        let names: Vec<&str> = p.candidates(&pods).iter().map(|(r, _)| r.name.as_str()).collect();
+        let names: Vec<&str> = p.candidates(&pods).await.iter().map(|(r, _)| r.name.as_str()).collect();
         assert_eq!(names, ["ok"]);
     }
 
