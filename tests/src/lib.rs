@@ -5,6 +5,7 @@
 mod cleanup;
 pub mod containerd;
 pub mod evictd_proc;
+pub mod scenario;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},

@@ -8,10 +8,10 @@
 use std::time::{Duration, Instant};
 
 use evictd_tests::{
-    containerd::{self, Containerd, PodSpec, TestPod},
+    containerd::{self, Containerd, TestPod},
     evictd_proc::Evictd,
+    scenario::{PodDef, make_pods, node_usage},
 };
-use serde_json::json;
 
 const MI: u64 = 1 << 20;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -32,78 +32,6 @@ fn http_get(addr: &str, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).expect("response");
     out
-}
-
-struct PodDef {
-    name: &'static str,
-    qos: &'static str,
-    priority: i64,
-    request_mib: Option<u64>,
-    limit_mib: Option<u64>,
-    static_pod: bool,
-    ignore_sigterm: bool,
-    grace: i64,
-}
-
-impl PodDef {
-    fn new(name: &'static str, qos: &'static str) -> Self {
-        PodDef {
-            name,
-            qos,
-            priority: 0,
-            request_mib: None,
-            limit_mib: None,
-            static_pod: false,
-            ignore_sigterm: false,
-            grace: 30,
-        }
-    }
-}
-
-async fn make_pods(ctd: &mut Containerd, defs: &[PodDef]) -> (Vec<TestPod>, std::path::PathBuf) {
-    let mut pods = Vec::new();
-    let mut items = Vec::new();
-    for d in defs {
-        let mut annotations = std::collections::BTreeMap::new();
-        if d.static_pod {
-            annotations.insert("kubernetes.io/config.source".to_owned(), "file".to_owned());
-        }
-        let oom = match d.qos {
-            "guaranteed" => -997,
-            "besteffort" => 1000,
-            _ => 900,
-        };
-        let p = ctd
-            .run_pod(PodSpec {
-                name: d.name,
-                qos: d.qos,
-                memory_limit: d.limit_mib.map(|m| m * MI),
-                oom_score_adj: oom,
-                annotations: annotations.clone(),
-                ignore_sigterm: d.ignore_sigterm,
-                termination_grace_seconds: d.grace,
-                hog_args: None,
-            })
-            .await;
-        let requests = d.request_mib.map_or(json!({}), |r| json!({"memory": format!("{r}Mi")}));
-        items.push(json!({
-            "metadata": {"name": d.name, "namespace": "e2e", "uid": p.uid, "annotations": annotations},
-            "spec": {"priority": d.priority, "terminationGracePeriodSeconds": d.grace,
-                     "containers": [{"name": "hog", "resources": {"requests": requests}}]},
-            "status": {"phase": "Running"}
-        }));
-        pods.push(p);
-    }
-    let file = ctd.tmp.join("pods.json");
-    std::fs::write(&file, json!({"kind": "PodList", "items": items}).to_string()).expect("pods file");
-    (pods, file)
-}
-
-fn node_usage(ctd: &Containerd) -> u64 {
-    std::fs::read_to_string(ctd.node_dir().join("memory.usage_in_bytes"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// (a) Three pods of different QoS and priority; one grows past its request until the

@@ -31,10 +31,18 @@ impl CriError {
         matches!(self, CriError::Call { status, .. } if status.code() == tonic::Code::NotFound)
     }
 
-    /// The runtime could not be reached at all (socket missing, refused).
+    /// The runtime could not be reached (socket missing, refused), went away in the middle
+    /// of the call (tonic reports a broken connection as `Unknown: transport error`), or did
+    /// not answer in time: a failure of the runtime, not of the object the call was about.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, CriError::Call { status, .. } if status.code() == tonic::Code::Unavailable)
-            || matches!(self, CriError::Timeout { .. })
+        match self {
+            CriError::Call { status, .. } => {
+                status.code() == tonic::Code::Unavailable
+                    || (status.code() == tonic::Code::Unknown && status.message() == "transport error")
+            }
+            CriError::Timeout { .. } => true,
+            CriError::Endpoint(_) => false,
+        }
     }
 }
 

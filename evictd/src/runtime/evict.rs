@@ -39,6 +39,15 @@ pub enum EvictError {
     Cri { pod: String, source: CriError },
 }
 
+impl EvictError {
+    /// The runtime, not this pod, is at fault: another pod would fail the same way.
+    pub fn runtime_unavailable(&self) -> bool {
+        match self {
+            EvictError::Cri { source, .. } => source.is_unavailable(),
+        }
+    }
+}
+
 /// The kubelet's grace period for a hard eviction, which an escalated stop falls back to.
 const HARD_GRACE_SECONDS: i64 = 1;
 

@@ -80,9 +80,12 @@ impl Inventory {
         if *seen == Some(mtime) {
             return Ok(());
         }
-        let pods = evictd_policy::podspec::read_pod_list(path)?;
-        self.specs = pods.into_iter().map(|p| (p.metadata.uid.clone(), p)).collect();
+        // Seen, good or bad: a broken file is reported once, not on every refresh, and
+        // read again when it changes.
+        let path = path.clone();
         self.pods_file = Some((path.clone(), Some(mtime)));
+        let pods = evictd_policy::podspec::read_pod_list(&path)?;
+        self.specs = pods.into_iter().map(|p| (p.metadata.uid.clone(), p)).collect();
         for rec in self.pods.values_mut() {
             if let Some(spec) = self.specs.get(&rec.uid) {
                 rec.spec = spec.clone();

@@ -1,0 +1,83 @@
+//! Pods as the end-to-end and fault tests describe them, run on the private containerd with
+//! a PodList written for evictd.
+
+use serde_json::json;
+
+use crate::containerd::{Containerd, PodSpec, TestPod};
+
+const MI: u64 = 1 << 20;
+
+/// A pod as a scenario wants it.
+pub struct PodDef {
+    pub name: &'static str,
+    pub qos: &'static str,
+    pub priority: i64,
+    pub request_mib: Option<u64>,
+    pub limit_mib: Option<u64>,
+    pub static_pod: bool,
+    pub ignore_sigterm: bool,
+    pub grace: i64,
+}
+
+impl PodDef {
+    pub fn new(name: &'static str, qos: &'static str) -> Self {
+        PodDef {
+            name,
+            qos,
+            priority: 0,
+            request_mib: None,
+            limit_mib: None,
+            static_pod: false,
+            ignore_sigterm: false,
+            grace: 30,
+        }
+    }
+}
+
+/// Runs `defs` as kubelet-style pods and writes their PodList (the specs evictd reads).
+pub async fn make_pods(ctd: &mut Containerd, defs: &[PodDef]) -> (Vec<TestPod>, std::path::PathBuf) {
+    let mut pods = Vec::new();
+    let mut items = Vec::new();
+    for d in defs {
+        let mut annotations = std::collections::BTreeMap::new();
+        if d.static_pod {
+            annotations.insert("kubernetes.io/config.source".to_owned(), "file".to_owned());
+        }
+        let oom = match d.qos {
+            "guaranteed" => -997,
+            "besteffort" => 1000,
+            _ => 900,
+        };
+        let p = ctd
+            .run_pod(PodSpec {
+                name: d.name,
+                qos: d.qos,
+                memory_limit: d.limit_mib.map(|m| m * MI),
+                oom_score_adj: oom,
+                annotations: annotations.clone(),
+                ignore_sigterm: d.ignore_sigterm,
+                termination_grace_seconds: d.grace,
+                hog_args: None,
+            })
+            .await;
+        let requests = d.request_mib.map_or(json!({}), |r| json!({"memory": format!("{r}Mi")}));
+        items.push(json!({
+            "metadata": {"name": d.name, "namespace": "e2e", "uid": p.uid, "annotations": annotations},
+            "spec": {"priority": d.priority, "terminationGracePeriodSeconds": d.grace,
+                     "containers": [{"name": "hog", "resources": {"requests": requests}}]},
+            "status": {"phase": "Running"}
+        }));
+        pods.push(p);
+    }
+    let file = ctd.tmp.join("pods.json");
+    std::fs::write(&file, json!({"kind": "PodList", "items": items}).to_string()).expect("pods file");
+    (pods, file)
+}
+
+/// The node cgroup's memory usage.
+pub fn node_usage(ctd: &Containerd) -> u64 {
+    std::fs::read_to_string(ctd.node_dir().join("memory.usage_in_bytes"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
