@@ -56,20 +56,24 @@ fn trace_json_reports_charge_in_the_node_cgroup() {
     assert_eq!(e["threshold_distance_bytes"].as_i64(), Some(avail - (100 << 20)));
 }
 
-/// Issue 12: the summary line shows memory.available as read that second. With no wake at
-/// all (only a timer that never fires), a workload growing by 256 MiB must show.
+/// Issue 12: the summary line shows memory.available as read that second, and the tuning
+/// view names the cgroup that grew. With no wake at all (only a timer that never fires), a
+/// workload growing by 256 MiB in a child of the node cgroup must show in both.
 #[test]
 fn the_summary_shows_memory_as_read_that_second() {
     if !privileged("the_summary_shows_memory_as_read_that_second") {
         return;
     }
-    let cg = TestCgroup::new(Some(1 << 30));
-    let mut hog = MemHog::spawn_in(&cg);
+    let node = TestCgroup::new(Some(1 << 30));
+    let child = node.dir.join("grower");
+    std::fs::create_dir(&child).expect("a child cgroup");
+    let grower = TestCgroup { dir: child, layout: node.layout.clone() };
+    let mut hog = MemHog::spawn_in(&grower);
     let mut evictd = Command::new(evictd_binary())
         .args(["--trace", "--json", "--wake-sources", "timer", "--housekeeping-interval", "1h"])
         .args(["--cri-endpoint", "none", "--duration", "4s", "--eviction-hard", "memory.available<100Mi"])
         .arg("--node-cgroup")
-        .arg(&cg.dir)
+        .arg(&node.dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -79,13 +83,23 @@ fn the_summary_shows_memory_as_read_that_second() {
         let line = lines.next().expect("evictd stopped early").expect("read");
         let v: serde_json::Value = serde_json::from_str(&line).expect("JSON line");
         if v["type"] == "summary" {
-            return v["memory_available_bytes"].as_i64().expect("memory.available is read");
+            return v;
         }
     };
-    let before = next_summary();
+    let available =
+        |v: &serde_json::Value| v["memory_available_bytes"].as_i64().expect("memory.available is read");
+    let before = available(&next_summary());
     hog.alloc(256);
     std::thread::sleep(Duration::from_millis(1100));
-    let after = next_summary().min(next_summary());
+    let (a, b) = (next_summary(), next_summary());
     let _ = evictd.wait();
+    drop(hog);
+    let after = available(&a).min(available(&b));
     assert!(before - after >= 200 << 20, "summary must follow the node: {before} → {after}");
+    let grew: Vec<&serde_json::Value> =
+        [&a, &b].iter().flat_map(|s| s["top_growth"].as_array().into_iter().flatten()).collect();
+    assert!(
+        grew.iter().any(|g| g["cgroup"] == "/grower" && g["bytes"].as_i64().unwrap_or(0) >= 200 << 20),
+        "the tuning view must name /grower: {grew:?}"
+    );
 }

@@ -22,7 +22,7 @@ use tokio::{
 };
 
 use crate::{
-    node::{cgroups::CgroupMounts, signals::NodeSignalSources},
+    node::{cgroups::CgroupMounts, growth::GrowthTracker, signals::NodeSignalSources},
     report::{
         Report,
         metrics::Metrics,
@@ -106,6 +106,7 @@ struct Daemon {
     signals: NodeSignalSources,
     escalate: watch::Sender<bool>,
     inventory_dirty: bool,
+    growth: GrowthTracker,
     sources: Vec<Box<dyn WakeSource>>,
     stats: Arc<WakeStats>,
     report: Report,
@@ -182,6 +183,7 @@ impl Daemon {
         }
         let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
         let signals = opts.pressure.signals.clone();
+        let (signals_dir, signals_version) = (signals.node.dir.clone(), signals.node.version);
         let (escalate, escalated) = watch::channel(false);
         let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         let thresholds = pressure.thresholds.clone();
@@ -194,6 +196,7 @@ impl Daemon {
             signals,
             escalate,
             inventory_dirty: false,
+            growth: GrowthTracker::new(signals_dir, signals_version),
             sources,
             stats,
             report,
@@ -279,7 +282,8 @@ impl Daemon {
             anyhow::bail!("every wake source has stopped");
         }
         let available = self.signals.node.read().ok().map(|m| m.available());
-        self.report.summary(&self.sources, &self.stats, available)?;
+        let top_growth = if self.report.traced() { self.growth.sample() } else { Vec::new() };
+        self.report.summary(&self.sources, &self.stats, available, top_growth)?;
         Ok(())
     }
 

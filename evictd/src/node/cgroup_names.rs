@@ -78,6 +78,14 @@ pub fn subtree_ids(dir: &Path) -> Vec<u64> {
     ids
 }
 
+/// `dir` and its sub-directories (to a bounded depth), as paths relative to `dir` with a
+/// leading '/'.
+pub fn subtree_paths(dir: &Path) -> Vec<String> {
+    let mut paths = Vec::new();
+    walk(dir, dir, 0, &mut |_, rel| paths.push(rel));
+    paths
+}
+
 /// Visits `dir` and its sub-directories as (id, path relative to `root` with a leading '/').
 /// Directories that vanish during the walk are skipped: cgroups come and go all the time.
 fn walk(root: &Path, dir: &Path, depth: usize, visit: &mut dyn FnMut(u64, String)) {

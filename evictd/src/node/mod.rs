@@ -4,6 +4,7 @@
 
 pub mod cgroup_names;
 pub mod cgroups;
+pub mod growth;
 pub mod memory;
 pub mod own_pod;
 pub mod signals;

@@ -12,7 +12,7 @@ use evictd_common::KernelError;
 
 use crate::{
     kernel::ebpf::Counters,
-    node::{cgroup_names::CgroupNames, cgroups::CgroupMounts},
+    node::{cgroup_names::CgroupNames, cgroups::CgroupMounts, growth::Growth},
     wake::{Wake, WakeCause, WakeSource, WakeStats},
 };
 
@@ -78,13 +78,20 @@ impl Report {
         sources: &[Box<dyn WakeSource>],
         stats: &WakeStats,
         available: Option<i64>,
+        top_growth: Vec<Growth>,
     ) -> io::Result<()> {
         self.counts.available = available;
-        let summary = self.counts.summary(sources, stats);
+        let mut summary = self.counts.summary(sources, stats);
+        summary.top_growth = top_growth;
         match self.sink.as_mut() {
             Some(s) => s.summary(&summary),
             None => Ok(()),
         }
+    }
+
+    /// Whether summaries are printed (the tuning view is read only then).
+    pub fn traced(&self) -> bool {
+        self.sink.is_some()
     }
 
     pub fn flush(&mut self) -> io::Result<()> {

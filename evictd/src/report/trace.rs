@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::{
     kernel::ebpf::Counters,
-    node::cgroup_names::CgroupNames,
+    node::{cgroup_names::CgroupNames, growth::Growth},
     report::{record::EvictionRecord, units},
     wake::{Wake, WakeCause},
 };
@@ -58,6 +58,8 @@ pub struct TraceSummary {
     pub memory_available_bytes: Option<i64>,
     pub watermark_bytes: Option<u64>,
     pub kernel: Option<Counters>,
+    /// The cgroups under the node that grew most in the interval (the tuning view).
+    pub top_growth: Vec<Growth>,
 }
 
 pub struct TraceSink<W: Write> {
@@ -185,9 +187,16 @@ impl<W: Write> TraceSink<W> {
                 // Shown only when there are any: they should never happen.
                 let errors: u64 = s.kernel.map_or(0, |k| k.errors.iter().sum());
                 let errors = if errors > 0 { format!(" | kernel errors {errors}") } else { String::new() };
+                let grew: Vec<String> =
+                    s.top_growth.iter().map(|g| format!("{} +{}", g.cgroup, units::bytes(g.bytes))).collect();
+                let grew = if grew.is_empty() {
+                    String::new()
+                } else {
+                    format!(" | grew most: {}", grew.join(", "))
+                };
                 writeln!(
                     self.out,
-                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}{errors}",
+                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}{errors}{grew}",
                     rates.join(", "),
                     s.ring_drops,
                     s.ring_drops_total,
