@@ -159,6 +159,9 @@ async fn dry_run_kills_nothing() {
         assert!(ctd.sandbox_ready(&p.sandbox_id).await, "{} was stopped in a dry run", p.name);
     }
     assert!(pods[0].usage() >= 500 * MI);
+    // Every wake (the 200 ms timer here) repeats the decision; the log says it once.
+    let said = evictd.log().matches("dry run: would evict").count();
+    assert_eq!(said, 1, "a dry-run decision is logged once, not on every wake:\n{}", evictd.log());
 }
 
 /// (d) The CRI socket goes away and comes back: evictd says so, keeps running, and evicts

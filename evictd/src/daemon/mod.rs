@@ -341,3 +341,34 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{cgroups::CgroupVersion, memory::MemoryCgroup};
+
+    /// Issue 12, defect 10: without the node's capacity, inferred requests would all be 0 and
+    /// every burstable pod would look over its request; the start fails instead, naming it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_unreadable_node_capacity_stops_the_start() {
+        let d = tempfile::tempdir().unwrap();
+        let opts = PressureOptions {
+            signals: NodeSignalSources {
+                node: MemoryCgroup::new(d.path().join("gone"), CgroupVersion::V1, false),
+                kubepods: None,
+                nodefs: "/".into(),
+                imagefs: "/".into(),
+            },
+            fs_layout: FsLayout::SingleFs,
+            cri_endpoint: None,
+            cri_timeout: Duration::from_secs(1),
+            dry_run: false,
+            pods_file: None,
+            inventory_interval: Duration::from_secs(1),
+            release_timeout: Duration::from_secs(1),
+        };
+        let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
+        let err = spawn_inventory(Some(&client), &opts, Arc::new(Notify::new())).expect_err("an error");
+        assert!(format!("{err:#}").contains("memory capacity"), "{err:#}");
+    }
+}
