@@ -1,8 +1,9 @@
 //! One pass of observe → decide → act, run on every wake. Cheap when nothing is near: the
 //! engine first decides without pods, and only when a threshold is actionable are the pods'
 //! cgroups read for ranking. One pod per decision; when a kill fails the next candidate is
-//! taken, as the kubelet does; after an eviction the pass repeats at once (the kubelet's loop
-//! does not sleep after an eviction either).
+//! taken, as the kubelet does (unless the runtime itself is down: then the next pass tries
+//! again); after an eviction the pass repeats at once (the kubelet's loop does not sleep
+//! after an eviction either). The daemon runs each pass in a task of its own.
 
 use std::{
     collections::BTreeSet,
