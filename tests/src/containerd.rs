@@ -82,6 +82,22 @@ pub struct PodSpec<'a> {
     pub hog_args: Option<Vec<String>>,
 }
 
+impl<'a> PodSpec<'a> {
+    /// A BestEffort pod (oom_score_adj 1000) whose hog follows its control file.
+    pub fn besteffort(name: &'a str) -> Self {
+        PodSpec {
+            name,
+            qos: "besteffort",
+            memory_limit: None,
+            oom_score_adj: 1000,
+            annotations: BTreeMap::new(),
+            ignore_sigterm: false,
+            termination_grace_seconds: 30,
+            hog_args: None,
+        }
+    }
+}
+
 /// A running pod: ids, and the control file whose MiB number its hog allocates up to.
 pub struct TestPod {
     pub uid: String,

@@ -7,6 +7,16 @@ use crate::containerd::{Containerd, PodSpec, TestPod};
 
 const MI: u64 = 1 << 20;
 
+/// evictd's policy flags for a soft threshold the scenarios cross at once: no hard
+/// thresholds, memory.available<600Mi with a 1 s grace period.
+pub const SOFT_600MI_AFTER_1S: [&str; 5] = [
+    "--eviction-hard=",
+    "--eviction-soft",
+    "memory.available<600Mi",
+    "--eviction-soft-grace-period",
+    "memory.available=1s",
+];
+
 /// A pod as a scenario wants it.
 pub struct PodDef {
     pub name: &'static str,

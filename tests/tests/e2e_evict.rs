@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use evictd_tests::{
     containerd::{self, Containerd, TestPod},
     evictd_proc::Evictd,
-    scenario::{PodDef, make_pods, node_usage},
+    scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods, node_usage},
 };
 
 const MI: u64 = 1 << 20;
@@ -220,17 +220,7 @@ async fn a_pod_ignoring_sigterm_is_killed_after_its_grace_period() {
     pods[0].set_mib(500);
     pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
     let started_ns = evictd::wake::monotonic_ns();
-    let evictd = Evictd::start(
-        &ctd,
-        Some(&file),
-        &[
-            "--eviction-hard=",
-            "--eviction-soft",
-            "memory.available<600Mi",
-            "--eviction-soft-grace-period",
-            "memory.available=1s",
-        ],
-    );
+    let evictd = Evictd::start(&ctd, Some(&file), &SOFT_600MI_AFTER_1S);
     let e = evictd.wait_eviction(Duration::from_secs(30));
     assert_eq!(e["name"], "stubborn");
     assert_eq!(e["grace_period_seconds"], 2, "the pod's own grace period (max-pod-grace 0)");

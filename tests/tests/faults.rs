@@ -13,7 +13,7 @@ use evictd_tests::{
     evictd_binary,
     evictd_proc::Evictd,
     privileged,
-    scenario::{PodDef, make_pods},
+    scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods},
 };
 
 const MI: u64 = 1 << 20;
@@ -149,17 +149,7 @@ async fn the_runtime_restarting_in_the_middle_of_an_eviction() {
     let (stubborn, bystander) = (&pods[0], &pods[1]);
     stubborn.set_mib(500);
     stubborn.wait_usage_at_least(500 * MI, Duration::from_secs(10));
-    let evictd = Evictd::start(
-        &ctd,
-        Some(&file),
-        &[
-            "--eviction-hard=",
-            "--eviction-soft",
-            "memory.available<600Mi",
-            "--eviction-soft-grace-period",
-            "memory.available=1s",
-        ],
-    );
+    let evictd = Evictd::start(&ctd, Some(&file), &SOFT_600MI_AFTER_1S);
     // The soft grace period (1 s) passes, the 3 s stop starts; the runtime goes away in it.
     std::thread::sleep(Duration::from_millis(2000));
     ctd.stop_daemon();

@@ -194,14 +194,8 @@ async fn one_run(
     let name = format!("w{}r{rate}n{run}", mode.name().replace('-', ""));
     let pod = ctd
         .run_pod(PodSpec {
-            name: &name,
-            qos: "besteffort",
-            memory_limit: None,
-            oom_score_adj: 1000,
-            annotations: Default::default(),
-            ignore_sigterm: false,
-            termination_grace_seconds: 30,
             hog_args: Some(vec!["rate".into(), rate.to_string(), "/ctl/go".into(), "/ctl/alloc.log".into()]),
+            ..PodSpec::besteffort(&name)
         })
         .await;
     // Let evictd's inventory see the pod before the pressure starts.

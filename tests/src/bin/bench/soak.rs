@@ -100,18 +100,7 @@ async fn episode(ctd: &mut Containerd, evictd: &Evictd, c: &mut Counts) {
     c.episodes += 1;
     let seen = evictd.evictions().len();
     let name = format!("soak{}", c.episodes);
-    let pod = ctd
-        .run_pod(PodSpec {
-            name: &name,
-            qos: "besteffort",
-            memory_limit: None,
-            oom_score_adj: 1000,
-            annotations: Default::default(),
-            ignore_sigterm: false,
-            termination_grace_seconds: 30,
-            hog_args: None,
-        })
-        .await;
+    let pod = ctd.run_pod(PodSpec::besteffort(&name)).await;
     pod.set_mib(800);
     let until = Instant::now() + Duration::from_secs(30);
     let mine = loop {

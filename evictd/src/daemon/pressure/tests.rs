@@ -1,0 +1,100 @@
+//! Pressure passes on fixture cgroup trees: what is ranked, and what is recorded.
+
+use std::path::Path;
+
+use evictd_policy::flags::PolicyArgs;
+
+use super::*;
+use crate::{
+    node::{cgroups::CgroupVersion, memory::MemoryCgroup},
+    runtime::inventory::tests::{container, record},
+};
+
+/// A Pressure on a fixture cgroup v1 tree at `root`, with no runtime.
+fn pressure(root: &Path) -> Pressure {
+    pressure_with(root, &PolicyArgs::default(), None)
+}
+
+fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> Pressure {
+    let cgroups =
+        CgroupMounts { memory_root: root.into(), memory_version: CgroupVersion::V1, unified_root: None };
+    let signals = NodeSignalSources {
+        node: MemoryCgroup::new(root, CgroupVersion::V1, true),
+        kubepods: None,
+        nodefs: "/".into(),
+        imagefs: "/".into(),
+    };
+    let opts = PressureOptions {
+        signals,
+        fs_layout: FsLayout::SingleFs,
+        cri_endpoint: None,
+        cri_timeout: Duration::from_secs(1),
+        dry_run: true,
+        pods_file: None,
+        inventory_interval: Duration::from_secs(1),
+        release_timeout: Duration::from_secs(1),
+    };
+    let (policy, _) = args.policy().unwrap();
+    let escalate = watch::channel(false).1;
+    Pressure::new(policy, PressureOptions { dry_run: client.is_none(), ..opts }, cgroups, client, escalate)
+}
+
+/// A readable v1 memory cgroup at `dir` using `usage` bytes.
+fn memcg(dir: &Path, usage: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("memory.usage_in_bytes"), format!("{usage}\n")).unwrap();
+    std::fs::write(dir.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    std::fs::write(dir.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+}
+
+fn pod(name: &str, parent: Option<&str>) -> PodRecord {
+    let mut r = record(parent.unwrap_or(""), vec![container(None, None)]);
+    r.name = name.into();
+    r.sandbox_id = format!("sb-{name}");
+    r.cgroup_parent = parent.map(Into::into);
+    r
+}
+
+/// Issue 12, defect 1: a pod whose usage cannot be read must not be ranked at all
+/// (ranked "without stats" it would be the first victim).
+#[tokio::test(flavor = "current_thread")]
+async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
+    let d = tempfile::tempdir().unwrap();
+    memcg(&d.path().join("kubepods/pod-ok"), 1 << 20);
+    // Its cgroup is there, but its memory files cannot be read.
+    std::fs::create_dir_all(d.path().join("kubepods/pod-broken")).unwrap();
+    let pods = Arc::new(vec![
+        pod("ok", Some("/kubepods/pod-ok")),
+        pod("broken", Some("/kubepods/pod-broken")),
+        pod("nowhere", None),
+    ]);
+    let mut p = pressure(d.path());
+    let names: Vec<&str> = p.candidates(&pods).await.iter().map(|(r, _)| r.name.as_str()).collect();
+    assert_eq!(names, ["ok"]);
+}
+
+/// Issue 12, defect 10 and the fault tests: a failed kill is recorded (and counted as a
+/// failed eviction); when the runtime itself is down, no other pod is tried, since it
+/// would fail the same way or be stopped once the runtime is back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
+    let d = tempfile::tempdir().unwrap();
+    // The node: 4 GiB, 2 GiB used, so memory.available<75% (3 GiB) is met.
+    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
+        .unwrap();
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
+    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    let names = ["a", "b", "c"];
+    for n in names {
+        memcg(&d.path().join(format!("kubepods/pod-{n}")), 100 << 20);
+    }
+    let pods: Vec<PodRecord> = names.iter().map(|n| pod(n, Some(&format!("/kubepods/pod-{n}")))).collect();
+    // A runtime that is not there: StopContainer fails.
+    let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_millis(200)).unwrap();
+    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
+    let mut p = pressure_with(d.path(), &args, Some(client));
+    p.signals.node.meminfo = d.path().join("meminfo");
+    let (records, _) = p.pass(&Arc::new(pods), || 1, None).await;
+    assert_eq!(records.len(), 1, "one failed kill, no other pod tried: {records:?}");
+    assert!(records[0].error.as_deref().is_some_and(|e| e.contains("StopContainer")), "{records:?}");
+}
