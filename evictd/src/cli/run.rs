@@ -186,7 +186,6 @@ impl RunArgs {
         if sources.is_empty() {
             bail!("--wake-sources: at least one wake source is needed");
         }
-        sources.sort_by_key(|k| SourceKind::ALL.iter().position(|a| a == k));
         let watermark = match self.bpf_watermark.as_str() {
             "auto" => Watermark::Auto,
             q => {

@@ -183,10 +183,10 @@ impl Daemon {
         }
         let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
         let signals = opts.pressure.signals.clone();
-        let (signals_dir, signals_version) = (signals.node.dir.clone(), signals.node.version);
         let (escalate, escalated) = watch::channel(false);
         let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         let thresholds = pressure.thresholds.clone();
+        let growth = GrowthTracker::new(signals.node.dir.clone(), signals.node.version);
         let obs = pressure.observe(engine_ns());
         let mut daemon = Daemon {
             pressure: Some(pressure),
@@ -196,7 +196,7 @@ impl Daemon {
             signals,
             escalate,
             inventory_dirty: false,
-            growth: GrowthTracker::new(signals_dir, signals_version),
+            growth,
             sources,
             stats,
             report,
@@ -251,9 +251,9 @@ impl Daemon {
         Ok(())
     }
 
-    /// Whether a hard threshold on memory is met now (read from the node, not waiting for
-    /// the running pass): its grace period is the kubelet's 1 s, whatever a soft eviction
-    /// under way was given.
+    /// Whether any hard threshold is met now (read from the node, not waiting for the running
+    /// pass): its grace period is the kubelet's 1 s, whatever a soft eviction under way was
+    /// given.
     fn hard_threshold_met(&self) -> bool {
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
         self.thresholds

@@ -7,6 +7,7 @@ use std::{
     time::SystemTime,
 };
 
+use evictd_policy::policy::Threshold;
 use serde::Serialize;
 
 use crate::{
@@ -27,7 +28,7 @@ pub enum TraceFormat {
 pub struct MemoryView {
     pub available: Option<i64>,
     /// e.g. `memory.available<100Mi` and available − threshold quantity.
-    pub nearest: Option<(String, i64)>,
+    pub nearest: Option<(Threshold, i64)>,
 }
 
 #[derive(Serialize)]
@@ -43,7 +44,7 @@ struct EventLine<'a> {
     kernel_ts_ns: Option<u64>,
     delivery_us: Option<f64>,
     memory_available_bytes: Option<i64>,
-    threshold: Option<&'a str>,
+    threshold: Option<String>,
     threshold_distance_bytes: Option<i64>,
 }
 
@@ -99,7 +100,7 @@ impl<W: Write> TraceSink<W> {
                     kernel_ts_ns: wake.kernel_ts_ns,
                     delivery_us,
                     memory_available_bytes: mem.available,
-                    threshold: mem.nearest.as_ref().map(|(t, _)| t.as_str()),
+                    threshold: mem.nearest.as_ref().map(|(t, _)| t.to_string()),
                     threshold_distance_bytes: mem.nearest.as_ref().map(|(_, d)| *d),
                 };
                 serde_json::to_writer(&mut self.out, &line)?;

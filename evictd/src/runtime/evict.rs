@@ -12,6 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use evictd_policy::engine::HARD_EVICTION_GRACE_SECONDS as HARD_GRACE_SECONDS;
 use tokio::sync::watch;
 
 use crate::runtime::{
@@ -47,9 +48,6 @@ impl EvictError {
         }
     }
 }
-
-/// The kubelet's grace period for a hard eviction, which an escalated stop falls back to.
-const HARD_GRACE_SECONDS: i64 = 1;
 
 /// Stops `pod` with `grace_seconds` for each container. `cgroup` is the pod's memory cgroup
 /// directory, watched until empty (`None`: the runtime's word is taken). When `escalate`

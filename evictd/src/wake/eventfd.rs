@@ -79,9 +79,9 @@ fn notifier_levels(node: &NodeNow) -> Vec<(PathBuf, u64, u64)> {
         (Signal::MemoryAvailable, Some(&node.signals.node)),
         (Signal::AllocatableMemoryAvailable, node.signals.kubepods.as_ref()),
     ] {
+        let (Some(cg), true) = (cg, node.observations.contains_key(&signal)) else { continue };
         // A cgroup that cannot be read now keeps no threshold until the next pass.
-        let Some(sample) = cg.and_then(|cg| cg.read().ok().map(|s| (cg, s))) else { continue };
-        let (cg, sample) = sample;
+        let Ok(sample) = cg.read() else { continue };
         for (_, distance) in distances(node.thresholds, node.observations, signal) {
             let level = (sample.usage as i64 + distance).max(0) as u64;
             out.push((cg.dir.clone(), level, distance.max(0) as u64));
