@@ -161,7 +161,8 @@ async fn the_runtime_restarting_in_the_middle_of_an_eviction() {
     assert!(ctd.sandbox_ready(&bystander.sandbox_id).await, "the bystander must not be evicted");
     assert!(
         evictd.evictions().iter().all(|e| e["name"] == "stubborn"),
-        "only stubborn: {:?}",
-        evictd.evictions()
+        "only stubborn: {:?}\n{}",
+        evictd.evictions(),
+        evictd.log()
     );
 }

@@ -244,7 +244,7 @@ impl Pressure {
             let (state, d) = engine::decide(&self.input(obs, &entries, now), &self.state);
             final_state = Some(state);
             let Some(e) = d.eviction else {
-                self.warn_no_eviction(&d);
+                self.warn_no_eviction(&d, failed.len());
                 break;
             };
             let pod = candidates[e.pod].0;
@@ -264,9 +264,15 @@ impl Pressure {
         records
     }
 
-    fn warn_no_eviction(&mut self, d: &engine::Decision) {
+    /// `failed` candidates were tried in this decision and are protected from here on, so
+    /// the engine's reason alone ("critical or protected") would hide that they failed.
+    fn warn_no_eviction(&mut self, d: &engine::Decision, failed: usize) {
         if let Some(why) = &d.no_eviction_reason {
             let signal = d.actionable.first().map(|&i| self.thresholds[i].signal);
+            let why = match failed {
+                0 => why.to_string(),
+                n => format!("the eviction of {n} candidate(s) failed and no other pod can be evicted"),
+            };
             self.warn_limited(format!("pressure on {signal:?} but no eviction: {why}"));
         }
     }

@@ -32,14 +32,20 @@ impl CriError {
     }
 
     /// The runtime could not be reached (socket missing, refused), went away in the middle
-    /// of the call (tonic reports a broken connection as `Unknown: transport error`), or did
-    /// not answer in time: a failure of the runtime, not of the object the call was about.
+    /// of the call (tonic reports a broken connection as `Unknown: transport error`), is
+    /// back but still starting (containerd answers `Unknown: server is not initialized yet`
+    /// until its CRI plugin has loaded its state), or did not answer in time: a failure of
+    /// the runtime, not of the object the call was about. A stop that failed this way may
+    /// still be under way in the runtime.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            CriError::Call { status, .. } => {
-                status.code() == tonic::Code::Unavailable
-                    || (status.code() == tonic::Code::Unknown && status.message() == "transport error")
-            }
+            CriError::Call { status, .. } => match status.code() {
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => true,
+                tonic::Code::Unknown => {
+                    matches!(status.message(), "transport error" | "server is not initialized yet")
+                }
+                _ => false,
+            },
             CriError::Timeout { .. } => true,
             CriError::Endpoint(_) => false,
         }
@@ -281,5 +287,31 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("/nonexistent/evictd-test.sock") && msg.contains("Version"), "{msg}");
         assert!(e.is_unavailable(), "{e:?}");
+    }
+
+    fn call_error(code: tonic::Code, message: &str) -> CriError {
+        let status = Box::new(tonic::Status::new(code, message));
+        CriError::Call { endpoint: "unix:///run/x.sock".into(), call: "StopContainer", status }
+    }
+
+    /// What containerd answers while it restarts must not read as a failure of the pod: the
+    /// daemon would then stop the next candidate too (seen in the runtime-restart fault test).
+    #[test]
+    fn a_restarting_runtime_is_unavailable_and_a_pod_error_is_not() {
+        for (code, msg) in [
+            (tonic::Code::Unknown, "server is not initialized yet"),
+            (tonic::Code::Unknown, "transport error"),
+            (tonic::Code::Unavailable, "connection refused"),
+            (tonic::Code::DeadlineExceeded, "context deadline exceeded"),
+        ] {
+            assert!(call_error(code, msg).is_unavailable(), "{code:?} {msg}");
+        }
+        for (code, msg) in [
+            (tonic::Code::Unknown, "failed to kill container: permission denied"),
+            (tonic::Code::InvalidArgument, "container id is empty"),
+            (tonic::Code::NotFound, "an error occurred when try to find container"),
+        ] {
+            assert!(!call_error(code, msg).is_unavailable(), "{code:?} {msg}");
+        }
     }
 }
