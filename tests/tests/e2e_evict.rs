@@ -363,3 +363,84 @@ async fn sigterm_is_answered_during_a_long_grace_period() {
     let took = evictd.terminate(Duration::from_secs(5));
     assert!(took.is_some(), "evictd did not exit within 5 s of SIGTERM during a 30 s grace period");
 }
+
+/// (i) Issue 11: `--hard-eviction-grace-period 0` kills at once, without the runtime: the
+/// pod ignores SIGTERM and asks for 30 s, yet it is killed by evictd (`cgroup.kill` on this
+/// node, whose runc places containers in the unified hierarchy too), and the CRI stop that
+/// follows only does the runtime's bookkeeping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_hard_grace_period_kills_at_once_without_the_runtime() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_zero_hard_grace_period_kills_at_once_without_the_runtime") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(
+        &mut ctd,
+        &[
+            PodDef { ignore_sigterm: true, grace: 30, ..PodDef::new("stubborn", "besteffort") },
+            PodDef {
+                priority: 1000,
+                request_mib: Some(100),
+                limit_mib: Some(100),
+                ..PodDef::new("bystander", "guaranteed")
+            },
+        ],
+    )
+    .await;
+    let (stubborn, bystander) = (&pods[0], &pods[1]);
+    stubborn.set_mib(300);
+    stubborn.wait_usage_at_least(300 * MI, Duration::from_secs(10));
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &["--eviction-hard", "memory.available<400Mi", "--hard-eviction-grace-period", "0"],
+    );
+    stubborn.set_mib(700);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "stubborn", "{e}");
+    assert!(e["error"].is_null(), "{e}");
+    assert_eq!(e["grace_period_seconds"], 0, "{e}");
+    let fast = &e["phases"]["fast_kill"];
+    assert_eq!(fast["urgency"], "hard", "{e}");
+    assert_eq!(fast["method"], "cgroup-kill", "{e}");
+    assert!(fast["processes"].as_u64().is_some_and(|n| n >= 1), "{e}");
+    assert!(e["phases"]["memory_released_ms"].is_number(), "the pod's cgroup must empty: {e}");
+    let stop_ms = e["phases"]["stop_containers_ms"].as_f64().expect("phase timings");
+    assert!(stop_ms < 10_000.0, "a pod ignoring SIGTERM must not get its 30 s: took {stop_ms} ms");
+    assert!(ctd.sandbox_ready(&bystander.sandbox_id).await, "the bystander must not be touched");
+    assert_eq!(evictd.evictions().len(), 1, "one pod per decision: {:?}", evictd.evictions());
+}
+
+/// (j) Issue 11: a soft eviction's stop (30 s, SIGTERM ignored) is under way when the node
+/// falls below the emergency level: the pod is killed at once rather than left to the
+/// kernel's OOM killer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emergency_during_a_grace_period_kills_at_once() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("an_emergency_during_a_grace_period_kills_at_once") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (mut pods, file) = make_pods(
+        &mut ctd,
+        &[PodDef { ignore_sigterm: true, grace: 30, ..PodDef::new("stubborn", "besteffort") }],
+    )
+    .await;
+    let pod = pods.remove(0);
+    pod.set_mib(500);
+    pod.wait_usage_at_least(500 * MI, Duration::from_secs(10));
+    let mut args = SOFT_600MI_AFTER_1S.to_vec();
+    args.extend(["--emergency-available", "400Mi"]);
+    let evictd = Evictd::start(&ctd, Some(&file), &args);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(evictd.evictions().is_empty(), "the 30 s stop cannot have ended yet");
+    pod.set_mib(700);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "stubborn", "{e}");
+    assert_eq!(e["grace_period_seconds"], 30, "decided as a soft eviction: {e}");
+    assert_eq!(e["phases"]["fast_kill"]["urgency"], "emergency", "{e}");
+    let stop_ms = e["phases"]["stop_containers_ms"].as_f64().expect("phase timings");
+    assert!(stop_ms < 10_000.0, "the emergency must cut the 30 s grace period short, took {stop_ms} ms");
+    assert!(evictd.log().contains("killing now"), "{}", evictd.log());
+}

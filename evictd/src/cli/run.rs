@@ -8,7 +8,7 @@ use clap::Args;
 use evictd_policy::{flags::PolicyArgs, policy::Policy, quantity::Quantity, rank::FsLayout};
 
 use crate::{
-    daemon::{PressureOptions, RunOptions},
+    daemon::{KillOptions, PressureOptions, RunOptions, urgency::EmergencyLevel},
     kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items},
     node::{cgroups::CgroupMounts, memory::MemoryCgroup, signals::NodeSignalSources},
     report::trace::TraceFormat,
@@ -60,6 +60,20 @@ pub struct RunArgs {
     /// How long to wait for an evicted pod's memory to be released.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub release_timeout: Duration,
+    /// Whether evictd may kill a pod itself (pidfds, `cgroup.kill` or the freezer,
+    /// `process_mrelease`) when waiting for the runtime would let the kernel act first:
+    /// `auto` does so at an emergency and when the hard grace period is 0; `never` stops
+    /// pods only through the CRI, as the kubelet does.
+    #[arg(long, value_name = "auto|never", default_value = "auto", value_parser = ["auto", "never"])]
+    pub fast_kill: String,
+    /// The grace period of a hard eviction, in seconds: the kubelet's is 1 (SIGTERM, then
+    /// SIGKILL a second later). 0 kills at once (the fast kill where the node allows it).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(i64).range(0..=3600))]
+    pub hard_eviction_grace_period: i64,
+    /// memory.available below which a stop under way turns into a kill at once: `auto` is
+    /// half of each hard memory threshold, or a quantity such as `50Mi`.
+    #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
+    pub emergency_available: String,
     /// The fallback timer's period.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub housekeeping_interval: Duration,
@@ -152,6 +166,7 @@ impl RunArgs {
         if let Some(p) = &self.pods_file {
             evictd_policy::podspec::read_pod_list(p).context("--pods-file")?;
         }
+        let kill = self.kill_options()?;
         Ok(RunOptions {
             policy,
             pressure: PressureOptions {
@@ -163,12 +178,32 @@ impl RunArgs {
                 pods_file: self.pods_file,
                 inventory_interval: self.inventory_interval,
                 release_timeout: self.release_timeout,
+                kill,
             },
             wake,
             trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),
             duration: self.duration,
             cgroups,
             metrics_addr: self.metrics_addr,
+        })
+    }
+
+    /// `--fast-kill`, `--hard-eviction-grace-period`, `--emergency-available`.
+    fn kill_options(&self) -> anyhow::Result<KillOptions> {
+        let emergency = match self.emergency_available.as_str() {
+            "auto" => EmergencyLevel::HalfHard,
+            q => {
+                let q = Quantity::parse(q).with_context(|| format!("--emergency-available: {q:?}"))?;
+                if q.is_negative() {
+                    bail!("--emergency-available: must not be negative");
+                }
+                EmergencyLevel::Bytes(q.value())
+            }
+        };
+        Ok(KillOptions {
+            fast_kill: self.fast_kill == "auto",
+            hard_grace_seconds: self.hard_eviction_grace_period,
+            emergency,
         })
     }
 

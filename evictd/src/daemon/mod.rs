@@ -37,8 +37,12 @@ use crate::{
 };
 
 pub mod pressure;
+pub mod urgency;
 
 use pressure::Pressure;
+use urgency::{EmergencyLevel, NodeScope};
+
+use crate::runtime::evict::Urgency;
 
 /// Wakes buffered between passes; a full channel only means a look is already pending.
 const WAKE_CHANNEL: usize = 64 * 1024;
@@ -67,6 +71,18 @@ pub struct PressureOptions {
     pub pods_file: Option<PathBuf>,
     pub inventory_interval: Duration,
     pub release_timeout: Duration,
+    pub kill: KillOptions,
+}
+
+/// How a chosen pod is killed (`--fast-kill`, `--hard-eviction-grace-period`,
+/// `--emergency-available`).
+#[derive(Clone, Copy, Debug)]
+pub struct KillOptions {
+    /// Whether evictd may kill a pod itself when there is no time for the runtime.
+    pub fast_kill: bool,
+    /// A hard eviction's grace period (the kubelet's: 1 s); 0 kills at once.
+    pub hard_grace_seconds: i64,
+    pub emergency: EmergencyLevel,
 }
 
 /// The engine's clock (grace periods, the transition period, stats' freshness): monotonic,
@@ -104,7 +120,10 @@ struct Daemon {
     /// Copies of what the loop needs while the pressure state is in a pass.
     thresholds: Vec<Threshold>,
     signals: NodeSignalSources,
-    escalate: watch::Sender<bool>,
+    /// Raised while a stop runs; read by the act step (`runtime::evict`).
+    escalate: watch::Sender<Urgency>,
+    emergency: EmergencyLevel,
+    scope: NodeScope,
     inventory_dirty: bool,
     growth: GrowthTracker,
     sources: Vec<Box<dyn WakeSource>>,
@@ -183,7 +202,9 @@ impl Daemon {
         }
         let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
         let signals = opts.pressure.signals.clone();
-        let (escalate, escalated) = watch::channel(false);
+        let emergency = opts.pressure.kill.emergency;
+        let scope = NodeScope::new(&signals.node.dir, &opts.cgroups);
+        let (escalate, escalated) = watch::channel(Urgency::Normal);
         let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         let thresholds = pressure.thresholds.clone();
         let growth = GrowthTracker::new(signals.node.dir.clone(), signals.node.version);
@@ -195,6 +216,8 @@ impl Daemon {
             thresholds,
             signals,
             escalate,
+            emergency,
+            scope,
             inventory_dirty: false,
             growth,
             sources,
@@ -209,14 +232,31 @@ impl Daemon {
     }
 
     /// A batch of wakes: a pass, or, while one runs, a note for the next one — and a look
-    /// at the hard thresholds, which may cut the running stop's grace period short.
+    /// at how urgent the running stop has become.
     fn on_wakes(&mut self, batch: &mut Vec<Wake>) {
+        if self.pressure.is_none() {
+            self.raise_urgency(batch);
+        }
         self.pending.append(batch);
         if self.pressure.is_some() {
             self.start_pass();
-        } else if self.hard_threshold_met() {
-            self.escalate.send_if_modified(|v| !std::mem::replace(v, true));
         }
+    }
+
+    /// Reads the node now (not waiting for the running pass) and raises the urgency the act
+    /// step sees, never lowers it: a hard threshold met cuts a soft grace period short, an
+    /// emergency kills at once.
+    fn raise_urgency(&self, wakes: &[Wake]) {
+        let obs = self.signals.observe(engine_ns(), &mut Vec::new());
+        let kernel_acting = self.scope.kernel_acting(wakes);
+        let now = urgency::urgency_now(&self.thresholds, &obs, self.emergency, kernel_acting);
+        self.escalate.send_if_modified(|u| {
+            let raised = now > *u;
+            if raised {
+                *u = now;
+            }
+            raised
+        });
     }
 
     fn start_pass(&mut self) {
@@ -225,7 +265,7 @@ impl Daemon {
             pressure.inventory_updated(&self.pods.borrow());
             self.inventory_dirty = false;
         }
-        self.escalate.send_replace(false);
+        self.escalate.send_replace(Urgency::Normal);
         let pods = self.pods.borrow().clone();
         let wakes = std::mem::take(&mut self.pending);
         // The wake to account the decision to: the earliest in the batch.
@@ -249,17 +289,6 @@ impl Daemon {
             self.start_pass();
         }
         Ok(())
-    }
-
-    /// Whether any hard threshold is met now (read from the node, not waiting for the running
-    /// pass): its grace period is the kubelet's 1 s, whatever a soft eviction under way was
-    /// given.
-    fn hard_threshold_met(&self) -> bool {
-        let obs = self.signals.observe(engine_ns(), &mut Vec::new());
-        self.thresholds
-            .iter()
-            .filter(|t| t.is_hard())
-            .any(|t| obs.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false)))
     }
 
     fn inventory_changed(&mut self) {
@@ -366,6 +395,7 @@ mod tests {
             pods_file: None,
             inventory_interval: Duration::from_secs(1),
             release_timeout: Duration::from_secs(1),
+            kill: KillOptions { fast_kill: true, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
         };
         let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
         let err = spawn_inventory(Some(&client), &opts, Arc::new(Notify::new())).expect_err("an error");

@@ -20,11 +20,17 @@ use evictd_policy::{
 };
 use tokio::sync::watch;
 
-use super::PressureOptions;
+use super::{KillOptions, PressureOptions};
 use crate::{
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     report::record::EvictionRecord,
-    runtime::{cri::CriClient, evict, inventory::PodRecord, reclaim, usage},
+    runtime::{
+        cri::CriClient,
+        evict::{self, StopPlan, Urgency},
+        inventory::PodRecord,
+        kill::KillTarget,
+        reclaim, usage,
+    },
     wake::{Wake, monotonic_ns},
 };
 
@@ -44,10 +50,10 @@ pub struct Pressure {
     pub client: Option<CriClient>,
     pub dry_run: bool,
     pub release_timeout: Duration,
+    pub kill: KillOptions,
     pub own_pod_uid: Option<String>,
-    /// Turns true while a stop runs when a hard threshold is met meanwhile (set by the
-    /// daemon): a soft eviction's grace period is then cut to the hard one.
-    pub escalate: watch::Receiver<bool>,
+    /// Raised by the daemon while a stop runs (see `urgency`).
+    pub escalate: watch::Receiver<Urgency>,
     state: EngineState,
     /// Sandboxes evicted until the inventory stops listing them.
     gone: BTreeSet<String>,
@@ -60,7 +66,7 @@ impl Pressure {
         opts: PressureOptions,
         cgroups: CgroupMounts,
         client: Option<CriClient>,
-        escalate: watch::Receiver<bool>,
+        escalate: watch::Receiver<Urgency>,
     ) -> Self {
         let thresholds = engine::thresholds_for_layout(&policy, opts.fs_layout);
         Pressure {
@@ -72,6 +78,7 @@ impl Pressure {
             client,
             dry_run: opts.dry_run,
             release_timeout: opts.release_timeout,
+            kill: opts.kill,
             own_pod_uid: crate::node::own_pod::uid(),
             escalate,
             state: EngineState::default(),
@@ -249,7 +256,7 @@ impl Pressure {
             };
             let pod = candidates[e.pod].0;
             let mut rec = self.record(pod, &e, obs, t0);
-            let done = self.act(pod, &e, &mut rec).await;
+            let done = self.act(pod, &mut rec).await;
             records.push(rec);
             if done {
                 break;
@@ -292,7 +299,7 @@ impl Pressure {
             signal: e.signal,
             available: o.map_or(0, |o| o.available),
             threshold: o.map_or(0, |o| self.thresholds[e.threshold].value.resolve(o.capacity)),
-            grace_period_seconds: e.grace_period_seconds,
+            grace_period_seconds: self.grace_seconds(e),
             message: e.message.clone(),
             dry_run: self.dry_run,
             error: None,
@@ -310,7 +317,7 @@ impl Pressure {
     /// Stops the pod (or, in a dry run, says it would). True when this decision is done:
     /// evicted, dry run, or nothing to evict with; false when the kill failed and the next
     /// candidate may be tried.
-    async fn act(&mut self, pod: &PodRecord, e: &engine::Eviction, rec: &mut EvictionRecord) -> bool {
+    async fn act(&mut self, pod: &PodRecord, rec: &mut EvictionRecord) -> bool {
         let who = format!("{}/{}", rec.namespace, rec.name);
         if self.dry_run {
             // Every wake repeats the same decision while the pressure lasts.
@@ -326,10 +333,8 @@ impl Pressure {
             rec.error = Some("no CRI endpoint".into());
             return true;
         };
-        let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
-        let escalate = Some(self.escalate.clone());
-        match evict::evict(client, pod, e.grace_period_seconds, cgroup, self.release_timeout, escalate).await
-        {
+        let plan = self.stop_plan(pod, rec.grace_period_seconds);
+        match evict::evict(client, pod, &plan, Some(self.escalate.clone())).await {
             Ok(phases) => {
                 rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
                 self.gone.insert(pod.sandbox_id.clone());
@@ -374,6 +379,27 @@ impl Pressure {
             self.last_warning = Some((msg.to_owned(), Instant::now()));
         }
         repeat
+    }
+
+    /// The grace period a decision stops its pod with: the engine's, except that a hard
+    /// eviction's is `--hard-eviction-grace-period` (the kubelet's 1 s by default).
+    fn grace_seconds(&self, e: &engine::Eviction) -> i64 {
+        if self.thresholds[e.threshold].is_hard() {
+            self.kill.hard_grace_seconds
+        } else {
+            e.grace_period_seconds
+        }
+    }
+
+    fn stop_plan(&self, pod: &PodRecord, grace_seconds: i64) -> StopPlan {
+        let fast = self.kill.fast_kill.then(|| KillTarget::of(pod, &self.cgroups).ok()).flatten();
+        StopPlan {
+            grace_seconds,
+            hard_grace_seconds: self.kill.hard_grace_seconds,
+            fast,
+            cgroup: self.cgroups_of(pod).map(|c| c.memory.dir),
+            release_timeout: self.release_timeout,
+        }
     }
 
     fn cgroups_of(&self, p: &PodRecord) -> Option<usage::PodCgroups> {

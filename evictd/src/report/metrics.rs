@@ -109,6 +109,10 @@ impl Metrics {
             if let Some(ms) = p.memory_released_ms {
                 phase("memory_released", ms);
             }
+            if let Some(k) = &p.fast_kill {
+                phase("fast_kill_signalled", k.report.signalled_ms);
+                phase("fast_kill_reaped", k.report.reaped_ms);
+            }
         }
     }
 
@@ -231,6 +235,7 @@ mod tests {
                 stop_containers_ms: 120.0,
                 stop_sandbox_ms: 30.0,
                 memory_released_ms: Some(0.1),
+                fast_kill: None,
             }),
             wake_cause: Some(WakeCause::Charge),
             wake_kernel_ts_ns: Some(1_000_000),

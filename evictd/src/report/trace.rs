@@ -151,8 +151,14 @@ impl<W: Write> TraceSink<W> {
                     let released = p
                         .memory_released_ms
                         .map_or("memory NOT released".into(), |ms| format!("memory released {ms:.1}ms"));
+                    let fast = p.fast_kill.as_ref().map_or(String::new(), |k| {
+                        format!(
+                            "fast kill ({:?}, {:?}) {:.1}ms, {} reaped, ",
+                            k.urgency, k.report.method, k.report.signalled_ms, k.report.reaped
+                        )
+                    });
                     format!(
-                        " | decide {}µs, stop containers {:.1}ms, stop sandbox {:.1}ms, {released}",
+                        " | decide {}µs, {fast}stop containers {:.1}ms, stop sandbox {:.1}ms, {released}",
                         e.decide_us, p.stop_containers_ms, p.stop_sandbox_ms
                     )
                 });

@@ -3,6 +3,12 @@
 //! and wait, bounded, until the pod's cgroup holds no process, i.e. its memory is released.
 //! Each phase is timed for the eviction log.
 //!
+//! Where waiting would let the kernel's OOM killer act first, the pod is killed by evictd
+//! itself (`kill`) and the CRI stop only does the runtime's bookkeeping: at once when the
+//! hard eviction's grace period is 0, or in the middle of a stop when the daemon raises the
+//! urgency to `Emergency`. A stop under way when a hard threshold is met (`Hard`) has its
+//! grace period cut to the hard eviction's.
+//!
 //! A completed stop is the eviction. A pod whose cgroup still holds a process afterwards (one
 //! stuck in D state, or not the runtime's) is reported as slow to release, never as a failed
 //! eviction: that would send the next candidate to its death too.
@@ -12,14 +18,45 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd_policy::engine::HARD_EVICTION_GRACE_SECONDS as HARD_GRACE_SECONDS;
 use tokio::sync::watch;
 
-use crate::runtime::{
-    cri::{CriClient, CriError},
-    inventory::PodRecord,
-    usage::cgroup_tree_empty,
+use crate::{
+    runtime::{
+        cri::{CriClient, CriError},
+        inventory::PodRecord,
+        kill::{self, KillError, KillReport, KillTarget},
+        usage::cgroup_tree_empty,
+    },
+    wake::monotonic_ns,
 };
+
+/// How urgent the running stop has become, raised by the daemon while it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Urgency {
+    /// The grace period the engine chose.
+    #[default]
+    Normal,
+    /// A hard threshold is met: at most the hard eviction's grace period.
+    Hard,
+    /// The kernel is about to act (memory.available below the emergency level, reclaim or an
+    /// OOM kill in the node): kill now.
+    Emergency,
+}
+
+/// How one pod is stopped.
+pub struct StopPlan {
+    /// The engine's grace period, or the hard eviction's as configured.
+    pub grace_seconds: i64,
+    /// What a stop is cut to when a hard threshold is met meanwhile.
+    pub hard_grace_seconds: i64,
+    /// Where the pod can be killed without the runtime; `None`: the CRI only.
+    pub fast: Option<KillTarget>,
+    /// The pod's memory cgroup directory, watched until empty (`None`: the runtime's word is
+    /// taken).
+    pub cgroup: Option<PathBuf>,
+    pub release_timeout: Duration,
+}
 
 /// How long each phase of an eviction took, in milliseconds.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -28,6 +65,19 @@ pub struct Phases {
     pub stop_sandbox_ms: f64,
     /// `None`: the pod's cgroup still held a process when `--release-timeout` ran out.
     pub memory_released_ms: Option<f64>,
+    /// The fast kill, when there was one.
+    pub fast_kill: Option<FastKill>,
+}
+
+/// A fast kill in an eviction: why, when, and what it did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FastKill {
+    /// `hard` when the hard eviction's grace period is 0, `emergency` when raised mid-stop.
+    pub urgency: Urgency,
+    /// CLOCK_MONOTONIC ns when SIGKILL had been sent to the whole pod.
+    pub signalled_ns: u64,
+    #[serde(flatten)]
+    pub report: KillReport,
 }
 
 fn ms(t: Instant) -> f64 {
@@ -49,25 +99,25 @@ impl EvictError {
     }
 }
 
-/// Stops `pod` with `grace_seconds` for each container. `cgroup` is the pod's memory cgroup
-/// directory, watched until empty (`None`: the runtime's word is taken). When `escalate`
-/// turns true while a longer grace period runs (a hard threshold is met meanwhile), the
-/// containers are stopped again with the hard eviction's 1 s: a hard threshold never waits
-/// behind a soft eviction's grace.
+/// Stops `pod` as `plan` says. `urgency` is raised by the daemon while the stop runs.
 pub async fn evict(
     client: &CriClient,
     pod: &PodRecord,
-    grace_seconds: i64,
-    cgroup: Option<PathBuf>,
-    release_timeout: Duration,
-    escalate: Option<watch::Receiver<bool>>,
+    plan: &StopPlan,
+    urgency: Option<watch::Receiver<Urgency>>,
 ) -> Result<Phases, EvictError> {
     let name = format!("{}/{}", pod.namespace, pod.name);
     let cri_err = |source| EvictError::Cri { pod: name.clone(), source };
     let mut phases = Phases::default();
 
     let t = Instant::now();
-    stop_containers(client, pod, grace_seconds, escalate).await.map_err(cri_err)?;
+    let mut stop = Stop { client, pod, plan, urgency, fast_kill: None };
+    if plan.grace_seconds <= 0 {
+        stop.kill_now(Urgency::Hard).await;
+    }
+    let stopped = stop.stop_containers().await;
+    phases.fast_kill = stop.fast_kill.take();
+    stopped.map_err(cri_err)?;
     phases.stop_containers_ms = ms(t);
 
     let t = Instant::now();
@@ -75,69 +125,135 @@ pub async fn evict(
     phases.stop_sandbox_ms = ms(t);
 
     let t = Instant::now();
-    let released = match &cgroup {
-        Some(dir) => released_within(dir, release_timeout).await,
+    let released = match &plan.cgroup {
+        Some(dir) => released_within(dir, plan.release_timeout).await,
         None => true,
     };
     phases.memory_released_ms = released.then(|| ms(t));
-    if !released && let Some(dir) = cgroup {
+    if !released && let Some(dir) = &plan.cgroup {
         tracing::warn!(
             pod = %name,
-            "stopped, but its cgroup {} still holds a process after {release_timeout:?} (stuck in D state, \
+            "stopped, but its cgroup {} still holds a process after {:?} (stuck in D state, \
              or not the runtime's); the eviction stands",
-            dir.display()
+            dir.display(),
+            plan.release_timeout
         );
     }
     Ok(phases)
 }
 
-/// StopContainer for every running container, in parallel. Every stop is waited for, also
-/// when one fails, so that no stop is still under way in the runtime when the caller moves
-/// on (to the next candidate, say); the first error is returned.
-async fn stop_containers(
-    client: &CriClient,
-    pod: &PodRecord,
-    grace_seconds: i64,
-    mut escalate: Option<watch::Receiver<bool>>,
-) -> Result<(), CriError> {
-    let mut stops = tokio::task::JoinSet::new();
-    let spawn_stops = |stops: &mut tokio::task::JoinSet<_>, grace: i64| {
-        for c in pod.containers.iter().filter(|c| c.running) {
-            let client = client.clone();
+/// One stop under way.
+struct Stop<'a> {
+    client: &'a CriClient,
+    pod: &'a PodRecord,
+    plan: &'a StopPlan,
+    urgency: Option<watch::Receiver<Urgency>>,
+    fast_kill: Option<FastKill>,
+}
+
+impl Stop<'_> {
+    fn name(&self) -> String {
+        format!("{}/{}", self.pod.namespace, self.pod.name)
+    }
+
+    /// Kills the pod without the runtime, where the node allows it. A failure is logged and
+    /// the CRI stop goes on: it is the eviction either way.
+    async fn kill_now(&mut self, urgency: Urgency) {
+        let Some(target) = &self.plan.fast else { return };
+        if self.fast_kill.is_some() {
+            return;
+        }
+        match kill::fast_kill(target).await {
+            Ok(report) => {
+                tracing::info!(
+                    pod = %self.name(), ?urgency, method = ?report.method, processes = report.processes,
+                    signalled_ms = report.signalled_ms, reaped = report.reaped, "fast kill"
+                );
+                let signalled_ns = monotonic_ns();
+                self.fast_kill = Some(FastKill { urgency, signalled_ns, report });
+            }
+            Err(e) => log_kill_failure(&self.name(), &e),
+        }
+    }
+
+    /// StopContainer for every running container, in parallel. Every stop is waited for,
+    /// also when one fails, so that no stop is still under way in the runtime when the caller
+    /// moves on (to the next candidate, say); the first error is returned. Meanwhile a raised
+    /// urgency cuts the grace period (`Hard`) or kills the pod at once (`Emergency`).
+    async fn stop_containers(&mut self) -> Result<(), CriError> {
+        let mut stops = tokio::task::JoinSet::new();
+        let grace = if self.fast_kill.is_some() { 0 } else { self.plan.grace_seconds };
+        self.spawn_stops(&mut stops, grace);
+        let mut reached = if grace <= self.plan.hard_grace_seconds { Urgency::Hard } else { Urgency::Normal };
+        if self.fast_kill.is_some() {
+            // Killed already: nothing more an emergency could do.
+            reached = Urgency::Emergency;
+        }
+        let mut urgency = self.urgency.take();
+        let mut first_error = None;
+        loop {
+            tokio::select! {
+                r = stops.join_next() => {
+                    let Some(r) = r else { break };
+                    if let Err(e) = r.unwrap_or_else(|join| Err(join_error(self.client, join))) {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                raised = raised_above(&mut urgency, reached), if reached < Urgency::Emergency => {
+                    reached = raised;
+                    self.escalate(raised, &mut stops).await;
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn spawn_stops(&self, stops: &mut tokio::task::JoinSet<Result<(), CriError>>, grace: i64) {
+        for c in self.pod.containers.iter().filter(|c| c.running) {
+            let client = self.client.clone();
             let id = c.id.clone();
             stops.spawn(async move { client.stop_container(&id, grace).await });
         }
-    };
-    spawn_stops(&mut stops, grace_seconds);
-    let mut escalated = grace_seconds <= HARD_GRACE_SECONDS;
-    let mut first_error = None;
-    loop {
-        tokio::select! {
-            r = stops.join_next() => {
-                let Some(r) = r else { break };
-                if let Err(e) = r.unwrap_or_else(|join| Err(join_error(client, join))) {
-                    first_error.get_or_insert(e);
-                }
-            }
-            () = hard_threshold_met(&mut escalate), if !escalated => {
-                escalated = true;
+    }
+
+    /// The urgency rose to `raised` while the stops run.
+    async fn escalate(&mut self, raised: Urgency, stops: &mut tokio::task::JoinSet<Result<(), CriError>>) {
+        let (grace, hard) = (self.plan.grace_seconds, self.plan.hard_grace_seconds);
+        match raised {
+            Urgency::Normal => {}
+            Urgency::Hard => {
                 tracing::warn!(
-                    pod = %format!("{}/{}", pod.namespace, pod.name),
-                    "a hard threshold is met during the {grace_seconds} s grace period: stopping with {HARD_GRACE_SECONDS} s"
+                    pod = %self.name(),
+                    "a hard threshold is met during the {grace} s grace period: stopping with {hard} s"
                 );
-                spawn_stops(&mut stops, HARD_GRACE_SECONDS);
+                self.spawn_stops(stops, hard);
+            }
+            Urgency::Emergency => {
+                tracing::warn!(
+                    pod = %self.name(),
+                    "the kernel is about to reclaim or OOM-kill during the {grace} s grace period: killing now"
+                );
+                self.kill_now(Urgency::Emergency).await;
+                // The runtime's stops learn of the exit on their own; one with grace 0 makes
+                // sure none is left waiting out a grace period, and is the fastest kill there
+                // is without the fast path.
+                self.spawn_stops(stops, 0);
             }
         }
     }
-    first_error.map_or(Ok(()), Err)
 }
 
-/// Resolves when the escalation flag turns true; never without one.
-async fn hard_threshold_met(escalate: &mut Option<watch::Receiver<bool>>) {
-    if let Some(rx) = escalate
-        && rx.wait_for(|v| *v).await.is_ok()
+fn log_kill_failure(pod: &str, e: &KillError) {
+    tracing::warn!(pod = %pod, "fast kill failed, the CRI stop goes on: {e}");
+}
+
+/// Resolves with the urgency once it is above `reached`; never without a receiver, or once
+/// the daemon has dropped its sender.
+async fn raised_above(urgency: &mut Option<watch::Receiver<Urgency>>, reached: Urgency) -> Urgency {
+    if let Some(rx) = urgency
+        && let Ok(u) = rx.wait_for(|u| *u > reached).await
     {
-        return;
+        return *u;
     }
     std::future::pending().await
 }

@@ -6,6 +6,7 @@ use evictd_policy::flags::PolicyArgs;
 
 use super::*;
 use crate::{
+    daemon::urgency::EmergencyLevel,
     node::{cgroups::CgroupVersion, memory::MemoryCgroup},
     runtime::inventory::tests::{container, record},
 };
@@ -33,9 +34,10 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         pods_file: None,
         inventory_interval: Duration::from_secs(1),
         release_timeout: Duration::from_secs(1),
+        kill: KillOptions { fast_kill: false, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
     };
     let (policy, _) = args.policy().unwrap();
-    let escalate = watch::channel(false).1;
+    let escalate = watch::channel(Urgency::Normal).1;
     Pressure::new(policy, PressureOptions { dry_run: client.is_none(), ..opts }, cgroups, client, escalate)
 }
 

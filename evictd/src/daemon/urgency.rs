@@ -1,0 +1,181 @@
+//! How urgent a stop under way has become, judged on every batch of wakes that comes while it
+//! runs. The kubelet's semantics hold while there is time: a soft eviction's grace period,
+//! cut to the hard one when a hard threshold is met meanwhile (`Hard`). When waiting would
+//! let the kernel act first, the pod is killed now (`Emergency`): memory.available (or
+//! allocatableMemory.available) below the emergency level, or the kernel reclaiming or
+//! OOM-killing in the node.
+
+use std::path::{Path, PathBuf};
+
+use evictd_policy::{
+    observations::Observations,
+    policy::{Signal, Threshold},
+};
+
+use crate::{
+    node::cgroups::{CgroupMounts, CgroupVersion},
+    runtime::evict::Urgency,
+    wake::{Wake, WakeCause},
+};
+
+/// Below which a memory signal is an emergency (`--emergency-available`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmergencyLevel {
+    /// Half of each hard memory threshold.
+    HalfHard,
+    /// This many bytes of memory.available.
+    Bytes(i64),
+}
+
+/// The urgency the node calls for now, from its observation and the wakes just taken.
+pub fn urgency_now(
+    thresholds: &[Threshold],
+    obs: &Observations,
+    level: EmergencyLevel,
+    kernel_acting: bool,
+) -> Urgency {
+    if kernel_acting || emergency_met(thresholds, obs, level) {
+        Urgency::Emergency
+    } else if hard_threshold_met(thresholds, obs) {
+        Urgency::Hard
+    } else {
+        Urgency::Normal
+    }
+}
+
+/// Any hard threshold met: its grace period is the hard eviction's, whatever a soft eviction
+/// under way was given.
+fn hard_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bool {
+    thresholds
+        .iter()
+        .filter(|t| t.is_hard())
+        .any(|t| obs.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false)))
+}
+
+/// A memory signal below its emergency level. Without a hard memory threshold there is no
+/// level in `HalfHard` mode: the operator asked for soft evictions only.
+fn emergency_met(thresholds: &[Threshold], obs: &Observations, level: EmergencyLevel) -> bool {
+    match level {
+        EmergencyLevel::Bytes(b) => obs.get(&Signal::MemoryAvailable).is_some_and(|o| o.available < b),
+        EmergencyLevel::HalfHard => thresholds
+            .iter()
+            .filter(|t| t.is_hard() && t.signal.is_memory())
+            .any(|t| obs.get(&t.signal).is_some_and(|o| o.available < t.value.resolve(o.capacity) / 2)),
+    }
+}
+
+/// Where the node's processes are, to tell the kernel's reclaim and OOM kills in the node
+/// from those elsewhere on the machine (a cgroup that plays the node in tests, say).
+#[derive(Clone, Debug)]
+pub struct NodeScope {
+    /// The node cgroup relative to the memory hierarchy's root; `None`: the whole machine.
+    rel: Option<PathBuf>,
+    version: CgroupVersion,
+}
+
+impl NodeScope {
+    pub fn new(node_dir: &Path, cgroups: &CgroupMounts) -> Self {
+        let rel = node_dir
+            .strip_prefix(&cgroups.memory_root)
+            .ok()
+            .filter(|r| !r.as_os_str().is_empty())
+            .map(|r| Path::new("/").join(r));
+        NodeScope { rel, version: cgroups.memory_version }
+    }
+
+    /// Whether a wake says the kernel itself is reclaiming or OOM-killing in the node: the
+    /// pid is the allocating task (reclaim) or the victim (OOM kill).
+    pub fn kernel_acting(&self, wakes: &[Wake]) -> bool {
+        wakes
+            .iter()
+            .filter(|w| {
+                matches!(w.cause, WakeCause::DirectReclaim | WakeCause::MemcgReclaim | WakeCause::OomKill)
+            })
+            .any(|w| self.holds(w.pid))
+    }
+
+    fn holds(&self, pid: u32) -> bool {
+        let Some(rel) = &self.rel else { return true };
+        let Ok(cgroups) = procfs::process::Process::new(pid as i32).and_then(|p| p.cgroups()) else {
+            return false;
+        };
+        cgroups.0.iter().any(|cg| {
+            let memory_line = match self.version {
+                CgroupVersion::V1 => cg.controllers.iter().any(|c| c == "memory"),
+                CgroupVersion::V2 => cg.hierarchy == 0,
+            };
+            memory_line && Path::new(&cg.pathname).starts_with(rel)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use evictd_policy::{observations::Observation, policy::ThresholdValue, quantity::Quantity};
+
+    use super::*;
+
+    const MI: i64 = 1 << 20;
+
+    fn obs(available: i64) -> Observations {
+        let mut o = Observations::new();
+        o.insert(Signal::MemoryAvailable, Observation { available, capacity: 4096 * MI, time_ns: None });
+        o
+    }
+
+    fn hard(mib: i64) -> Threshold {
+        Threshold {
+            signal: Signal::MemoryAvailable,
+            value: ThresholdValue::Quantity(Quantity::from_units(mib * MI)),
+            grace_period_ns: 0,
+            min_reclaim: None,
+        }
+    }
+
+    fn soft(mib: i64) -> Threshold {
+        Threshold { grace_period_ns: 1_000_000_000, ..hard(mib) }
+    }
+
+    #[test]
+    fn half_the_hard_threshold_is_an_emergency() {
+        let t = [hard(100), soft(600)];
+        let at = |mib| urgency_now(&t, &obs(mib * MI), EmergencyLevel::HalfHard, false);
+        assert_eq!(at(700), Urgency::Normal);
+        assert_eq!(at(500), Urgency::Normal, "a soft threshold alone changes nothing");
+        assert_eq!(at(99), Urgency::Hard);
+        assert_eq!(at(51), Urgency::Hard);
+        assert_eq!(at(49), Urgency::Emergency);
+    }
+
+    #[test]
+    fn a_fixed_level_and_the_kernel_acting() {
+        let t = [hard(100)];
+        assert_eq!(urgency_now(&t, &obs(90 * MI), EmergencyLevel::Bytes(95 * MI), false), Urgency::Emergency);
+        assert_eq!(urgency_now(&t, &obs(900 * MI), EmergencyLevel::HalfHard, true), Urgency::Emergency);
+        // Soft thresholds only: no half-hard level, but the kernel acting still is one.
+        let t = [soft(600)];
+        assert_eq!(urgency_now(&t, &obs(MI), EmergencyLevel::HalfHard, false), Urgency::Normal);
+    }
+
+    #[test]
+    fn an_unread_signal_is_no_emergency_and_no_hard_threshold() {
+        let t = [hard(100)];
+        assert_eq!(urgency_now(&t, &Observations::new(), EmergencyLevel::HalfHard, false), Urgency::Normal);
+    }
+
+    #[test]
+    fn reclaim_counts_only_in_the_node() {
+        let layout = CgroupMounts {
+            memory_root: "/sys/fs/cgroup/memory".into(),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
+        let mut w = Wake::now(WakeCause::DirectReclaim);
+        w.pid = std::process::id();
+        let machine = NodeScope::new(Path::new("/sys/fs/cgroup/memory"), &layout);
+        assert!(machine.kernel_acting(&[w]), "the whole machine holds every pid");
+        let elsewhere = NodeScope::new(Path::new("/sys/fs/cgroup/memory/evictd-no-such-node"), &layout);
+        assert!(!elsewhere.kernel_acting(&[w]), "this test is not in that cgroup");
+        assert!(!machine.kernel_acting(&[Wake::now(WakeCause::Charge)]), "a charge is no reclaim");
+    }
+}

@@ -1,0 +1,498 @@
+//! The fast kill: evictd kills the pod's processes itself rather than waiting on the runtime
+//! (containerd → shim → `runc kill` → exit → `runc delete`: 0.3–0.5 s on this machine), and
+//! frees the largest victims' memory on its own CPU time with `process_mrelease(2)` while
+//! they exit. The CRI stop still follows, for the runtime's bookkeeping (`evict`).
+//!
+//! Order matters for safety. Every process is pinned by a pidfd *before* it is checked to be
+//! in the pod's cgroup: the pidfd names that one process, so a pid reused after the check can
+//! never be signalled. The pidfds are opened before the kill because `process_mrelease` needs
+//! them and a killed process's pid may be reaped (and reused) by the time it would be opened.
+//!
+//! How the pod dies, by what the node offers: `cgroup.kill` (cgroup v2, 5.14+; also on
+//! hybrid v1 nodes, where runc places containers in the unified hierarchy too) kills the
+//! whole tree in one write, forks included; else the v1 freezer holds the tree still while
+//! each pinned process gets SIGKILL (runc's own fallback); else rounds of SIGKILL until a
+//! listing finds no process that was not signalled already.
+
+use std::{
+    collections::BTreeMap,
+    io,
+    os::fd::{AsRawFd, OwnedFd},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+
+use super::{inventory::PodRecord, usage::cgroup_rel_dir};
+use crate::node::cgroups::{CgroupMounts, CgroupVersion};
+
+/// A v1 freezer may sit in FREEZING while a task is in an uninterruptible sleep; runc
+/// retries for about as long.
+const FREEZE_TIMEOUT: Duration = Duration::from_millis(100);
+/// Listing and signalling rounds without a freezer or `cgroup.kill`: a fork bomb outruns
+/// any number, but each round only has to catch what forked during the previous one.
+const SIGNAL_ROUNDS: usize = 16;
+/// Victims below this hold too little for reaping them on evictd's side to matter.
+const REAP_MIN_BYTES: u64 = 1 << 20;
+
+/// Where and how the pod's processes can be killed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KillTarget {
+    /// The pod's cgroup relative to a hierarchy root, as `/proc/<pid>/cgroup` shows it.
+    rel: PathBuf,
+    /// The pod's memory cgroup directory: the processes are listed from its tree.
+    memory: PathBuf,
+    memory_version: CgroupVersion,
+    /// `cgroup.kill` of the pod's cgroup2 directory, where the kernel has it.
+    cgroup_kill: Option<PathBuf>,
+    /// The pod's v1 freezer directory, where that controller is mounted.
+    freezer: Option<PathBuf>,
+}
+
+/// How the pod was killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KillMethod {
+    CgroupKill,
+    Freezer,
+    Signals,
+}
+
+/// What the fast kill did, for the eviction record.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KillReport {
+    pub method: KillMethod,
+    /// Processes pinned and signalled (those `cgroup.kill` took are not counted twice).
+    pub processes: usize,
+    /// From the start of the kill to SIGKILL sent to the whole pod.
+    pub signalled_ms: f64,
+    /// Victims whose memory `process_mrelease` freed on evictd's side.
+    pub reaped: usize,
+    /// From the start of the kill to the end of the last reap.
+    pub reaped_ms: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KillError {
+    #[error("the pod has no cgroup parent: its processes cannot be found")]
+    NoCgroup,
+    #[error("listing the pod's processes in {}: {source}", path.display())]
+    List { path: PathBuf, source: io::Error },
+    #[error("writing {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+}
+
+impl KillTarget {
+    /// The pod's cgroups on this node's layout.
+    pub fn of(rec: &PodRecord, layout: &CgroupMounts) -> Result<Self, KillError> {
+        let rel = cgroup_rel_dir(rec.cgroup_parent.as_deref().ok_or(KillError::NoCgroup)?);
+        Ok(Self::at(&rel, layout))
+    }
+
+    /// The target for the cgroup at `rel` (relative to each hierarchy's root).
+    pub fn at(rel: &Path, layout: &CgroupMounts) -> Self {
+        let v2_dir = match layout.memory_version {
+            CgroupVersion::V2 => Some(layout.memory_root.join(rel)),
+            CgroupVersion::V1 => layout.unified_root.as_ref().map(|u| u.join(rel)),
+        };
+        let freezer = match layout.memory_version {
+            CgroupVersion::V1 => layout.memory_root.parent().map(|p| p.join("freezer").join(rel)),
+            CgroupVersion::V2 => None,
+        };
+        KillTarget {
+            rel: Path::new("/").join(rel),
+            memory: layout.memory_root.join(rel),
+            memory_version: layout.memory_version,
+            cgroup_kill: v2_dir.map(|d| d.join("cgroup.kill")).filter(|f| f.exists()),
+            freezer: freezer.filter(|d| d.join("freezer.state").exists()),
+        }
+    }
+
+    fn method(&self) -> KillMethod {
+        match (&self.cgroup_kill, &self.freezer) {
+            (Some(_), _) => KillMethod::CgroupKill,
+            (None, Some(_)) => KillMethod::Freezer,
+            (None, None) => KillMethod::Signals,
+        }
+    }
+}
+
+/// A process of the pod, pinned.
+struct Victim {
+    fd: OwnedFd,
+    rss_bytes: u64,
+}
+
+/// Kills every process of the pod, then frees the largest victims' memory in parallel with
+/// their own exit. Returns once every reap has ended; the caller waits for the cgroup to
+/// empty as for any stop.
+pub async fn fast_kill(target: &KillTarget) -> Result<KillReport, KillError> {
+    let t = Instant::now();
+    let target2 = target.clone();
+    let (method, victims) = tokio::task::spawn_blocking(move || kill(&target2))
+        .await
+        .map_err(|e| KillError::List { path: target.memory.clone(), source: io::Error::other(e) })??;
+    let signalled_ms = ms(t);
+    let processes = victims.len();
+    let reaped = reap(victims).await;
+    Ok(KillReport { method, processes, signalled_ms, reaped, reaped_ms: ms(t) })
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Pins the pod's processes, then kills the pod by the best method the node has.
+fn kill(target: &KillTarget) -> Result<(KillMethod, Vec<Victim>), KillError> {
+    let mut pinned = BTreeMap::new();
+    pin_new(target, &mut pinned)?;
+    let method = target.method();
+    match (method, &target.cgroup_kill, &target.freezer) {
+        (KillMethod::CgroupKill, Some(file), _) => {
+            write(file, "1")?;
+            // cgroup.kill already did it; the pinned victims get SIGKILL too, so that a
+            // process outside the cgroup2 tree (not the runtime's) cannot survive, and so
+            // that process_mrelease finds the SIGKILL it requires.
+            signal_all(pinned.values());
+        }
+        (KillMethod::Freezer, _, Some(dir)) => freeze_kill_thaw(target, dir, &mut pinned)?,
+        _ => signal_rounds(target, &mut pinned)?,
+    }
+    Ok((method, pinned.into_values().collect()))
+}
+
+fn freeze_kill_thaw(
+    target: &KillTarget,
+    dir: &Path,
+    pinned: &mut BTreeMap<i32, Victim>,
+) -> Result<(), KillError> {
+    let state = dir.join("freezer.state");
+    let frozen = freeze(&state)?;
+    if !frozen {
+        tracing::warn!(
+            "{} did not reach FROZEN within {FREEZE_TIMEOUT:?}: killing in rounds instead",
+            state.display()
+        );
+    }
+    // Frozen, nothing forks: what is listed now is everything.
+    let listed = pin_new(target, pinned);
+    signal_all(pinned.values());
+    // Fatal signals are delivered once the tasks run again (v1 freezer semantics): thaw
+    // whatever happened above.
+    let thawed = write(&state, "THAWED");
+    listed?;
+    thawed?;
+    if !frozen {
+        signal_rounds(target, pinned)?;
+    }
+    Ok(())
+}
+
+/// Writes FROZEN and waits for the state to read FROZEN, writing it again as runc does.
+fn freeze(state: &Path) -> Result<bool, KillError> {
+    let t = Instant::now();
+    loop {
+        write(state, "FROZEN")?;
+        let now = std::fs::read_to_string(state)
+            .map_err(|source| KillError::List { path: state.to_path_buf(), source })?;
+        if now.trim() == "FROZEN" {
+            return Ok(true);
+        }
+        if t.elapsed() > FREEZE_TIMEOUT {
+            return Ok(false);
+        }
+        let _ = nix::sched::sched_yield();
+    }
+}
+
+/// Lists, pins and signals until a listing finds nothing new.
+fn signal_rounds(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<(), KillError> {
+    signal_all(pinned.values());
+    for _ in 0..SIGNAL_ROUNDS {
+        let before = pinned.len();
+        pin_new(target, pinned)?;
+        if pinned.len() == before {
+            return Ok(());
+        }
+        signal_all(pinned.values());
+    }
+    tracing::warn!(cgroup = %target.memory.display(), "the pod still forks after {SIGNAL_ROUNDS} rounds of SIGKILL");
+    Ok(())
+}
+
+fn signal_all<'a>(victims: impl Iterator<Item = &'a Victim>) {
+    for v in victims {
+        // ESRCH: it has exited meanwhile, which is the point.
+        let _ = pidfd_send_signal(&v.fd, Signal::KILL);
+    }
+}
+
+/// Pins every process of the pod's cgroup tree that is not pinned yet and is still in the
+/// pod's cgroup once pinned.
+fn pin_new(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<(), KillError> {
+    let mut pids = Vec::new();
+    list_tree(&target.memory, &mut pids)?;
+    for pid in pids {
+        if pinned.contains_key(&pid) {
+            continue;
+        }
+        if let Some(v) = pin(pid, target) {
+            pinned.insert(pid, v);
+        }
+    }
+    Ok(())
+}
+
+/// A pidfd for `pid` if, once pinned, the process is in the pod's cgroup. The check reads
+/// `/proc/<pid>` after the pidfd is open: the pid cannot name another process while the
+/// pinned one lives, and a pinned process that died meanwhile cannot be signalled.
+fn pin(pid: i32, target: &KillTarget) -> Option<Victim> {
+    let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
+    let proc = procfs::process::Process::new(pid).ok()?;
+    let in_pod = proc.cgroups().ok()?.0.iter().any(|cg| {
+        let memory_line = match target.memory_version {
+            CgroupVersion::V1 => cg.controllers.iter().any(|c| c == "memory"),
+            CgroupVersion::V2 => cg.hierarchy == 0,
+        };
+        memory_line && Path::new(&cg.pathname).starts_with(&target.rel)
+    });
+    if !in_pod {
+        tracing::warn!(pid, pod_cgroup = %target.rel.display(), "not killed: no longer in the pod's cgroup");
+        return None;
+    }
+    let rss_bytes = proc.statm().map_or(0, |s| s.resident * procfs::page_size());
+    Some(Victim { fd, rss_bytes })
+}
+
+/// The pids of every `cgroup.procs` in the tree at `dir`. A cgroup removed while it is read
+/// has no processes left to list.
+fn list_tree(dir: &Path, pids: &mut Vec<i32>) -> Result<(), KillError> {
+    let procs = dir.join("cgroup.procs");
+    match std::fs::read_to_string(&procs) {
+        Ok(s) => pids.extend(s.lines().filter_map(|l| l.trim().parse::<i32>().ok())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(KillError::List { path: procs, source }),
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(KillError::List { path: dir.to_path_buf(), source }),
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            list_tree(&entry.path(), pids)?;
+        }
+    }
+    Ok(())
+}
+
+fn write(path: &Path, value: &str) -> Result<(), KillError> {
+    std::fs::write(path, value).map_err(|source| KillError::Write { path: path.to_path_buf(), source })
+}
+
+/// Frees the victims' memory from evictd's side, largest first, all at once on the blocking
+/// pool: each `process_mrelease` does the exit's unmapping work for its victim, so a victim
+/// starved of CPU does not hold the node's memory hostage. Returns how many were reaped.
+async fn reap(mut victims: Vec<Victim>) -> usize {
+    victims.sort_by_key(|v| std::cmp::Reverse(v.rss_bytes));
+    let mut reaps = tokio::task::JoinSet::new();
+    for v in victims.into_iter().filter(|v| v.rss_bytes >= REAP_MIN_BYTES) {
+        reaps.spawn_blocking(move || process_mrelease(&v.fd));
+    }
+    let mut reaped = 0;
+    while let Some(r) = reaps.join_next().await {
+        match r {
+            Ok(Ok(())) => reaped += 1,
+            // The victim finished its own teardown first.
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Ok(Err(e)) => tracing::debug!("process_mrelease: {e}"),
+            Err(e) => tracing::debug!("process_mrelease task: {e}"),
+        }
+    }
+    reaped
+}
+
+/// `process_mrelease(2)` (Linux 5.15+): reap the address space of a process that has a
+/// SIGKILL pending. `ESRCH`: it is gone already; `EINVAL`: no SIGKILL pending.
+fn process_mrelease(pidfd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: the syscall takes an fd and a flags word (0) and touches no memory of ours;
+    // `pidfd` is open for the duration of the call.
+    let r = unsafe { libc::syscall(libc::SYS_process_mrelease, pidfd.as_raw_fd(), 0) };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        os::unix::process::ExitStatusExt as _,
+        process::{Child, Command},
+        sync::atomic::{AtomicUsize, Ordering},
+    };
+
+    use super::*;
+
+    /// A pod-like cgroup of this test's own, in the memory, freezer and unified hierarchies,
+    /// with `sleep` processes the test started; removed (processes killed by pid) on drop.
+    struct TestPod {
+        rel: PathBuf,
+        dirs: Vec<PathBuf>,
+        children: Vec<Child>,
+    }
+
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+    impl TestPod {
+        fn new(layout: &CgroupMounts, processes: usize) -> Self {
+            let rel = PathBuf::from(format!(
+                "evictd-kill-test-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            let mut dirs = vec![layout.memory_root.join(&rel)];
+            if let Some(freezer) =
+                layout.memory_root.parent().map(|p| p.join("freezer")).filter(|d| d.is_dir())
+            {
+                dirs.push(freezer.join(&rel));
+            }
+            if let Some(u) = &layout.unified_root
+                && layout.memory_version == CgroupVersion::V1
+            {
+                dirs.push(u.join(&rel));
+            }
+            for d in &dirs {
+                std::fs::create_dir(d).unwrap();
+            }
+            let mut pod = TestPod { rel, dirs, children: Vec::new() };
+            for _ in 0..processes {
+                let child = pod.spawn_sleep();
+                for d in &pod.dirs {
+                    std::fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
+                }
+                pod.children.push(child);
+            }
+            pod
+        }
+
+        fn spawn_sleep(&self) -> Child {
+            Command::new("sleep").arg("600").spawn().unwrap()
+        }
+
+        /// Every process of the pod ended by SIGKILL within a few seconds.
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "polls test children; nothing else runs on this thread"
+        )]
+        fn all_killed(&mut self) -> bool {
+            let t = Instant::now();
+            self.children.iter_mut().all(|c| {
+                loop {
+                    if let Some(status) = c.try_wait().unwrap() {
+                        break status.signal() == Some(libc::SIGKILL);
+                    }
+                    if t.elapsed() > Duration::from_secs(5) {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        }
+    }
+
+    impl Drop for TestPod {
+        #[expect(clippy::disallowed_methods, reason = "waits for the kernel to let go of test cgroups")]
+        fn drop(&mut self) {
+            for c in &mut self.children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            if let Some(freezer) = self.dirs.iter().find(|d| d.join("freezer.state").exists()) {
+                let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
+            }
+            for d in &self.dirs {
+                let t = Instant::now();
+                while std::fs::remove_dir(d).is_err() && t.elapsed() < Duration::from_secs(5) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    fn layout_or_skip(test: &str) -> Option<CgroupMounts> {
+        if !nix::unistd::geteuid().is_root() {
+            crate::skip(test, "needs root to make cgroups");
+            return None;
+        }
+        match CgroupMounts::detect() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                crate::skip(test, &format!("no cgroups: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Kills the pod with `target`'s method and checks that every process of the pod died by
+    /// SIGKILL while a process outside it (a bystander started the same way) lives on.
+    async fn kills_the_pod_and_nothing_else(pod: &mut TestPod, target: &KillTarget, method: KillMethod) {
+        let mut bystander = pod.spawn_sleep();
+        let report = fast_kill(target).await.unwrap();
+        assert_eq!(report.method, method);
+        assert_eq!(report.processes, pod.children.len());
+        assert!(pod.all_killed(), "a process of the pod survived the {method:?} kill");
+        assert!(bystander.try_wait().unwrap().is_none(), "the bystander was killed");
+        let _ = bystander.kill();
+        let _ = bystander.wait();
+    }
+
+    #[tokio::test]
+    async fn cgroup_kill_kills_the_whole_pod() {
+        let Some(layout) = layout_or_skip("cgroup_kill_kills_the_whole_pod") else { return };
+        let mut pod = TestPod::new(&layout, 3);
+        let target = KillTarget::at(&pod.rel, &layout);
+        if target.cgroup_kill.is_none() {
+            crate::skip(
+                "cgroup_kill_kills_the_whole_pod",
+                "no cgroup.kill in the unified hierarchy (kernel < 5.14)",
+            );
+            return;
+        }
+        kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::CgroupKill).await;
+    }
+
+    #[tokio::test]
+    async fn the_v1_freezer_holds_the_pod_while_it_is_killed() {
+        let Some(layout) = layout_or_skip("the_v1_freezer_holds_the_pod_while_it_is_killed") else { return };
+        let mut pod = TestPod::new(&layout, 3);
+        let target = KillTarget { cgroup_kill: None, ..KillTarget::at(&pod.rel, &layout) };
+        let Some(freezer) = target.freezer.clone() else {
+            crate::skip("the_v1_freezer_holds_the_pod_while_it_is_killed", "no v1 freezer hierarchy");
+            return;
+        };
+        kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::Freezer).await;
+        let state = std::fs::read_to_string(freezer.join("freezer.state")).unwrap();
+        assert_eq!(state.trim(), "THAWED", "the pod's freezer must be thawed after the kill");
+    }
+
+    #[tokio::test]
+    async fn rounds_of_signals_without_freezer_or_cgroup_kill() {
+        let Some(layout) = layout_or_skip("rounds_of_signals_without_freezer_or_cgroup_kill") else { return };
+        let mut pod = TestPod::new(&layout, 3);
+        let target = KillTarget { cgroup_kill: None, freezer: None, ..KillTarget::at(&pod.rel, &layout) };
+        kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::Signals).await;
+    }
+
+    /// A pid listed for the pod that, once pinned, is not in the pod's cgroup (reused, or
+    /// moved out) is never signalled.
+    #[test]
+    fn a_process_outside_the_pod_is_never_pinned() {
+        let Some(layout) = layout_or_skip("a_process_outside_the_pod_is_never_pinned") else { return };
+        let pod = TestPod::new(&layout, 1);
+        let target = KillTarget::at(&pod.rel, &layout);
+        assert!(
+            pin(std::process::id() as i32, &target).is_none(),
+            "this test's own process is not in the pod"
+        );
+        assert!(pin(pod.children[0].id() as i32, &target).is_some(), "the pod's process is");
+    }
+}
