@@ -110,6 +110,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn run_daemon(args: RunArgs) -> anyhow::Result<()> {
     let opts = args.into_options()?;
+    // Before the runtime exists: every task of the daemon runs on this thread.
+    daemon::realtime::enter(opts.realtime_priority);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(daemon::run(opts))
 }

@@ -74,6 +74,10 @@ pub struct RunArgs {
     /// half of each hard memory threshold, or a quantity such as `50Mi`.
     #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
     pub emergency_available: String,
+    /// SCHED_FIFO priority (1–99) of the daemon's thread, which wakes, decides and kills;
+    /// `0` leaves it an ordinary thread. Refused without CAP_SYS_NICE, with a message.
+    #[arg(long, value_name = "PRIORITY", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub realtime_priority: u8,
     /// The fallback timer's period.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub housekeeping_interval: Duration,
@@ -185,6 +189,7 @@ impl RunArgs {
             duration: self.duration,
             cgroups,
             metrics_addr: self.metrics_addr,
+            realtime_priority: self.realtime_priority,
         })
     }
 

@@ -37,6 +37,7 @@ use crate::{
 };
 
 pub mod pressure;
+pub mod realtime;
 pub mod urgency;
 
 use pressure::Pressure;
@@ -59,6 +60,8 @@ pub struct RunOptions {
     pub cgroups: CgroupMounts,
     /// Serve Prometheus metrics here.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// SCHED_FIFO priority of the daemon's thread; 0: an ordinary thread.
+    pub realtime_priority: u8,
 }
 
 /// Everything the pressure pass needs: how the node is read, the runtime, the pods' specs.

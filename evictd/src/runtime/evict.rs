@@ -88,6 +88,8 @@ fn ms(t: Instant) -> f64 {
 pub enum EvictError {
     #[error("stopping {pod}: {source}")]
     Cri { pod: String, source: CriError },
+    #[error("not stopping {pod}: its cgroup {} holds evictd itself, or cannot be listed", dir.display())]
+    HoldsEvictd { pod: String, dir: PathBuf },
 }
 
 impl EvictError {
@@ -95,6 +97,7 @@ impl EvictError {
     pub fn runtime_unavailable(&self) -> bool {
         match self {
             EvictError::Cri { source, .. } => source.is_unavailable(),
+            EvictError::HoldsEvictd { .. } => false,
         }
     }
 }
@@ -110,6 +113,13 @@ pub async fn evict(
     let cri_err = |source| EvictError::Cri { pod: name.clone(), source };
     let mut phases = Phases::default();
 
+    // The engine never picks evictd's own pod when it recognises it; this holds when it
+    // does not (a pod UID it could not read).
+    if let Some(dir) = &plan.cgroup
+        && kill::holds_evictd(dir)
+    {
+        return Err(EvictError::HoldsEvictd { pod: name, dir: dir.clone() });
+    }
     let t = Instant::now();
     let mut stop = Stop { client, pod, plan, urgency, fast_kill: None };
     if plan.grace_seconds <= 0 {

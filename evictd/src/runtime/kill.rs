@@ -48,6 +48,8 @@ pub struct KillTarget {
     cgroup_kill: Option<PathBuf>,
     /// The pod's v1 freezer directory, where that controller is mounted.
     freezer: Option<PathBuf>,
+    /// evictd itself: a pod that holds it is never killed, whatever the engine was told.
+    spare: i32,
 }
 
 /// How the pod was killed.
@@ -81,6 +83,8 @@ pub enum KillError {
     List { path: PathBuf, source: io::Error },
     #[error("writing {}: {source}", path.display())]
     Write { path: PathBuf, source: io::Error },
+    #[error("not killed: {} holds evictd itself (pid {pid})", path.display())]
+    HoldsEvictd { path: PathBuf, pid: i32 },
 }
 
 impl KillTarget {
@@ -106,6 +110,7 @@ impl KillTarget {
             memory_version: layout.memory_version,
             cgroup_kill: v2_dir.map(|d| d.join("cgroup.kill")).filter(|f| f.exists()),
             freezer: freezer.filter(|d| d.join("freezer.state").exists()),
+            spare: std::process::id() as i32,
         }
     }
 
@@ -129,10 +134,18 @@ struct Victim {
 /// empty as for any stop.
 pub async fn fast_kill(target: &KillTarget) -> Result<KillReport, KillError> {
     let t = Instant::now();
-    let target2 = target.clone();
-    let (method, victims) = tokio::task::spawn_blocking(move || kill(&target2))
-        .await
-        .map_err(|e| KillError::List { path: target.memory.clone(), source: io::Error::other(e) })??;
+    let (method, victims) = match target.method() {
+        // Waiting for the freezer may take a while: on the blocking pool.
+        KillMethod::Freezer => {
+            let owned = target.clone();
+            tokio::task::spawn_blocking(move || kill(&owned))
+                .await
+                .map_err(|e| KillError::List { path: target.memory.clone(), source: io::Error::other(e) })??
+        }
+        // One write, or a few signals: on the daemon's own (real-time) thread, with no
+        // hand-off to a thread the scheduler may run late.
+        KillMethod::CgroupKill | KillMethod::Signals => kill(target)?,
+    };
     let signalled_ms = ms(t);
     let processes = victims.len();
     let reaped = reap(victims).await;
@@ -190,6 +203,8 @@ fn freeze_kill_thaw(
 }
 
 /// Writes FROZEN and waits for the state to read FROZEN, writing it again as runc does.
+/// Runs on the blocking pool (see `fast_kill`).
+#[expect(clippy::disallowed_methods, reason = "on the blocking pool, never the daemon's thread")]
 fn freeze(state: &Path) -> Result<bool, KillError> {
     let t = Instant::now();
     loop {
@@ -202,7 +217,7 @@ fn freeze(state: &Path) -> Result<bool, KillError> {
         if t.elapsed() > FREEZE_TIMEOUT {
             return Ok(false);
         }
-        let _ = nix::sched::sched_yield();
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -233,6 +248,10 @@ fn signal_all<'a>(victims: impl Iterator<Item = &'a Victim>) {
 fn pin_new(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<(), KillError> {
     let mut pids = Vec::new();
     list_tree(&target.memory, &mut pids)?;
+    // Checked on every listing, and the first comes before any signal.
+    if pids.contains(&target.spare) {
+        return Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare });
+    }
     for pid in pids {
         if pinned.contains_key(&pid) {
             continue;
@@ -263,6 +282,13 @@ fn pin(pid: i32, target: &KillTarget) -> Option<Victim> {
     }
     let rss_bytes = proc.statm().map_or(0, |s| s.resident * procfs::page_size());
     Some(Victim { fd, rss_bytes })
+}
+
+/// Whether the cgroup tree at `dir` holds evictd's own process. Unreadable counts as
+/// holding it: a pod evictd cannot list is not one it may stop blind.
+pub fn holds_evictd(dir: &Path) -> bool {
+    let mut pids = Vec::new();
+    list_tree(dir, &mut pids).is_err() || pids.contains(&(std::process::id() as i32))
 }
 
 /// The pids of every `cgroup.procs` in the tree at `dir`. A cgroup removed while it is read
@@ -480,6 +506,35 @@ mod tests {
         let mut pod = TestPod::new(&layout, 3);
         let target = KillTarget { cgroup_kill: None, freezer: None, ..KillTarget::at(&pod.rel, &layout) };
         kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::Signals).await;
+    }
+
+    /// The guard before any stop, on a fixture tree: evictd's own pid anywhere in the pod's
+    /// tree refuses the stop; a pod cgroup that is gone holds nobody.
+    #[test]
+    fn evictd_in_a_pods_tree_is_found() {
+        let d = tempfile::tempdir().unwrap();
+        let ctr = d.path().join("container");
+        std::fs::create_dir(&ctr).unwrap();
+        std::fs::write(d.path().join("cgroup.procs"), "").unwrap();
+        std::fs::write(ctr.join("cgroup.procs"), "1\n").unwrap();
+        assert!(!holds_evictd(d.path()));
+        std::fs::write(ctr.join("cgroup.procs"), format!("1\n{}\n", std::process::id())).unwrap();
+        assert!(holds_evictd(d.path()));
+        assert!(!holds_evictd(&d.path().join("gone")));
+    }
+
+    /// A pod that holds evictd is never killed (its own pod not recognised, say).
+    #[tokio::test]
+    async fn a_pod_holding_evictd_is_never_killed() {
+        let Some(layout) = layout_or_skip("a_pod_holding_evictd_is_never_killed") else { return };
+        let mut pod = TestPod::new(&layout, 2);
+        // The first process plays evictd.
+        let target = KillTarget { spare: pod.children[0].id() as i32, ..KillTarget::at(&pod.rel, &layout) };
+        let err = fast_kill(&target).await.expect_err("must refuse");
+        assert!(matches!(err, KillError::HoldsEvictd { .. }), "{err}");
+        for c in &mut pod.children {
+            assert!(c.try_wait().unwrap().is_none(), "a process of the pod was killed");
+        }
     }
 
     /// A pid listed for the pod that, once pinned, is not in the pod's cgroup (reused, or
