@@ -6,11 +6,12 @@
  *     <control-file>, re-read every 10 ms; it only grows. With "ignore-term" it ignores
  *     SIGTERM, so only SIGKILL ends it.
  *
- *   hog rate <MiB/s> <go-file> <log-file>
- *     Waits for <go-file> to exist, then allocates and touches 1 MiB at a time at the given
- *     rate until it is killed, appending "<CLOCK_MONOTONIC ns> <MiB allocated>" to <log-file>
- *     after every MiB: the benchmark's independent record of when the node crossed its
- *     threshold. */
+ *   hog rate <MiB/s> <go-file> <log-file> [<hold-MiB>]
+ *     Allocates and touches <hold-MiB> at once (a victim that holds several GiB), waits for
+ *     <go-file> to exist, then allocates and touches 1 MiB at a time at the given rate until
+ *     it is killed, appending "<CLOCK_MONOTONIC ns> <MiB allocated>" to <log-file> after
+ *     every MiB (the held MiB included): the benchmark's independent record of when the node
+ *     crossed its threshold and of the last allocation before the kill. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,19 +27,25 @@ static long long now_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static int rate_mode(long mib_per_s, const char *go, const char *log) {
+static int rate_mode(long mib_per_s, const char *go, const char *log, long hold) {
+    if (hold > 0) {
+        char *h = malloc((size_t)hold << 20);
+        if (!h) return 1;
+        memset(h, 1, (size_t)hold << 20);
+    }
     while (access(go, F_OK) != 0) usleep(1000);
     FILE *f = fopen(log, "w");
     if (!f) return 1;
     setvbuf(f, NULL, _IONBF, 0);
     long long start = now_ns();
-    for (long mib = 1;; mib++) {
+    fprintf(f, "%lld %ld\n", start, hold);
+    for (long mib = hold + 1;; mib++) {
         char *p = malloc(1 << 20);
         if (!p) return 1;
         memset(p, 1, 1 << 20);
         fprintf(f, "%lld %ld\n", now_ns(), mib);
         /* Pace: MiB number `mib` is due at start + mib/rate seconds. */
-        long long due = start + mib * 1000000000LL / mib_per_s;
+        long long due = start + (mib - hold) * 1000000000LL / mib_per_s;
         long long wait = due - now_ns();
         if (wait > 0) {
             struct timespec ts = { wait / 1000000000LL, wait % 1000000000LL };
@@ -48,8 +55,9 @@ static int rate_mode(long mib_per_s, const char *go, const char *log) {
 }
 
 int main(int argc, char **argv) {
-    if (argc >= 5 && strcmp(argv[1], "rate") == 0) return rate_mode(atol(argv[2]), argv[3], argv[4]);
-    if (argc < 2) { fprintf(stderr, "usage: hog <control-file> [ignore-term] | hog rate <MiB/s> <go> <log>\n"); return 2; }
+    if (argc >= 5 && strcmp(argv[1], "rate") == 0)
+        return rate_mode(atol(argv[2]), argv[3], argv[4], argc >= 6 ? atol(argv[5]) : 0);
+    if (argc < 2) { fprintf(stderr, "usage: hog <control-file> [ignore-term] | hog rate <MiB/s> <go> <log> [hold-MiB]\n"); return 2; }
     signal(SIGTERM, argc > 2 && strcmp(argv[2], "ignore-term") == 0 ? SIG_IGN : stop);
     long have = 0;
     for (;;) {

@@ -39,7 +39,16 @@ impl Kind {
     /// The smoke run's short settings.
     fn smoke_args(self) -> &'static [&'static str] {
         match self {
-            Kind::Reaction => &["--runs", "1", "--rates", "512", "--modes", "ebpf,eventfd,poll-100ms"],
+            Kind::Reaction => &[
+                "--runs",
+                "1",
+                "--rates",
+                "512",
+                "--modes",
+                "ebpf,eventfd,poll-100ms",
+                "--kill-paths",
+                "cri,fast",
+            ],
             Kind::Overhead => &["--rounds", "1", "--seconds", "0.5"],
         }
     }

@@ -93,7 +93,7 @@ mod tests {
     #[test]
     fn plot_has_a_bar_per_measured_cell_and_a_cross_per_lost_one() {
         let path = std::env::temp_dir().join(format!("evictd-bench-plot-{}.svg", std::process::id()));
-        let p = |ms| Some(Percentiles { p50: ms, p99: ms * 2.0, max: ms * 2.0 });
+        let p = |ms| Some(Percentiles { p50: ms, p99: ms * 2.0 });
         let rows = [
             Row { rate: 256, mode: Mode::Ebpf, detection: p(0.5) },
             Row { rate: 256, mode: Mode::Poll10s, detection: None },
