@@ -173,13 +173,15 @@ impl Stop<'_> {
         if self.fast_kill.is_some() {
             return;
         }
+        let started_ns = monotonic_ns();
         match kill::fast_kill(target).await {
             Ok(report) => {
                 tracing::info!(
                     pod = %self.name(), ?urgency, method = ?report.method, processes = report.processes,
                     signalled_ms = report.signalled_ms, reaped = report.reaped, "fast kill"
                 );
-                let signalled_ns = monotonic_ns();
+                // The reaps ran after the signal: take its own time, not now.
+                let signalled_ns = started_ns + (report.signalled_ms * 1e6) as u64;
                 self.fast_kill = Some(FastKill { urgency, signalled_ns, report });
             }
             Err(e) => log_kill_failure(&self.name(), &e),

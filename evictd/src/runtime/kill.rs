@@ -114,6 +114,7 @@ impl KillTarget {
         }
     }
 
+    /// The method the node offers (`kill` may fall back from it).
     fn method(&self) -> KillMethod {
         match (&self.cgroup_kill, &self.freezer) {
             (Some(_), _) => KillMethod::CgroupKill,
@@ -156,37 +157,43 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// Pins the pod's processes, then kills the pod by the best method the node has.
+/// Pins the pod's processes, then kills the pod by the best method the node has; a method
+/// that fails gives way to rounds of signals. Returns the method that did it.
 fn kill(target: &KillTarget) -> Result<(KillMethod, Vec<Victim>), KillError> {
     let mut pinned = BTreeMap::new();
     pin_new(target, &mut pinned)?;
-    let method = target.method();
-    match (method, &target.cgroup_kill, &target.freezer) {
-        (KillMethod::CgroupKill, Some(file), _) => {
-            write(file, "1")?;
-            // cgroup.kill already did it; the pinned victims get SIGKILL too, so that a
-            // process outside the cgroup2 tree (not the runtime's) cannot survive, and so
-            // that process_mrelease finds the SIGKILL it requires.
+    let tried = match (&target.cgroup_kill, &target.freezer) {
+        (Some(file), _) => write(file, "1").map(|()| {
+            // cgroup.kill did it; the pinned victims get SIGKILL too, so that a process
+            // outside the cgroup2 tree (not the runtime's) cannot survive, and so that
+            // process_mrelease finds the SIGKILL it requires.
             signal_all(pinned.values());
-        }
-        (KillMethod::Freezer, _, Some(dir)) => freeze_kill_thaw(target, dir, &mut pinned)?,
-        _ => signal_rounds(target, &mut pinned)?,
+            KillMethod::CgroupKill
+        }),
+        (None, Some(dir)) => freeze_kill_thaw(target, dir, &mut pinned),
+        (None, None) => Ok(KillMethod::Signals),
+    };
+    let method = tried.unwrap_or_else(|e| {
+        tracing::warn!("{e}: killing the pod in rounds of signals instead");
+        KillMethod::Signals
+    });
+    if method == KillMethod::Signals {
+        signal_rounds(target, &mut pinned)?;
     }
     Ok((method, pinned.into_values().collect()))
 }
 
+/// Freeze, SIGKILL every pinned process, thaw. A freezer stuck in FREEZING makes it
+/// `Signals` (the caller then kills in rounds).
 fn freeze_kill_thaw(
     target: &KillTarget,
     dir: &Path,
     pinned: &mut BTreeMap<i32, Victim>,
-) -> Result<(), KillError> {
+) -> Result<KillMethod, KillError> {
     let state = dir.join("freezer.state");
-    let frozen = freeze(&state)?;
-    if !frozen {
-        tracing::warn!(
-            "{} did not reach FROZEN within {FREEZE_TIMEOUT:?}: killing in rounds instead",
-            state.display()
-        );
+    let frozen = freeze(&state);
+    if matches!(frozen, Ok(false)) {
+        tracing::warn!("{} did not reach FROZEN within {FREEZE_TIMEOUT:?}", state.display());
     }
     // Frozen, nothing forks: what is listed now is everything.
     let listed = pin_new(target, pinned);
@@ -196,10 +203,7 @@ fn freeze_kill_thaw(
     let thawed = write(&state, "THAWED");
     listed?;
     thawed?;
-    if !frozen {
-        signal_rounds(target, pinned)?;
-    }
-    Ok(())
+    Ok(if frozen? { KillMethod::Freezer } else { KillMethod::Signals })
 }
 
 /// Writes FROZEN and waits for the state to read FROZEN, writing it again as runc does.
@@ -505,6 +509,19 @@ mod tests {
         let Some(layout) = layout_or_skip("rounds_of_signals_without_freezer_or_cgroup_kill") else { return };
         let mut pod = TestPod::new(&layout, 3);
         let target = KillTarget { cgroup_kill: None, freezer: None, ..KillTarget::at(&pod.rel, &layout) };
+        kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::Signals).await;
+    }
+
+    /// A `cgroup.kill` that cannot be written (a kernel that refuses it) gives way to rounds
+    /// of signals: the pod still dies.
+    #[tokio::test]
+    async fn a_failing_cgroup_kill_falls_back_to_signals() {
+        let Some(layout) = layout_or_skip("a_failing_cgroup_kill_falls_back_to_signals") else { return };
+        let mut pod = TestPod::new(&layout, 2);
+        let target = KillTarget {
+            cgroup_kill: Some(PathBuf::from("/nonexistent/evictd-test/cgroup.kill")),
+            ..KillTarget::at(&pod.rel, &layout)
+        };
         kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::Signals).await;
     }
 
