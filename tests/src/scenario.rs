@@ -42,6 +42,21 @@ impl PodDef {
             grace: 30,
         }
     }
+
+    /// A BestEffort pod that ignores SIGTERM and asks for `grace` seconds: only SIGKILL ends it.
+    pub fn stubborn(grace: i64) -> Self {
+        PodDef { ignore_sigterm: true, grace, ..PodDef::new("stubborn", "besteffort") }
+    }
+
+    /// A Guaranteed pod of high priority (100 MiB) that no scenario may ever evict.
+    pub fn bystander() -> Self {
+        PodDef {
+            priority: 1000,
+            request_mib: Some(100),
+            limit_mib: Some(100),
+            ..PodDef::new("bystander", "guaranteed")
+        }
+    }
 }
 
 /// Runs `defs` as kubelet-style pods and writes their PodList (the specs evictd reads).

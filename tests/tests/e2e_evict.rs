@@ -212,11 +212,7 @@ async fn a_pod_ignoring_sigterm_is_killed_after_its_grace_period() {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
-    let (pods, file) = make_pods(
-        &mut ctd,
-        &[PodDef { ignore_sigterm: true, grace: 2, ..PodDef::new("stubborn", "besteffort") }],
-    )
-    .await;
+    let (pods, file) = make_pods(&mut ctd, &[PodDef::stubborn(2)]).await;
     pods[0].set_mib(500);
     pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
     let started_ns = evictd::wake::monotonic_ns();
@@ -298,11 +294,7 @@ async fn a_stopped_pod_whose_cgroup_keeps_a_process_is_still_one_eviction() {
 
 /// A pod that ignores SIGTERM, under a soft threshold, with a 30 s grace period of its own.
 async fn stubborn_under_soft_pressure(ctd: &mut Containerd) -> (TestPod, Evictd) {
-    let (mut pods, file) = make_pods(
-        ctd,
-        &[PodDef { ignore_sigterm: true, grace: 30, ..PodDef::new("stubborn", "besteffort") }],
-    )
-    .await;
+    let (mut pods, file) = make_pods(ctd, &[PodDef::stubborn(30)]).await;
     let pod = pods.remove(0);
     pod.set_mib(500);
     pod.wait_usage_at_least(500 * MI, Duration::from_secs(10));
@@ -375,19 +367,7 @@ async fn a_zero_hard_grace_period_kills_at_once_without_the_runtime() {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
-    let (pods, file) = make_pods(
-        &mut ctd,
-        &[
-            PodDef { ignore_sigterm: true, grace: 30, ..PodDef::new("stubborn", "besteffort") },
-            PodDef {
-                priority: 1000,
-                request_mib: Some(100),
-                limit_mib: Some(100),
-                ..PodDef::new("bystander", "guaranteed")
-            },
-        ],
-    )
-    .await;
+    let (pods, file) = make_pods(&mut ctd, &[PodDef::stubborn(30), PodDef::bystander()]).await;
     let (stubborn, bystander) = (&pods[0], &pods[1]);
     stubborn.set_mib(300);
     stubborn.wait_usage_at_least(300 * MI, Duration::from_secs(10));
@@ -422,11 +402,7 @@ async fn an_emergency_during_a_grace_period_kills_at_once() {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
-    let (mut pods, file) = make_pods(
-        &mut ctd,
-        &[PodDef { ignore_sigterm: true, grace: 30, ..PodDef::new("stubborn", "besteffort") }],
-    )
-    .await;
+    let (mut pods, file) = make_pods(&mut ctd, &[PodDef::stubborn(30)]).await;
     let pod = pods.remove(0);
     pod.set_mib(500);
     pod.wait_usage_at_least(500 * MI, Duration::from_secs(10));

@@ -133,19 +133,7 @@ async fn the_runtime_restarting_in_the_middle_of_an_eviction() {
         return;
     }
     let mut ctd = Containerd::start(1024 * MI);
-    let (pods, file) = make_pods(
-        &mut ctd,
-        &[
-            PodDef { ignore_sigterm: true, grace: 3, ..PodDef::new("stubborn", "besteffort") },
-            PodDef {
-                priority: 1000,
-                request_mib: Some(100),
-                limit_mib: Some(100),
-                ..PodDef::new("bystander", "guaranteed")
-            },
-        ],
-    )
-    .await;
+    let (pods, file) = make_pods(&mut ctd, &[PodDef::stubborn(3), PodDef::bystander()]).await;
     let (stubborn, bystander) = (&pods[0], &pods[1]);
     stubborn.set_mib(500);
     stubborn.wait_usage_at_least(500 * MI, Duration::from_secs(10));

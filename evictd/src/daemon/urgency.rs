@@ -13,7 +13,10 @@ use evictd_policy::{
 };
 
 use crate::{
-    node::cgroups::{CgroupMounts, CgroupVersion},
+    node::{
+        cgroup_names::pid_in_cgroup,
+        cgroups::{CgroupMounts, CgroupVersion},
+    },
     runtime::evict::Urgency,
     wake::{Wake, WakeCause},
 };
@@ -95,17 +98,7 @@ impl NodeScope {
     }
 
     fn holds(&self, pid: u32) -> bool {
-        let Some(rel) = &self.rel else { return true };
-        let Ok(cgroups) = procfs::process::Process::new(pid as i32).and_then(|p| p.cgroups()) else {
-            return false;
-        };
-        cgroups.0.iter().any(|cg| {
-            let memory_line = match self.version {
-                CgroupVersion::V1 => cg.controllers.iter().any(|c| c == "memory"),
-                CgroupVersion::V2 => cg.hierarchy == 0,
-            };
-            memory_line && Path::new(&cg.pathname).starts_with(rel)
-        })
+        self.rel.as_ref().is_none_or(|rel| pid_in_cgroup(pid, rel, self.version))
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 
 use evictd_common::CGROUP_KIND_MEMCG;
 
-use crate::node::cgroups::CgroupMounts;
+use crate::node::cgroups::{CgroupMounts, CgroupVersion};
 
 const RESCAN_EVERY: Duration = Duration::from_millis(250);
 /// Deeper than any kubelet layout (kubepods/<qos>/pod<uid>/<container>) with room to spare.
@@ -37,7 +37,7 @@ impl CgroupNames {
         }
         // A cgroup2 id on a v1 memory node: the task's memcg is in /proc/<pid>/cgroup.
         if pid != 0
-            && let Some(p) = memcg_of_pid(pid)
+            && let Some(p) = memcg_of_pid(pid, CgroupVersion::V1)
         {
             return p;
         }
@@ -103,14 +103,23 @@ fn walk(root: &Path, dir: &Path, depth: usize, visit: &mut dyn FnMut(u64, String
     }
 }
 
-/// The v1 memory cgroup of a process, from /proc/<pid>/cgroup.
-fn memcg_of_pid(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines().find_map(|l| {
-        let mut parts = l.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        controllers.split(',').any(|c| c == "memory").then(|| path.to_owned())
+/// The memory cgroup of a process, from /proc/<pid>/cgroup: the line of the v1 hierarchy
+/// with the memory controller, or the cgroup2 line.
+pub fn memcg_of_pid(pid: u32, version: CgroupVersion) -> Option<String> {
+    let cgroups = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?.cgroups().ok()?;
+    cgroups.0.into_iter().find_map(|cg| {
+        let memory_line = match version {
+            CgroupVersion::V1 => cg.controllers.iter().any(|c| c == "memory"),
+            CgroupVersion::V2 => cg.hierarchy == 0,
+        };
+        memory_line.then_some(cg.pathname)
     })
+}
+
+/// Whether a process is in the memory cgroup `rel` (relative to the hierarchy's root, as
+/// `/proc/<pid>/cgroup` shows it) or below it. A process that cannot be read is not.
+pub fn pid_in_cgroup(pid: u32, rel: &Path, version: CgroupVersion) -> bool {
+    memcg_of_pid(pid, version).is_some_and(|p| Path::new(&p).starts_with(rel))
 }
 
 #[cfg(test)]
@@ -141,7 +150,7 @@ mod tests {
             );
             return;
         }
-        let p = memcg_of_pid(std::process::id());
+        let p = memcg_of_pid(std::process::id(), CgroupVersion::V1);
         assert!(p.as_deref().is_some_and(|p| p.starts_with('/')), "{p:?}");
     }
 }

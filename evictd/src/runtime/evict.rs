@@ -24,7 +24,7 @@ use crate::{
     runtime::{
         cri::{CriClient, CriError},
         inventory::PodRecord,
-        kill::{self, KillError, KillReport, KillTarget},
+        kill::{self, KillReport, KillTarget},
         usage::cgroup_tree_empty,
     },
     wake::monotonic_ns,
@@ -184,7 +184,7 @@ impl Stop<'_> {
                 let signalled_ns = started_ns + (report.signalled_ms * 1e6) as u64;
                 self.fast_kill = Some(FastKill { urgency, signalled_ns, report });
             }
-            Err(e) => log_kill_failure(&self.name(), &e),
+            Err(e) => tracing::warn!(pod = %self.name(), "fast kill failed, the CRI stop goes on: {e}"),
         }
     }
 
@@ -253,10 +253,6 @@ impl Stop<'_> {
             }
         }
     }
-}
-
-fn log_kill_failure(pod: &str, e: &KillError) {
-    tracing::warn!(pod = %pod, "fast kill failed, the CRI stop goes on: {e}");
 }
 
 /// Resolves with the urgency once it is above `reached`; never without a receiver, or once

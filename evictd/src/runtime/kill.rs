@@ -25,7 +25,10 @@ use std::{
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
 use super::{inventory::PodRecord, usage::cgroup_rel_dir};
-use crate::node::cgroups::{CgroupMounts, CgroupVersion};
+use crate::node::{
+    cgroup_names::pid_in_cgroup,
+    cgroups::{CgroupMounts, CgroupVersion},
+};
 
 /// A v1 freezer may sit in FREEZING while a task is in an uninterruptible sleep; runc
 /// retries for about as long.
@@ -83,6 +86,8 @@ pub enum KillError {
     List { path: PathBuf, source: io::Error },
     #[error("writing {}: {source}", path.display())]
     Write { path: PathBuf, source: io::Error },
+    #[error("the kill task on the blocking pool failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
     #[error("not killed: {} holds evictd itself (pid {pid})", path.display())]
     HoldsEvictd { path: PathBuf, pid: i32 },
 }
@@ -139,9 +144,7 @@ pub async fn fast_kill(target: &KillTarget) -> Result<KillReport, KillError> {
         // Waiting for the freezer may take a while: on the blocking pool.
         KillMethod::Freezer => {
             let owned = target.clone();
-            tokio::task::spawn_blocking(move || kill(&owned))
-                .await
-                .map_err(|e| KillError::List { path: target.memory.clone(), source: io::Error::other(e) })??
+            tokio::task::spawn_blocking(move || kill(&owned)).await??
         }
         // One write, or a few signals: on the daemon's own (real-time) thread, with no
         // hand-off to a thread the scheduler may run late.
@@ -272,19 +275,13 @@ fn pin_new(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<()
 /// pinned one lives, and a pinned process that died meanwhile cannot be signalled.
 fn pin(pid: i32, target: &KillTarget) -> Option<Victim> {
     let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
-    let proc = procfs::process::Process::new(pid).ok()?;
-    let in_pod = proc.cgroups().ok()?.0.iter().any(|cg| {
-        let memory_line = match target.memory_version {
-            CgroupVersion::V1 => cg.controllers.iter().any(|c| c == "memory"),
-            CgroupVersion::V2 => cg.hierarchy == 0,
-        };
-        memory_line && Path::new(&cg.pathname).starts_with(&target.rel)
-    });
-    if !in_pod {
+    if !pid_in_cgroup(pid as u32, &target.rel, target.memory_version) {
         tracing::warn!(pid, pod_cgroup = %target.rel.display(), "not killed: no longer in the pod's cgroup");
         return None;
     }
-    let rss_bytes = proc.statm().map_or(0, |s| s.resident * procfs::page_size());
+    let rss_bytes = procfs::process::Process::new(pid)
+        .and_then(|p| p.statm())
+        .map_or(0, |s| s.resident * procfs::page_size());
     Some(Victim { fd, rss_bytes })
 }
 

@@ -281,13 +281,6 @@ fn describe(s: &Sample) -> String {
     )
 }
 
-/// CLOCK_MONOTONIC now, in ns: the clock of the workload's log and evictd's records.
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
-
 /// Watches the node's working set from `go` on: when it first falls back by 90 % of what the
 /// victim added over `baseline` after having added at least 64 MiB, that time is "freed".
 fn watch_freed(node: PathBuf, baseline: u64, done: Arc<AtomicBool>) -> std::thread::JoinHandle<Option<u64>> {
@@ -298,7 +291,8 @@ fn watch_freed(node: PathBuf, baseline: u64, done: Arc<AtomicBool>) -> std::thre
             peak = peak.max(ws);
             let added = peak - baseline;
             if added >= 64 * MI && ws < baseline + added / 10 {
-                return Some(monotonic_ns());
+                // The clock of the workload's log and evictd's records.
+                return Some(evictd::wake::monotonic_ns());
             }
             std::thread::sleep(Duration::from_micros(500));
         }
