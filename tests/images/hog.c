@@ -6,12 +6,13 @@
  *     <control-file>, re-read every 10 ms; it only grows. With "ignore-term" it ignores
  *     SIGTERM, so only SIGKILL ends it.
  *
- *   hog rate <MiB/s> <go-file> <log-file> [<hold-MiB>]
+ *   hog rate <MiB/s> <go-file> <log-file> [<hold-MiB> [ignore-term]]
  *     Allocates and touches <hold-MiB> at once (a victim that holds several GiB), waits for
  *     <go-file> to exist, then allocates and touches 1 MiB at a time at the given rate until
  *     it is killed, appending "<CLOCK_MONOTONIC ns> <MiB allocated>" to <log-file> after
  *     every MiB (the held MiB included): the benchmark's independent record of when the node
- *     crossed its threshold and of the last allocation before the kill. */
+ *     crossed its threshold and of the last allocation before the kill. It ends on SIGTERM
+ *     at once, unless "ignore-term" says to wait for SIGKILL. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,8 @@ static long long now_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static int rate_mode(long mib_per_s, const char *go, const char *log, long hold) {
+static int rate_mode(long mib_per_s, const char *go, const char *log, long hold, int ignore_term) {
+    signal(SIGTERM, ignore_term ? SIG_IGN : stop);
     if (hold > 0) {
         char *h = malloc((size_t)hold << 20);
         if (!h) return 1;
@@ -56,8 +58,9 @@ static int rate_mode(long mib_per_s, const char *go, const char *log, long hold)
 
 int main(int argc, char **argv) {
     if (argc >= 5 && strcmp(argv[1], "rate") == 0)
-        return rate_mode(atol(argv[2]), argv[3], argv[4], argc >= 6 ? atol(argv[5]) : 0);
-    if (argc < 2) { fprintf(stderr, "usage: hog <control-file> [ignore-term] | hog rate <MiB/s> <go> <log> [hold-MiB]\n"); return 2; }
+        return rate_mode(atol(argv[2]), argv[3], argv[4], argc >= 6 ? atol(argv[5]) : 0,
+                         argc >= 7 && strcmp(argv[6], "ignore-term") == 0);
+    if (argc < 2) { fprintf(stderr, "usage: hog <control-file> [ignore-term] | hog rate <MiB/s> <go> <log> [hold-MiB [ignore-term]]\n"); return 2; }
     signal(SIGTERM, argc > 2 && strcmp(argv[2], "ignore-term") == 0 ? SIG_IGN : stop);
     long have = 0;
     for (;;) {

@@ -21,7 +21,8 @@ pub struct Evictd {
 }
 
 impl Evictd {
-    /// Starts evictd on `ctd`'s node cgroup and socket; returns once it is armed.
+    /// Starts evictd on `ctd`'s node cgroup (unless `extra` names another) and socket;
+    /// returns once it is armed.
     pub fn start(ctd: &Containerd, pods_file: Option<&Path>, extra: &[&str]) -> Self {
         // Tests want a quick fallback timer; a caller that sets its own keeps it.
         let timer: &[&str] = if extra.contains(&"--housekeeping-interval") {
@@ -29,11 +30,15 @@ impl Evictd {
         } else {
             &["--housekeeping-interval", "200ms"]
         };
+        let node = if extra.contains(&"--node-cgroup") {
+            vec![]
+        } else {
+            vec!["--node-cgroup".into(), ctd.node_dir().into_os_string()]
+        };
         let mut child = Command::new(evictd_binary())
             .args(["--trace", "--json", "--inventory-interval", "100ms"])
             .args(timer)
-            .arg("--node-cgroup")
-            .arg(ctd.node_dir())
+            .args(node)
             .arg("--cri-endpoint")
             .arg(ctd.endpoint())
             .args(

@@ -1,5 +1,6 @@
-//! `cargo xtask bench reaction|overhead [--smoke] [ARGS]`: builds evictd and evictd-bench
-//! (release; debug for `--smoke`) and runs the benchmark. ARGS go to evictd-bench.
+//! `cargo xtask bench reaction|earlyoom|overhead [--smoke] [ARGS]`: builds evictd and
+//! evictd-bench (release; debug for `--smoke`) and runs the benchmark. ARGS go to
+//! evictd-bench. `earlyoom` first unpacks Debian's earlyoom package under target/tools.
 
 use std::process::Command;
 
@@ -10,8 +11,9 @@ use crate::{BuildEnv, run_status, step, workspace_root};
 
 #[derive(Args)]
 pub(crate) struct BenchArgs {
-    /// reaction: eviction reaction time per wake mode and allocation rate; overhead: the
-    /// probes' cost on the allocation path, evictd's RSS and CPU.
+    /// reaction: eviction reaction time per wake mode, kill path and allocation rate;
+    /// earlyoom: evictd beside earlyoom on the whole machine; overhead: the probes' cost on
+    /// the allocation path, evictd's RSS and CPU.
     kind: Kind,
     /// One short debug-build run, as CI does; asserts nothing.
     #[arg(long)]
@@ -25,6 +27,7 @@ pub(crate) struct BenchArgs {
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Kind {
     Reaction,
+    Earlyoom,
     Overhead,
 }
 
@@ -32,6 +35,7 @@ impl Kind {
     fn as_str(self) -> &'static str {
         match self {
             Kind::Reaction => "reaction",
+            Kind::Earlyoom => "earlyoom",
             Kind::Overhead => "overhead",
         }
     }
@@ -49,6 +53,7 @@ impl Kind {
                 "--kill-paths",
                 "cri,fast",
             ],
+            Kind::Earlyoom => &["--runs", "1", "--rates", "1024", "--kill-paths", "fast"],
             Kind::Overhead => &["--rounds", "1", "--seconds", "0.5"],
         }
     }
@@ -64,6 +69,9 @@ pub(crate) fn bench(env: &BuildEnv, args: &BenchArgs) -> Result<()> {
     if smoke {
         run.args(args.kind.smoke_args()).args(["--out", "target/bench-smoke"]);
     }
+    if args.kind == Kind::Earlyoom {
+        run.arg("--earlyoom").arg(earlyoom_binary()?);
+    }
     run.args(&rest);
     step(&format!("running {} {kind} {}", bin.display(), rest.join(" ")));
     run_status(&mut run, &format!("evictd-bench {kind}"))
@@ -76,11 +84,37 @@ fn build_bench(env: &BuildEnv, smoke: bool) -> Result<std::path::PathBuf> {
     step(&format!("building evictd and evictd-bench ({profile})"));
     let mut cmd = env.cargo();
     cmd.args(["build", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd", "--bin", "evictd-bench"]);
+    // The earlyoom comparison's ballast.
+    cmd.args(["--bin", "evictd-memhog"]);
     if !smoke {
         cmd.arg("--release");
     }
     run_status(&mut cmd, "building the benchmark")?;
     Ok(workspace_root().join("target").join(profile).join("evictd-bench"))
+}
+
+/// Debian's earlyoom, unpacked under target/tools (not installed: the package would start a
+/// service that watches the whole machine). `apt-get download` uses the machine's sources as
+/// they are. Quick when it is there.
+fn earlyoom_binary() -> Result<std::path::PathBuf> {
+    let dir = workspace_root().join("target/tools/earlyoom");
+    let bin = dir.join("usr/bin/earlyoom");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    step("fetching Debian's earlyoom package (apt-get download, unpacked, not installed)");
+    std::fs::create_dir_all(&dir)?;
+    run_status(
+        Command::new("apt-get").args(["download", "earlyoom"]).current_dir(&dir),
+        "apt-get download earlyoom",
+    )?;
+    let deb = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| anyhow::anyhow!("apt-get download earlyoom left no .deb in {}", dir.display()))?;
+    run_status(Command::new("dpkg").arg("-x").arg(&deb).arg(&dir), "unpacking earlyoom")?;
+    anyhow::ensure!(bin.is_file(), "{} is not in Debian's earlyoom package", bin.display());
+    Ok(bin)
 }
 
 #[derive(Args)]

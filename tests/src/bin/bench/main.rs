@@ -1,9 +1,10 @@
-//! evictd's benchmarks, run through `cargo xtask bench reaction|overhead` (as root).
+//! evictd's benchmarks, run through `cargo xtask bench reaction|earlyoom|overhead` (as root).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
+mod earlyoom;
 mod overhead;
 mod plot;
 mod reaction;
@@ -14,6 +15,8 @@ mod soak;
 enum Bench {
     /// Eviction reaction time per wake mode and allocation rate, under a private containerd.
     Reaction(reaction::Opts),
+    /// evictd and earlyoom side by side against the whole machine, the same workload and columns.
+    Earlyoom(earlyoom::Opts),
     /// The probes' cost on the allocation path, evictd's RSS and idle CPU.
     Overhead(overhead::Opts),
     /// Repeated pressure episodes with runtime restarts: one eviction per crossing, no pod
@@ -32,6 +35,10 @@ fn main() -> ExitCode {
         Bench::Reaction(o) => o.validate().and_then(|()| {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             rt.block_on(reaction::reaction(&o))
+        }),
+        Bench::Earlyoom(o) => o.validate().and_then(|()| {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(earlyoom::earlyoom(&o))
         }),
         Bench::Overhead(o) => o.validate().and_then(|()| overhead::overhead(&o)),
         Bench::Soak(o) => o.validate().and_then(|()| {

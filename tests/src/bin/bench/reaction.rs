@@ -12,7 +12,13 @@
 //! - kernel OOM first: the kernel's OOM killer acted in the node before the eviction did.
 //!
 //! The kill paths: `cri` stops the pod through the runtime only (`--fast-kill never`, the
-//! kubelet's 1 s hard grace period); `fast` kills at once (`--hard-eviction-grace-period 0`).
+//! kubelet's 1 s hard grace period); `fast` kills at once (`--hard-eviction-grace-period 0`);
+//! `default` is evictd's defaults (the runtime with the 1 s grace, escalated to the fast kill
+//! at the emergency level), which differs from `cri` only for a victim that ignores SIGTERM
+//! (`--victim-ignores-sigterm`).
+//!
+//! `earlyoom.rs` runs the same workload and columns against the whole machine, evictd beside
+//! earlyoom; what both share is here.
 
 use std::{
     collections::BTreeMap,
@@ -26,7 +32,7 @@ use std::{
 };
 
 use evictd_tests::{
-    containerd::{Containerd, PodSpec},
+    containerd::{Containerd, PodSpec, TestPod},
     evictd_proc::Evictd,
 };
 use hdrhistogram::Histogram;
@@ -37,6 +43,8 @@ const MI: u64 = 1 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Mode {
+    /// evictd's default wake sources, all at once.
+    All,
     Ebpf,
     Eventfd,
     Psi,
@@ -49,6 +57,7 @@ pub enum Mode {
 impl Mode {
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Mode::All => "all",
             Mode::Ebpf => "ebpf",
             Mode::Eventfd => "eventfd",
             Mode::Psi => "psi",
@@ -60,6 +69,7 @@ impl Mode {
     /// evictd's flags for this mode: one wake source, nothing else.
     fn args(self) -> Vec<&'static str> {
         match self {
+            Mode::All => vec![],
             Mode::Ebpf => vec!["--wake-sources", "ebpf"],
             Mode::Eventfd => vec!["--wake-sources", "eventfd"],
             Mode::Psi => vec!["--wake-sources", "psi"],
@@ -74,38 +84,59 @@ impl Mode {
 pub enum KillPath {
     /// Through the runtime only, the kubelet's way (1 s hard grace period).
     Cri,
+    /// evictd's defaults: the runtime with the 1 s grace, the fast kill at the emergency level.
+    Default,
     /// evictd's fast kill at once (hard grace period 0).
     Fast,
 }
 
 impl KillPath {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             KillPath::Cri => "cri",
+            KillPath::Default => "default",
             KillPath::Fast => "fast",
         }
     }
 
-    fn args(self) -> [&'static str; 2] {
+    pub(crate) fn args(self) -> &'static [&'static str] {
         match self {
-            KillPath::Cri => ["--fast-kill", "never"],
-            KillPath::Fast => ["--hard-eviction-grace-period", "0"],
+            KillPath::Cri => &["--fast-kill", "never"],
+            KillPath::Default => &[],
+            KillPath::Fast => &["--hard-eviction-grace-period", "0"],
+        }
+    }
+}
+
+/// What reacts to the pressure: evictd in one wake mode with one kill path, or earlyoom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Reactor {
+    Evictd(Mode, KillPath),
+    Earlyoom,
+}
+
+impl Reactor {
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Reactor::Evictd(mode, path) => (mode.name(), path.name()),
+            // It polls MemAvailable; SIGTERM, then SIGKILL at half the level.
+            Reactor::Earlyoom => ("earlyoom", "signals"),
         }
     }
 }
 
 /// The workload's pace: as fast as it can allocate and touch.
-const MAX_RATE: u64 = 1 << 20;
+pub(crate) const MAX_RATE: u64 = 1 << 20;
 
 /// A rate flag: MiB/s, or `max`.
-fn parse_rate(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_rate(s: &str) -> Result<u64, String> {
     match s {
         "max" => Ok(MAX_RATE),
         n => n.parse::<u64>().ok().filter(|r| *r > 0).ok_or_else(|| format!("{n:?}: MiB/s > 0, or max")),
     }
 }
 
-fn rate_name(rate: u64) -> String {
+pub(crate) fn rate_name(rate: u64) -> String {
     if rate >= MAX_RATE { "max".into() } else { rate.to_string() }
 }
 
@@ -124,6 +155,9 @@ pub struct Opts {
     /// GiB shows); the node's capacity must leave room for it above the threshold.
     #[arg(long = "hold", value_name = "MiB", default_value_t = 0)]
     hold_mib: u64,
+    /// The victim ignores SIGTERM (only SIGKILL ends it), so a grace period is really waited.
+    #[arg(long)]
+    victim_ignores_sigterm: bool,
     /// Wake modes to compare, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Mode::Ebpf, Mode::Eventfd, Mode::Psi, Mode::Poll100ms, Mode::Poll10s])]
     modes: Vec<Mode>,
@@ -160,17 +194,16 @@ impl Opts {
     }
 }
 
-/// A cell of the matrix, and which run of it.
+/// A cell of the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Cell {
-    threshold_mib: u64,
-    rate: u64,
-    mode: Mode,
-    path: KillPath,
+pub(crate) struct Cell {
+    pub threshold_mib: u64,
+    pub rate: u64,
+    pub reactor: Reactor,
 }
 
 #[derive(Clone, Debug)]
-struct Sample {
+pub(crate) struct Sample {
     cell: Cell,
     run: usize,
     achieved_rate: f64,
@@ -188,16 +221,19 @@ fn read_u64(p: &Path) -> u64 {
     std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
-fn oom_kills(node: &Path) -> u64 {
-    std::fs::read_to_string(node.join("memory.oom_control"))
+/// The kernel's OOM kills on the whole machine, global and memcg alike (`/proc/vmstat`):
+/// cgroup v1 counts a memcg OOM kill only in the victim's own memcg, so the node's counter
+/// cannot tell.
+fn oom_kills() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
         .unwrap_or(0)
 }
 
-/// The node cgroup's working set (usage − total_inactive_file), as evictd computes it.
-fn working_set(node: &Path) -> u64 {
+/// A memory cgroup's working set (usage − total_inactive_file), as evictd computes it.
+pub(crate) fn working_set(node: &Path) -> u64 {
     let usage = read_u64(&node.join("memory.usage_in_bytes"));
     let inactive = std::fs::read_to_string(node.join("memory.stat"))
         .unwrap_or_default()
@@ -219,12 +255,111 @@ fn alloc_log(path: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The node the workload presses on, as the benchmark measures it.
+pub(crate) struct Node {
+    /// Its memory cgroup: the test node's, or the root for the whole machine.
+    pub dir: PathBuf,
+    /// Its capacity as evictd sees it: the test node's limit, or MemTotal.
+    pub capacity: u64,
+}
+
+/// The victim of every run.
+#[derive(Clone, Copy)]
+pub(crate) struct Workload {
+    pub hold_mib: u64,
+    pub ignore_sigterm: bool,
+}
+
+impl Workload {
+    fn hog_args(self, rate: u64) -> Vec<String> {
+        let mut args = vec![
+            "rate".into(),
+            rate.to_string(),
+            "/ctl/go".into(),
+            "/ctl/alloc.log".into(),
+            self.hold_mib.to_string(),
+        ];
+        if self.ignore_sigterm {
+            args.push("ignore-term".into());
+        }
+        args
+    }
+}
+
+/// A reactor while it runs, with what it reported.
+pub(crate) enum Running {
+    Evictd(Evictd),
+    Earlyoom(crate::earlyoom::Earlyoom),
+}
+
+/// A reactor's reaction to one pod.
+struct Reaction {
+    /// When it decided to kill (CLOCK_MONOTONIC ns).
+    decided_ns: u64,
+    /// The reading it decided on (when, memory.available), which calibrates the crossing.
+    reading: Option<(u64, i64)>,
+    /// evictd's own phase timings: stop containers, stop sandbox, release (ms).
+    phases: Option<(f64, f64, f64)>,
+}
+
+impl Running {
+    /// How many reports it has made so far: a reaction to a new pod comes after it.
+    fn mark(&self) -> usize {
+        match self {
+            Running::Evictd(e) => e.evictions().len(),
+            Running::Earlyoom(e) => e.kills().len(),
+        }
+    }
+
+    /// Its first reaction to `pod` after `mark`.
+    fn reaction(&self, mark: usize, pod: &TestPod) -> Option<Reaction> {
+        match self {
+            Running::Evictd(e) => {
+                let ev = e.evictions().into_iter().skip(mark).find(|e| e["uid"] == pod.uid.as_str())?;
+                let p = &ev["phases"];
+                Some(Reaction {
+                    decided_ns: ev["decided_ns"].as_u64()?,
+                    reading: ev["observed_ns"].as_u64().zip(ev["available"].as_i64()),
+                    phases: p["stop_containers_ms"].as_f64().and_then(|c| {
+                        Some((c, p["stop_sandbox_ms"].as_f64()?, p["memory_released_ms"].as_f64()?))
+                    }),
+                })
+            }
+            // The hog is the only process called that; earlyoom's line comes just before its
+            // kill(2), and is stamped when this process reads it (an upper bound).
+            Running::Earlyoom(e) => e
+                .kills()
+                .into_iter()
+                .skip(mark)
+                .find(|k| k.comm == "hog")
+                .map(|k| Reaction { decided_ns: k.read_ns, reading: None, phases: None }),
+        }
+    }
+
+    /// memory.available at this moment in the reactor's own terms: the node's capacity less
+    /// its working set for evictd, MemAvailable for earlyoom.
+    fn available(&self, node: &Node) -> u64 {
+        match self {
+            Running::Evictd(_) => node.capacity.saturating_sub(working_set(&node.dir)),
+            Running::Earlyoom(_) => crate::earlyoom::mem_available(),
+        }
+    }
+
+    /// For earlyoom, the crossing is watched directly: MemAvailable does not fall in step
+    /// with the workload's allocation when the kernel is still giving back an earlier
+    /// victim's pages, so the workload's log cannot be calibrated by one reading.
+    fn watched_mem_available_level(&self, threshold: u64) -> Option<u64> {
+        matches!(self, Running::Earlyoom(_)).then_some(threshold)
+    }
+}
+
 pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
     let cap = o.capacity_mib * MI;
     eprintln!(
-        "[bench] reaction: node cgroup of {} MiB, victim holding {} MiB, hard thresholds {:?} MiB, modes {:?}, kill paths {:?}, rates {:?} MiB/s, {} runs each",
+        "[bench] reaction: node cgroup of {} MiB, victim holding {} MiB{}, hard thresholds {:?} MiB, modes {:?}, kill paths {:?}, rates {:?} MiB/s, {} runs each",
         o.capacity_mib,
         o.hold_mib,
+        if o.victim_ignores_sigterm { " and ignoring SIGTERM" } else { "" },
         o.thresholds_mib,
         o.modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
         o.kill_paths.iter().map(|p| p.name()).collect::<Vec<_>>(),
@@ -232,7 +367,8 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
         o.runs
     );
     let mut ctd = Containerd::start(cap);
-    let node = ctd.node_dir();
+    let node = Node { dir: ctd.node_dir(), capacity: cap };
+    let work = Workload { hold_mib: o.hold_mib, ignore_sigterm: o.victim_ignores_sigterm };
     let mut samples = Vec::new();
     for &threshold_mib in &o.thresholds_mib {
         let threshold = format!("memory.available<{threshold_mib}Mi");
@@ -241,32 +377,34 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
                 let mut extra = mode.args();
                 extra.extend(path.args());
                 extra.extend(["--eviction-hard", threshold.as_str()]);
-                let evictd = Evictd::start(&ctd, None, &extra);
+                let evictd = Running::Evictd(Evictd::start(&ctd, None, &extra));
+                let reactor = Reactor::Evictd(mode, path);
                 // Runs of one cell's rates interleave, so that drift of the machine over the
                 // run hits every rate alike.
                 for run in 0..o.runs {
                     for &rate in &o.rates {
-                        let cell = Cell { threshold_mib, rate, mode, path };
-                        let s = one_run(&mut ctd, &evictd, &node, o, cell, run).await?;
+                        let cell = Cell { threshold_mib, rate, reactor };
+                        let pod = start_victim(&mut ctd, work, cell, run).await;
+                        let s = one_run(&mut ctd, &evictd, &node, work, cell, run, pod).await?;
                         eprintln!("[bench] {}", describe(&s));
                         samples.push(s);
                     }
                 }
-                drop(evictd);
             }
         }
     }
-    report(o, &samples)
+    report(&o.out, &samples)?;
+    // The plot is of detection, which the kill path does not change: one bar per rate and mode.
+    plot_detection(&o.out, &samples, &o.rates, &o.modes)
 }
 
-fn describe(s: &Sample) -> String {
+pub(crate) fn describe(s: &Sample) -> String {
     let c = s.cell;
+    let (who, how) = c.reactor.names();
     let f = |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| format!("{v:.prec$}"));
     format!(
-        "<{}Mi {:<10} {:<4} {:>5} MiB/s run {}: detection {} ms, stop {} ms, freed {} ms ({:.1} GiB){} (achieved {:.0} MiB/s){}",
+        "<{}Mi {who:<10} {how:<7} {:>5} MiB/s run {}: detection {} ms, stop {} ms, freed {} ms ({:.1} GiB){} (achieved {:.0} MiB/s){}",
         c.threshold_mib,
-        c.mode.name(),
-        c.path.name(),
         rate_name(c.rate),
         s.run + 1,
         f(s.detection_ms, 2),
@@ -281,119 +419,131 @@ fn describe(s: &Sample) -> String {
     )
 }
 
-/// Watches the node's working set from `go` on: when it first falls back by 90 % of what the
-/// victim added over `baseline` after having added at least 64 MiB, that time is "freed".
-fn watch_freed(node: PathBuf, baseline: u64, done: Arc<AtomicBool>) -> std::thread::JoinHandle<Option<u64>> {
+/// What the watcher saw (CLOCK_MONOTONIC ns, the clock of the workload's log and evictd's
+/// records).
+#[derive(Default)]
+struct Watched {
+    /// The node's working set first back down by 90 % of what the victim added over the
+    /// baseline, after it had added at least 64 MiB.
+    freed_ns: Option<u64>,
+    /// MemAvailable first at or below the level it was asked to watch (earlyoom's crossing).
+    mem_available_crossed_ns: Option<u64>,
+}
+
+/// Watches the node every 0.5 ms from `go` until `done`.
+fn watch(
+    node: PathBuf,
+    baseline: u64,
+    mem_available_level: Option<u64>,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Watched> {
     std::thread::spawn(move || {
+        let mut seen = Watched::default();
         let mut peak = baseline;
-        while !done.load(Ordering::Relaxed) {
+        while !done.load(Ordering::Relaxed) && seen.freed_ns.is_none() {
+            let now = evictd::wake::monotonic_ns();
+            if let Some(level) = mem_available_level.filter(|_| seen.mem_available_crossed_ns.is_none())
+                && crate::earlyoom::mem_available() <= level
+            {
+                seen.mem_available_crossed_ns = Some(now);
+            }
             let ws = working_set(&node);
             peak = peak.max(ws);
             let added = peak - baseline;
             if added >= 64 * MI && ws < baseline + added / 10 {
-                // The clock of the workload's log and evictd's records.
-                return Some(evictd::wake::monotonic_ns());
+                seen.freed_ns = Some(evictd::wake::monotonic_ns());
             }
             std::thread::sleep(Duration::from_micros(500));
         }
-        None
+        seen
     })
 }
 
-async fn one_run(
-    ctd: &mut Containerd,
-    evictd: &Evictd,
-    node: &Path,
-    o: &Opts,
-    cell: Cell,
-    run: usize,
-) -> anyhow::Result<Sample> {
-    let (cap, threshold) = (o.capacity_mib * MI, cell.threshold_mib * MI);
-    let name = format!(
-        "w{}{}t{}r{}n{run}",
-        cell.mode.name().replace('-', ""),
-        cell.path.name(),
-        cell.threshold_mib,
-        rate_name(cell.rate)
-    );
-    let pod = ctd
-        .run_pod(PodSpec {
-            hog_args: Some(vec![
-                "rate".into(),
-                cell.rate.to_string(),
-                "/ctl/go".into(),
-                "/ctl/alloc.log".into(),
-                o.hold_mib.to_string(),
-            ]),
-            ..PodSpec::besteffort(&name)
-        })
-        .await;
-    // Let evictd's inventory see the pod (and the victim take hold of its memory) before the
-    // pressure starts.
-    let seen = evictd.evictions().len();
-    let settle = Instant::now() + Duration::from_secs(30);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    while o.hold_mib > 0 && working_set(node) < o.hold_mib * MI && Instant::now() < settle {
+/// A run's pod: its hog holds `work.hold_mib` and waits for `go`.
+pub(crate) async fn start_victim(ctd: &mut Containerd, work: Workload, cell: Cell, run: usize) -> TestPod {
+    let (who, how) = cell.reactor.names();
+    let name =
+        format!("w{}{how}t{}r{}n{run}", who.replace('-', ""), cell.threshold_mib, rate_name(cell.rate));
+    let pod =
+        ctd.run_pod(PodSpec { hog_args: Some(work.hog_args(cell.rate)), ..PodSpec::besteffort(&name) }).await;
+    let settle = Instant::now() + Duration::from_secs(60);
+    while work.hold_mib > 0 && pod.usage() < work.hold_mib * MI && Instant::now() < settle {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let ooms = oom_kills(node);
-    let baseline = working_set(node);
+    pod
+}
+
+/// One run: the victim allocates at the cell's rate from `go` until something stops it; the
+/// sample's times are from its own log.
+pub(crate) async fn one_run(
+    ctd: &mut Containerd,
+    reactor: &Running,
+    node: &Node,
+    work: Workload,
+    cell: Cell,
+    run: usize,
+    pod: TestPod,
+) -> anyhow::Result<Sample> {
+    let threshold = cell.threshold_mib * MI;
+    let mark = reactor.mark();
+    // Let evictd's inventory (every 100 ms) see the pod before the pressure starts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ooms = oom_kills();
+    let baseline = working_set(&node.dir);
+    let available_at_go = reactor.available(node);
     let done = Arc::new(AtomicBool::new(false));
-    let freed_watch = watch_freed(node.to_path_buf(), baseline.saturating_sub(o.hold_mib * MI), done.clone());
+    let watcher = watch(
+        node.dir.clone(),
+        baseline.saturating_sub(work.hold_mib * MI),
+        reactor.watched_mem_available_level(threshold),
+        done.clone(),
+    );
     std::fs::write(pod.ctl_dir.join("go"), "")?;
-    // Wait for an eviction of this pod, a kernel OOM kill, or the timeout.
-    let deadline =
-        Instant::now() + Duration::from_secs(30) + Duration::from_millis(cap / MI * 1000 / cell.rate.max(1));
-    let eviction = loop {
-        if let Some(e) = evictd.evictions().into_iter().skip(seen).find(|e| e["uid"] == pod.uid.as_str()) {
-            break Some(e);
+    // Wait for a reaction to this pod, a kernel OOM kill, or the timeout.
+    let to_fill = Duration::from_millis(available_at_go / MI * 1000 / cell.rate.max(1));
+    let deadline = Instant::now() + Duration::from_secs(30) + to_fill;
+    let reaction = loop {
+        if let Some(r) = reactor.reaction(mark, &pod) {
+            break Some(r);
         }
-        // The kernel got there first. (cgroup v1 counts an OOM kill only in the victim's own
-        // memcg, the container's, so the node's counter cannot tell; the runtime can.)
-        if oom_kills(node) > ooms || oom_killed(ctd, &pod.container_id).await {
-            break None;
-        }
-        if Instant::now() > deadline {
+        if oom_kills() > ooms || oom_killed(ctd, &pod.container_id).await || Instant::now() > deadline {
             break None;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    // An OOM kill at any point means the kernel acted before evictd's stop took effect.
+    // An OOM kill at any point means the kernel acted before the reactor's stop took effect.
+    // The victim's memory may still be on its way back (earlyoom reports before it kills).
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let oom_first = oom_kills(node) > ooms || oom_killed(ctd, &pod.container_id).await;
+    let freed_by = Instant::now() + Duration::from_secs(10);
+    while reaction.is_some() && !watcher.is_finished() && Instant::now() < freed_by {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let oom_first = oom_kills() > ooms || oom_killed(ctd, &pod.container_id).await;
     done.store(true, Ordering::Relaxed);
-    let freed_ns = freed_watch.join().ok().flatten();
+    let watched = watcher.join().unwrap_or_default();
     let log = alloc_log(&pod.ctl_dir.join("alloc.log"));
-    let limit = cap - threshold;
-    // The node's working set is the workload's allocation plus a little it does not log
-    // (page tables, the log's page cache). The offset is calibrated with the working set
-    // evictd read when it decided: only that amount is taken from evictd, the crossing
-    // *time* comes from the workload's own log.
-    let offset = eviction
-        .as_ref()
-        .and_then(|e| {
-            let observed = e["observed_ns"].as_u64()?;
-            let ws = cap as i64 - e["available"].as_i64()?;
-            let mib = log.iter().take_while(|(t, _)| *t <= observed).last()?.1;
-            Some(ws - (mib * MI) as i64)
-        })
-        .unwrap_or(baseline as i64 - (o.hold_mib * MI) as i64);
-    let crossing = log.iter().find(|(_, mib)| (mib * MI) as i64 + offset > limit as i64).map(|(t, _)| *t);
+    let crossing = watched.mem_available_crossed_ns.or_else(|| {
+        crossing_ns(&log, reaction.as_ref(), node.capacity, threshold, available_at_go, work.hold_mib)
+    });
     let achieved_rate = match (log.first(), log.last()) {
         (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 / ((b.0 - a.0) as f64 / 1e9),
         _ => 0.0,
     };
     // One MiB's period at the achieved pace: the kill landed before the next line was due.
     let mib_period_ns = if achieved_rate > 0.0 { (1e9 / achieved_rate) as u64 } else { 0 };
-    let since_crossing = |t: Option<u64>| -> Option<f64> { Some((t? as f64 - crossing? as f64) / 1e6) };
-    let field = |name: &str| eviction.as_ref().and_then(|e| e[name].as_u64());
-    if !oom_first && (eviction.is_none() || crossing.is_none()) {
+    let since_crossing = |t: Option<u64>| -> Option<f64> {
+        if oom_first {
+            return None;
+        }
+        Some((t? as f64 - crossing? as f64) / 1e6)
+    };
+    if !oom_first && (reaction.is_none() || crossing.is_none()) {
         eprintln!(
-            "[bench] {cell:?} run {}: no sample: eviction {}, crossing {} (baseline {} MiB, {} log lines)",
+            "[bench] {cell:?} run {}: no sample: reaction {}, crossing {} (available at go {} MiB, {} log lines)",
             run + 1,
-            if eviction.is_some() { "seen" } else { "not seen" },
+            if reaction.is_some() { "seen" } else { "not seen" },
             if crossing.is_some() { "found" } else { "not found" },
-            baseline / MI,
+            available_at_go / MI,
             log.len()
         );
     }
@@ -402,25 +552,40 @@ async fn one_run(
         cell,
         run,
         achieved_rate,
-        detection_ms: if oom_first { None } else { since_crossing(field("decided_ns")) },
-        stop_ms: if oom_first { None } else { since_crossing(last.map(|(t, _)| t + mib_period_ns)) },
-        freed_ms: if oom_first { None } else { since_crossing(freed_ns) },
+        detection_ms: since_crossing(reaction.as_ref().map(|r| r.decided_ns)),
+        stop_ms: since_crossing(last.map(|(t, _)| t + mib_period_ns)),
+        freed_ms: since_crossing(watched.freed_ns),
         victim_gib: last.map_or(0.0, |(_, mib)| mib as f64 / 1024.0),
         oom_first,
-        phases: eviction.as_ref().and_then(|e| {
-            let p = &e["phases"];
-            Some((
-                p["stop_containers_ms"].as_f64()?,
-                p["stop_sandbox_ms"].as_f64()?,
-                p["memory_released_ms"].as_f64()?,
-            ))
-        }),
+        phases: reaction.and_then(|r| r.phases),
     };
     let client = ctd.client();
     let _ = client.stop_pod_sandbox(&pod.sandbox_id).await;
     let _ = client.remove_pod_sandbox(&pod.sandbox_id).await;
     let _ = std::fs::remove_dir(&pod.cgroup);
     Ok(sample)
+}
+
+/// When the node crossed the threshold, from the workload's log. The node's working set is
+/// the workload's allocation plus a little it does not log (page tables, the log's page
+/// cache, the rest of the machine); that offset is calibrated with the reading the reactor
+/// decided on where it reports one (evictd: only that amount is taken from it, the *time*
+/// comes from the log), else with memory.available read just before `go`.
+fn crossing_ns(
+    log: &[(u64, u64)],
+    reaction: Option<&Reaction>,
+    capacity: u64,
+    threshold: u64,
+    available_at_go: u64,
+    hold_mib: u64,
+) -> Option<u64> {
+    let from_reading = reaction.and_then(|r| r.reading).and_then(|(observed, available)| {
+        let mib = log.iter().take_while(|(t, _)| *t <= observed).last()?.1;
+        Some(capacity as i64 - available - (mib * MI) as i64)
+    });
+    let offset = from_reading.unwrap_or(capacity as i64 - available_at_go as i64 - (hold_mib * MI) as i64);
+    let limit = (capacity - threshold) as i64;
+    log.iter().find(|(_, mib)| (mib * MI) as i64 + offset > limit).map(|(t, _)| *t)
 }
 
 /// Whether the runtime reports the container as killed by the kernel OOM killer.
@@ -461,12 +626,11 @@ fn write_csv(path: &Path, samples: &[Sample]) -> anyhow::Result<()> {
     for s in samples {
         let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
         let c = s.cell;
+        let (who, how) = c.reactor.names();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{:.0},{},{},{},{:.2},{}",
+            "{},{who},{how},{},{},{:.0},{},{},{},{:.2},{}",
             c.threshold_mib,
-            c.mode.name(),
-            c.path.name(),
             rate_name(c.rate),
             s.run,
             s.achieved_rate,
@@ -480,15 +644,16 @@ fn write_csv(path: &Path, samples: &[Sample]) -> anyhow::Result<()> {
     Ok(std::fs::write(path, csv)?)
 }
 
-fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&o.out)?;
-    write_csv(&o.out.join("reaction.csv"), samples)?;
+/// Writes `reaction.csv` under `out` and prints the table: one row per cell.
+pub(crate) fn report(out: &Path, samples: &[Sample]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    write_csv(&out.join("reaction.csv"), samples)?;
     let mut groups: BTreeMap<Cell, Vec<&Sample>> = BTreeMap::new();
     for s in samples {
         groups.entry(s.cell).or_default().push(s);
     }
     println!(
-        "{:>9} {:<10} {:<4} {:>6} {:>8} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} {:>8} | {:>9}",
+        "{:>9} {:<10} {:<7} {:>6} {:>8} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} {:>8} | {:>9}",
         "threshold",
         "mode",
         "kill",
@@ -515,11 +680,10 @@ fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
         let f = |p: Option<Percentiles>, pick: fn(Percentiles) -> f64, prec: usize| {
             p.map_or("-".into(), |p| format!("{:.prec$}", pick(p)))
         };
+        let (who, how) = cell.reactor.names();
         println!(
-            "{:>7}Mi {:<10} {:<4} {:>6} {:>8.0} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} {:>8} | {:>5}/{:<3}",
+            "{:>7}Mi {who:<10} {how:<7} {:>6} {:>8.0} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} {:>8} | {:>5}/{:<3}",
             cell.threshold_mib,
-            cell.mode.name(),
-            cell.path.name(),
             rate_name(cell.rate),
             achieved,
             f(det, |p| p.p50, 2),
@@ -534,22 +698,29 @@ fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
         );
     }
     println!(
-        "(milliseconds from the node crossing the threshold: det = evictd's decision; stop = the victim's last \
+        "(milliseconds from the node crossing the threshold: det = the decision; stop = the victim's last \
          allocation + one MiB's period; freed = the node's usage back down by 90 % of the victim's; ms/GiB50 = \
          p50 of freed per GiB the victim held)"
     );
-    // The plot is of detection, which the kill path does not change: one bar per rate and mode.
+    eprintln!("[bench] wrote {}", out.join("reaction.csv").display());
+    Ok(())
+}
+
+/// The plot of detection: one bar per rate and wake mode (the kill path does not change it).
+fn plot_detection(out: &Path, samples: &[Sample], rates: &[u64], modes: &[Mode]) -> anyhow::Result<()> {
     let mut by_rate_mode: BTreeMap<(u64, Mode), Vec<f64>> = BTreeMap::new();
     for s in samples {
-        by_rate_mode.entry((s.cell.rate, s.cell.mode)).or_default().extend(s.detection_ms);
+        if let Reactor::Evictd(mode, _) = s.cell.reactor {
+            by_rate_mode.entry((s.cell.rate, mode)).or_default().extend(s.detection_ms);
+        }
     }
     let rows: Vec<Row> = by_rate_mode
         .into_iter()
         .map(|((rate, mode), v)| Row { rate, mode, detection: percentiles(v.into_iter()) })
         .collect();
-    let svg = o.out.join("reaction.svg");
-    plot::plot(&rows, &o.rates, &o.modes, &svg)?;
-    eprintln!("[bench] wrote {} and {}", o.out.join("reaction.csv").display(), svg.display());
+    let svg = out.join("reaction.svg");
+    plot::plot(&rows, rates, modes, &svg)?;
+    eprintln!("[bench] wrote {}", svg.display());
     Ok(())
 }
 
