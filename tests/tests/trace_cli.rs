@@ -103,3 +103,73 @@ fn the_summary_shows_memory_as_read_that_second() {
         "the tuning view must name /grower: {grew:?}"
     );
 }
+
+/// Issue 10: the adaptive poll alone (no kernel source, the timer an hour away) wakes evictd
+/// once usage passes half the distance to the threshold, not before, and again and again,
+/// in smaller steps, until a pass sees the threshold crossed.
+#[test]
+fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
+    if !privileged("the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing") {
+        return;
+    }
+    let node = TestCgroup::new(Some(1 << 30));
+    let mut hog = MemHog::spawn_in(&node);
+    let mut evictd = Command::new(evictd_binary())
+        .args(["--trace", "--json", "--wake-sources", "poll", "--housekeeping-interval", "1h"])
+        .args(["--cri-endpoint", "none", "--duration", "5s", "--eviction-hard", "memory.available<100Mi"])
+        .arg("--node-cgroup")
+        .arg(&node.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting evictd");
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let stdout = evictd.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON line");
+            if tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    let polls_within = |d: Duration| -> Vec<serde_json::Value> {
+        let until = std::time::Instant::now() + d;
+        let mut got = Vec::new();
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(v) if v["type"] == "event" && v["cause"] == "poll" => got.push(v),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        got
+    };
+    // Armed after the first pass: the level is half of the ~924 MiB to the threshold away.
+    let first = rx.recv_timeout(Duration::from_secs(10)).expect("evictd printed nothing");
+    assert_eq!(first["type"], "summary", "{first}");
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = polls_within(Duration::from_millis(100));
+    hog.alloc(128);
+    let early = polls_within(Duration::from_millis(500));
+    assert!(early.is_empty(), "128 MiB is below half the distance, yet the poll woke evictd: {early:?}");
+    hog.alloc(400);
+    let half = polls_within(Duration::from_millis(500));
+    assert!(!half.is_empty(), "528 MiB is past half the distance, and the poll did not wake evictd");
+    hog.alloc(420);
+    let near = polls_within(Duration::from_millis(1000));
+    let _ = evictd.wait();
+    drop(hog);
+    let _ = reader.join();
+    let distance = |v: &serde_json::Value| v["threshold_distance_bytes"].as_i64().expect("distance read");
+    assert!(
+        near.len() >= 2,
+        "approaching the threshold, the poll wakes again in smaller steps; got {} wakes",
+        near.len()
+    );
+    assert!(
+        near.iter().any(|v| distance(v) < 0),
+        "a poll wake must see the threshold crossed: distances {:?}",
+        near.iter().map(distance).collect::<Vec<_>>()
+    );
+}

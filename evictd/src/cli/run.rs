@@ -82,10 +82,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub housekeeping_interval: Duration,
     /// Which wake sources to use, comma-separated: ebpf, eventfd (cgroup v1 memory
-    /// thresholds), psi (pressure stall triggers), timer. Each that this kernel does not
-    /// allow is reported and skipped.
-    #[arg(long, value_name = "LIST", default_value = "ebpf,eventfd,psi,timer")]
+    /// thresholds), psi (pressure stall triggers), poll (the node's usage, read more often
+    /// the nearer a threshold), timer. Each that this kernel does not allow is reported and
+    /// skipped.
+    #[arg(long, value_name = "LIST", default_value = "ebpf,eventfd,psi,poll,timer")]
     pub wake_sources: String,
+    /// The fastest fill the adaptive poll must see before it crosses a threshold, per
+    /// second: it reads the node's usage every (distance to the next level) / this, between
+    /// 1 ms and 1 s.
+    #[arg(long, value_name = "QUANTITY", default_value = "6Gi")]
+    pub poll_fill_rate: String,
     /// Charge growth after which the kernel wakes evictd: `auto` (half the distance to the
     /// nearest memory threshold) or a quantity such as `64Mi` (`0`: every page).
     #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
@@ -217,7 +223,7 @@ impl RunArgs {
         let mut sources = Vec::new();
         for s in self.wake_sources.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let Some(kind) = SourceKind::parse(s) else {
-                bail!("--wake-sources: unknown wake source {s:?} (known: ebpf, eventfd, psi, timer)")
+                bail!("--wake-sources: unknown wake source {s:?} (known: ebpf, eventfd, psi, poll, timer)")
             };
             if !sources.contains(&kind) {
                 sources.push(kind);
@@ -258,7 +264,19 @@ impl RunArgs {
             min_interval: self.reclaim_min_interval,
             ..defaults
         };
-        Ok(WakeOptions { sources, housekeeping: self.housekeeping_interval, load, watermark })
+        let fill = Quantity::parse(&self.poll_fill_rate)
+            .with_context(|| format!("--poll-fill-rate: {:?}", self.poll_fill_rate))?
+            .value();
+        if fill < 1 << 20 {
+            bail!("--poll-fill-rate: {} is below 1Mi per second", self.poll_fill_rate);
+        }
+        Ok(WakeOptions {
+            sources,
+            housekeeping: self.housekeeping_interval,
+            poll_fill_rate: fill as u64,
+            load,
+            watermark,
+        })
     }
 
     /// The cgroup playing the node (`--node-cgroup`), its pods' cgroup, and the filesystems
@@ -367,6 +385,8 @@ mod tests {
             (vec!["--wake-sources", ""], "--wake-sources"),
             (vec!["--bpf-watermark", "lots"], "--bpf-watermark"),
             (vec!["--ring-buffer-size", "3000"], "--ring-buffer-size"),
+            (vec!["--poll-fill-rate", "fast"], "--poll-fill-rate"),
+            (vec!["--poll-fill-rate", "1Ki"], "--poll-fill-rate"),
             (vec!["--node-cgroup", "/nonexistent/evictd"], "--node-cgroup"),
             (vec!["--cri-endpoint", "tcp://127.0.0.1:1"], "--cri-endpoint"),
             (vec!["--pods-file", "/nonexistent/pods.json"], "--pods-file"),

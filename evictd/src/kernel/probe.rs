@@ -11,8 +11,11 @@ use crate::{
         ebpf::{KernelProbes, LoadOptions, TRACEPOINTS},
         stat_items, tracefs,
     },
-    node::cgroups::{CgroupMounts, CgroupVersion},
-    wake::{eventfd, psi},
+    node::{
+        cgroups::{CgroupMounts, CgroupVersion},
+        memory::MemoryCgroup,
+    },
+    wake::{eventfd, poll, psi},
 };
 
 #[derive(Serialize)]
@@ -56,6 +59,7 @@ pub fn run() -> ProbeReport {
             r.checks.push(passed("cgroups", describe_cgroups(&layout)));
             probe_eventfd(&layout, &mut r);
             probe_psi(&layout, &mut r);
+            probe_poll(&layout, &mut r);
         }
         Err(e) => r.checks.push(failed("cgroups", e)),
     }
@@ -157,6 +161,20 @@ fn probe_psi(layout: &CgroupMounts, r: &mut ProbeReport) {
     if any {
         r.wake_sources.push("psi".into());
     }
+}
+
+/// One read of the root's usage, the adaptive poll's only syscall.
+fn probe_poll(layout: &CgroupMounts, r: &mut ProbeReport) {
+    let root = MemoryCgroup::new(&layout.memory_root, layout.memory_version, true);
+    let res = root.usage().map(|u| format!("root usage {} MiB", u >> 20)).map_err(|e| e.to_string());
+    if res.is_ok() {
+        r.wake_sources.push(format!(
+            "poll (node usage every {:?} to {:?})",
+            poll::MIN_INTERVAL,
+            poll::MAX_INTERVAL
+        ));
+    }
+    r.checks.push(check("adaptive poll", res));
 }
 
 pub fn print_text(r: &ProbeReport) {

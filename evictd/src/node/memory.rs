@@ -103,6 +103,19 @@ impl MemoryCgroup {
     }
 }
 
+impl MemoryCgroup {
+    /// The cgroup's usage alone, one small file (the adaptive poll's cheap read): what grows
+    /// first when memory fills. On the v2 root, runc's emulation (MemTotal − MemFree).
+    pub fn usage(&self) -> Result<u64, MemoryError> {
+        match (self.version, self.is_root) {
+            (CgroupVersion::V1, _) => read_u64(&self.dir.join("memory.usage_in_bytes")),
+            (CgroupVersion::V2, true) => Ok(meminfo_bytes(&self.meminfo, "MemTotal")?
+                .saturating_sub(meminfo_bytes(&self.meminfo, "MemFree")?)),
+            (CgroupVersion::V2, false) => read_u64(&self.dir.join("memory.current")),
+        }
+    }
+}
+
 fn read_trimmed(path: &Path) -> Result<String, MemoryError> {
     fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
@@ -254,6 +267,20 @@ mod tests {
         assert_eq!((s.usage, s.inactive_file, s.capacity), (5000, 1000, 16_384_000 * 1024));
         fs::write(d.path().join("memory.max"), "8192\n").unwrap();
         assert_eq!(cg(&d, CgroupVersion::V2, false).read().unwrap().available(), 8192 - 4000);
+    }
+
+    /// The poll's cheap read is the same usage `read` takes, from one file.
+    #[test]
+    fn usage_alone_matches_the_full_read() {
+        let v1 = fixture(&[("memory.usage_in_bytes", "3000\n"), ("memory.stat", "total_inactive_file 1\n")]);
+        assert_eq!(cg(&v1, CgroupVersion::V1, false).usage().unwrap(), 3000);
+        let v2 = fixture(&[("memory.current", "5000\n"), ("memory.stat", "inactive_file 1\n")]);
+        assert_eq!(cg(&v2, CgroupVersion::V2, false).usage().unwrap(), 5000);
+        let root = cg(&v2, CgroupVersion::V2, true);
+        assert_eq!(root.usage().unwrap(), root.read().unwrap().usage);
+        fs::remove_file(v1.path().join("memory.usage_in_bytes")).unwrap();
+        let err = cg(&v1, CgroupVersion::V1, false).usage().unwrap_err();
+        assert!(err.to_string().contains("memory.usage_in_bytes"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! One file per source, holding both halves — registration and the task that waits on
 //! it: `ebpf` (the kernel's ring buffer; the programs themselves are loaded by
 //! `crate::kernel`), `eventfd` (cgroup v1 memory thresholds), `psi` (pressure stall
-//! triggers), `timer`. The daemon starts them from one list (`start`) and after every pass
+//! triggers), `poll` (the node's usage read at an interval set by the distance to the
+//! nearest threshold), `timer`. The daemon starts them from one list (`start`) and after every pass
 //! lets each re-arm on the node as just observed (`WakeSource::rearm`).
 
 use std::{
@@ -26,6 +27,7 @@ use crate::{
 
 pub mod ebpf;
 pub mod eventfd;
+pub mod poll;
 pub mod psi;
 pub mod timer;
 
@@ -37,18 +39,20 @@ pub enum SourceKind {
     Ebpf,
     Eventfd,
     Psi,
+    Poll,
     Timer,
 }
 
 impl SourceKind {
-    pub const ALL: [SourceKind; 4] =
-        [SourceKind::Ebpf, SourceKind::Eventfd, SourceKind::Psi, SourceKind::Timer];
+    pub const ALL: [SourceKind; 5] =
+        [SourceKind::Ebpf, SourceKind::Eventfd, SourceKind::Psi, SourceKind::Poll, SourceKind::Timer];
 
     pub fn as_str(self) -> &'static str {
         match self {
             SourceKind::Ebpf => "ebpf",
             SourceKind::Eventfd => "eventfd",
             SourceKind::Psi => "psi",
+            SourceKind::Poll => "poll",
             SourceKind::Timer => "timer",
         }
     }
@@ -62,6 +66,8 @@ impl SourceKind {
 pub struct WakeOptions {
     pub sources: Vec<SourceKind>,
     pub housekeeping: Duration,
+    /// The fastest fill the adaptive poll must see in time, bytes per second.
+    pub poll_fill_rate: u64,
     pub load: LoadOptions,
     pub watermark: Watermark,
 }
@@ -151,6 +157,7 @@ pub fn start(
             SourceKind::Ebpf => ebpf::start(opts, signals, tx.clone(), stats.clone()).map(Some),
             SourceKind::Eventfd => Ok(eventfd::start(signals, tx.clone())),
             SourceKind::Psi => psi::start(signals, tx.clone()).map(Some),
+            SourceKind::Poll => Ok(Some(poll::start(&signals.node, opts.poll_fill_rate, tx.clone()))),
             SourceKind::Timer => Ok(Some(timer::start(opts.housekeeping, tx.clone()))),
         };
         match source {
@@ -177,13 +184,15 @@ pub enum WakeCause {
     Eventfd,
     /// A PSI trigger fired.
     Psi,
+    /// The adaptive poll saw usage past its level.
+    Poll,
 }
 
 // Per-cause arrays are indexed by `index()`: ALL must end with the last variant.
-const _: () = assert!(WakeCause::Psi as usize + 1 == WakeCause::ALL.len());
+const _: () = assert!(WakeCause::Poll as usize + 1 == WakeCause::ALL.len());
 
 impl WakeCause {
-    pub const ALL: [WakeCause; 7] = [
+    pub const ALL: [WakeCause; 8] = [
         WakeCause::Charge,
         WakeCause::DirectReclaim,
         WakeCause::MemcgReclaim,
@@ -191,6 +200,7 @@ impl WakeCause {
         WakeCause::Timer,
         WakeCause::Eventfd,
         WakeCause::Psi,
+        WakeCause::Poll,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -202,6 +212,7 @@ impl WakeCause {
             WakeCause::Timer => "timer",
             WakeCause::Eventfd => "eventfd",
             WakeCause::Psi => "psi",
+            WakeCause::Poll => "poll",
         }
     }
 

@@ -48,6 +48,8 @@ pub enum Mode {
     Ebpf,
     Eventfd,
     Psi,
+    /// The adaptive poll alone.
+    Poll,
     #[value(name = "poll-100ms")]
     Poll100ms,
     #[value(name = "poll-10s")]
@@ -61,6 +63,7 @@ impl Mode {
             Mode::Ebpf => "ebpf",
             Mode::Eventfd => "eventfd",
             Mode::Psi => "psi",
+            Mode::Poll => "poll",
             Mode::Poll100ms => "poll-100ms",
             Mode::Poll10s => "poll-10s",
         }
@@ -73,6 +76,7 @@ impl Mode {
             Mode::Ebpf => vec!["--wake-sources", "ebpf"],
             Mode::Eventfd => vec!["--wake-sources", "eventfd"],
             Mode::Psi => vec!["--wake-sources", "psi"],
+            Mode::Poll => vec!["--wake-sources", "poll"],
             Mode::Poll100ms => vec!["--wake-sources", "timer", "--housekeeping-interval", "100ms"],
             Mode::Poll10s => vec!["--wake-sources", "timer", "--housekeeping-interval", "10s"],
         }

@@ -1,0 +1,153 @@
+//! The adaptive poll: the floor under the kernel-driven sources, for nodes that have none of
+//! them (no memcg tracepoints, no v1 eventfd, PSI windows too long). It reads the node's
+//! memory usage — one small cgroup file — at an interval set by how far usage is from the
+//! level the last pass armed and how fast memory could fill (earlyoom's idea): about a
+//! second when far, a millisecond when near. Past the level it says "look now", once per
+//! arming. The level follows the eBPF watermark's rule, half the distance to the nearest
+//! memory threshold, so a fill at up to `--poll-fill-rate` is seen before it crosses.
+//!
+//! Usage (not the working set) is what it watches: usage grows at least as fast as the
+//! working set when memory is charged, so the level is never late for a fill. Inactive file
+//! pages turning active raise the working set without charging anything; the other sources
+//! and the timer see that.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::{sync::mpsc, task::JoinHandle};
+
+use super::{
+    NodeNow, SourceKind, Wake, WakeCause, WakeError, WakeSource,
+    ebpf::{Distance, MIN_AUTO_WATERMARK, Watermark, watermark_for},
+};
+use crate::node::memory::MemoryCgroup;
+
+/// The shortest interval: a read of one cgroup file a millisecond costs well under 1 % of a
+/// core, and tokio's timer is no finer.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest: far from every threshold, a read a second.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long until usage could reach `level` from `usage` at `fill_rate` bytes per second,
+/// within [`MIN_INTERVAL`, `MAX_INTERVAL`].
+pub fn interval_for(usage: u64, level: u64, fill_rate: u64) -> Duration {
+    let remaining = level.saturating_sub(usage);
+    Duration::from_secs_f64(remaining as f64 / fill_rate.max(1) as f64).clamp(MIN_INTERVAL, MAX_INTERVAL)
+}
+
+/// The usage at which to wake, shared between the task and `rearm`. A new generation lets
+/// the task fire again.
+struct Arm {
+    level: AtomicU64,
+    generation: AtomicU64,
+}
+
+struct PollWake {
+    node: MemoryCgroup,
+    arm: Arc<Arm>,
+    task: JoinHandle<()>,
+}
+
+/// Starts polling `node` for a fill of up to `fill_rate` bytes per second. Until the first
+/// pass arms it, growth past the floor wakes evictd.
+pub fn start(node: &MemoryCgroup, fill_rate: u64, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> {
+    let level = node.usage().map_or(0, |u| u.saturating_add(MIN_AUTO_WATERMARK));
+    let arm = Arc::new(Arm { level: AtomicU64::new(level), generation: AtomicU64::new(0) });
+    let task = tokio::spawn(poll_node(node.clone(), arm.clone(), fill_rate, tx));
+    tracing::info!(
+        node = %node.dir.display(),
+        fill_rate_mib_s = fill_rate >> 20,
+        "adaptive poll wake source started ({MIN_INTERVAL:?} to {MAX_INTERVAL:?})"
+    );
+    Box::new(PollWake { node: node.clone(), arm, task })
+}
+
+async fn poll_node(node: MemoryCgroup, arm: Arc<Arm>, fill_rate: u64, tx: mpsc::Sender<Wake>) {
+    let mut fired_for: Option<u64> = None;
+    let mut failing = false;
+    loop {
+        let generation = arm.generation.load(Ordering::Acquire);
+        let level = arm.level.load(Ordering::Acquire);
+        let interval = match node.usage() {
+            Ok(usage) => {
+                failing = false;
+                if usage >= level && fired_for != Some(generation) {
+                    fired_for = Some(generation);
+                    // A full channel means a look is already pending: nothing lost.
+                    if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(Wake::now(WakeCause::Poll))
+                    {
+                        return;
+                    }
+                }
+                interval_for(usage, level, fill_rate)
+            }
+            // The pass reads (and reports) the node on its own; a poll that cannot read it
+            // has nothing to say, and must not spin.
+            Err(e) => {
+                if !failing {
+                    tracing::warn!("adaptive poll: {e}; trying again every {MAX_INTERVAL:?}");
+                    failing = true;
+                }
+                MAX_INTERVAL
+            }
+        };
+        tokio::time::sleep(interval).await;
+    }
+}
+
+impl WakeSource for PollWake {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Poll
+    }
+
+    /// The next level is the usage now plus half the distance to the nearest memory
+    /// threshold. A usage that cannot be read arms level 0: the next read that works wakes
+    /// a pass at once.
+    fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
+        let step = watermark_for(Watermark::Auto, Distance::of(node.thresholds, node.observations));
+        let level = self.node.usage().map_or(0, |u| u.saturating_add(step));
+        self.arm.level.store(level, Ordering::Release);
+        self.arm.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn supervise(&mut self) -> Result<(), WakeError> {
+        if self.task.is_finished() {
+            return Err(WakeError::Stopped("the adaptive poll"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PollWake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI: u64 = 1 << 20;
+    const GI: u64 = 1 << 30;
+
+    #[test]
+    fn the_interval_shrinks_with_the_distance_within_bounds() {
+        // 6 GiB/s: 3 GiB away is half a second, 12 MiB about two milliseconds, and 3 MiB
+        // (half a millisecond) is held at the shortest interval.
+        assert_eq!(interval_for(0, 3 * GI, 6 * GI), Duration::from_millis(500));
+        assert_eq!(interval_for(10 * GI, 10 * GI + 12 * MI, 6 * GI), Duration::from_nanos(1_953_125));
+        assert_eq!(interval_for(10 * GI, 10 * GI + 3 * MI, 6 * GI), MIN_INTERVAL);
+        // Far away, a read a second; at or past the level, the shortest interval.
+        assert_eq!(interval_for(0, 100 * GI, 6 * GI), MAX_INTERVAL);
+        assert_eq!(interval_for(5 * GI, GI, 6 * GI), MIN_INTERVAL);
+        // A fill rate of 0 is treated as 1 byte/s, not a division by zero.
+        assert_eq!(interval_for(0, GI, 0), MAX_INTERVAL);
+    }
+}
