@@ -104,19 +104,15 @@ fn the_summary_shows_memory_as_read_that_second() {
     );
 }
 
-/// Issue 10: the adaptive poll alone (no kernel source, the timer an hour away) wakes evictd
-/// once usage passes half the distance to the threshold, not before, and again and again,
-/// in smaller steps, until a pass sees the threshold crossed.
-#[test]
-fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
-    if !privileged("the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing") {
-        return;
-    }
-    let node = TestCgroup::new(Some(1 << 30));
-    let mut hog = MemHog::spawn_in(&node);
+/// `evictd --trace --json` on `node` with `memory.available<100Mi`, no runtime, and `args`;
+/// its lines arrive parsed on the receiver, read by the returned thread.
+fn evictd_on(
+    node: &TestCgroup,
+    args: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<serde_json::Value>, std::thread::JoinHandle<()>) {
     let mut evictd = Command::new(evictd_binary())
-        .args(["--trace", "--json", "--wake-sources", "poll", "--housekeeping-interval", "1h"])
-        .args(["--cri-endpoint", "none", "--duration", "5s", "--eviction-hard", "memory.available<100Mi"])
+        .args(["--trace", "--json", "--cri-endpoint", "none", "--eviction-hard", "memory.available<100Mi"])
+        .args(args)
         .arg("--node-cgroup")
         .arg(&node.dir)
         .stdout(Stdio::piped())
@@ -133,6 +129,21 @@ fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
             }
         }
     });
+    (evictd, rx, reader)
+}
+
+/// Issue 10: the adaptive poll alone (no kernel source, the timer an hour away) wakes evictd
+/// once usage passes half the distance to the threshold, not before, and again and again,
+/// in smaller steps, until a pass sees the threshold crossed.
+#[test]
+fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
+    if !privileged("the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing") {
+        return;
+    }
+    let node = TestCgroup::new(Some(1 << 30));
+    let mut hog = MemHog::spawn_in(&node);
+    let (mut evictd, rx, reader) =
+        evictd_on(&node, &["--wake-sources", "poll", "--housekeeping-interval", "1h", "--duration", "5s"]);
     let polls_within = |d: Duration| -> Vec<serde_json::Value> {
         let until = std::time::Instant::now() + d;
         let mut got = Vec::new();
@@ -172,4 +183,62 @@ fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
         "a poll wake must see the threshold crossed: distances {:?}",
         near.iter().map(distance).collect::<Vec<_>>()
     );
+}
+
+/// Issue 10: with the poll running, the eBPF charge programs are attached only within the
+/// band below the threshold (here 1 GiB/s × 120 ms ≈ 123 MiB; detached beyond twice that):
+/// detached far away — growth there sends no charge event —, attached near, where charge
+/// events flow, and detached again once memory is back far away.
+#[test]
+fn charge_probes_are_attached_only_near_a_threshold() {
+    if !privileged("charge_probes_are_attached_only_near_a_threshold") {
+        return;
+    }
+    let node = TestCgroup::new(Some(1 << 30));
+    let mut hog = MemHog::spawn_in(&node);
+    let (mut evictd, rx, reader) = evictd_on(
+        &node,
+        &[
+            "--wake-sources",
+            "ebpf,poll,timer",
+            "--poll-fill-rate",
+            "1Gi",
+            "--housekeeping-interval",
+            "300ms",
+            "--bpf-watermark",
+            "8Mi",
+            "--duration",
+            "8s",
+        ],
+    );
+    // Lines for `d`: the charge events, and the last summary's attached state.
+    let lines_for = |d: Duration| -> (usize, Option<bool>) {
+        let until = std::time::Instant::now() + d;
+        let (mut charges, mut attached) = (0, None);
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(v) if v["type"] == "event" && v["cause"] == "charge" => charges += 1,
+                Ok(v) if v["type"] == "summary" => attached = v["charge_probes_attached"].as_bool(),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        (charges, attached)
+    };
+    let (_, far) = lines_for(Duration::from_millis(1500));
+    assert_eq!(far, Some(false), "~924 MiB from the threshold, the charge programs must be detached");
+    hog.alloc(128);
+    let (charges, _) = lines_for(Duration::from_millis(500));
+    assert_eq!(charges, 0, "detached programs sent charge events");
+    hog.alloc(720);
+    let (_, near) = lines_for(Duration::from_millis(1200));
+    assert_eq!(near, Some(true), "~76 MiB from the threshold, the charge programs must be attached");
+    hog.alloc(16);
+    let (charges, _) = lines_for(Duration::from_millis(500));
+    assert!(charges > 0, "attached programs sent no charge event for 16 MiB of growth");
+    drop(hog);
+    let (_, after) = lines_for(Duration::from_millis(1500));
+    let _ = evictd.wait();
+    let _ = reader.join();
+    assert_eq!(after, Some(false), "memory back far away, the charge programs must be detached again");
 }

@@ -92,6 +92,11 @@ pub struct RunArgs {
     /// 1 ms and 1 s.
     #[arg(long, value_name = "QUANTITY", default_value = "6Gi")]
     pub poll_fill_rate: String,
+    /// When the eBPF charge programs are attached: `near` a memory threshold (within what
+    /// the poll's fill rate covers in 120 ms; needs `poll` among the wake sources, else they
+    /// stay attached), or `always` (every page fault pays for them).
+    #[arg(long, value_name = "near|always", default_value = "near", value_parser = ["near", "always"])]
+    pub charge_probes: String,
     /// Charge growth after which the kernel wakes evictd: `auto` (half the distance to the
     /// nearest memory threshold) or a quantity such as `64Mi` (`0`: every page).
     #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
@@ -274,6 +279,7 @@ impl RunArgs {
             sources,
             housekeeping: self.housekeeping_interval,
             poll_fill_rate: fill as u64,
+            charge_probes_near: self.charge_probes == "near",
             load,
             watermark,
         })

@@ -1,13 +1,16 @@
 //! Loads evictd's eBPF programs, attaches each to its tracepoint, and keeps the kernel-side
 //! configuration (charge items, watermark, scope) current. A program that cannot attach is
-//! reported and skipped; only when none attaches is the eBPF wake source unavailable.
+//! reported and skipped; only when none attaches is the eBPF wake source unavailable. The
+//! charge programs (the memcg stat raw tracepoints, hit twice per page) can be detached and
+//! attached again while loaded: far from every threshold, the wake source detaches them,
+//! because even a program that returns at once costs page faults ~8 %.
 
 use std::{collections::HashSet, path::PathBuf, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{RawTracePoint, TracePoint},
+    programs::{RawTracePoint, TracePoint, raw_trace_point::RawTracePointLinkId},
 };
 pub use evictd_common::tracepoints::{TRACEPOINTS, TracepointSpec};
 use evictd_common::{
@@ -40,10 +43,14 @@ pub enum EbpfError {
     Map { name: &'static str, source: aya::maps::MapError },
     #[error("BPF map {0} is missing from the eBPF object (build mismatch)")]
     MissingMap(&'static str),
+    #[error("eBPF program {0} is missing from the eBPF object (build mismatch)")]
+    MissingProgram(&'static str),
     #[error("counting CPUs: {0}")]
     Cpus(String),
     #[error("no eBPF program could be attached: {0}")]
     NothingAttached(String),
+    #[error("{what} the charge program {program}: {source}")]
+    Charge { what: &'static str, program: &'static str, source: aya::programs::ProgramError },
 }
 
 /// Where one program stands after loading.
@@ -87,12 +94,19 @@ pub struct Counters {
     pub errors: [u64; KERNEL_ERROR_COUNT],
 }
 
+/// A charge program that attached at load, and its link while attached.
+struct ChargeLink {
+    spec: &'static TracepointSpec,
+    link: Option<RawTracePointLinkId>,
+}
+
 pub struct KernelProbes {
     ebpf: Ebpf,
     config: KernelConfig,
     page_size: u64,
     ncpus: u64,
     scope: HashSet<u64>,
+    charge: Vec<ChargeLink>,
     pub programs: Vec<ProgramStatus>,
     pub items: Vec<StatItem>,
 }
@@ -122,8 +136,16 @@ impl KernelProbes {
 
         let id_path = btf.memcg_id_path()?;
         let mut programs = Vec::new();
+        let mut charge = Vec::new();
         for tp in &TRACEPOINTS {
-            let error = attach(&mut ebpf, &tracefs, &btf, tp).err().map(|e| e.to_string());
+            let error = match attach(&mut ebpf, &tracefs, &btf, tp) {
+                Ok(Some(link)) => {
+                    charge.push(ChargeLink { spec: tp, link: Some(link) });
+                    None
+                }
+                Ok(None) => None,
+                Err(e) => Some(e.to_string()),
+            };
             if let Some(e) = &error {
                 tracing::warn!(tracepoint = %format!("{}:{}", tp.group, tp.name), "not attached: {e}");
             }
@@ -161,6 +183,7 @@ impl KernelProbes {
             page_size,
             ncpus: ncpus.max(1),
             scope: HashSet::new(),
+            charge,
             programs,
             items,
         };
@@ -175,6 +198,37 @@ impl KernelProbes {
         self.config.generation = self.config.generation.wrapping_add(1);
         self.config.flags |= FLAG_CHARGE | FLAG_RECLAIM | FLAG_OOM;
         self.write_config()
+    }
+
+    /// Whether any charge program attached at load (kernels without the memcg stat
+    /// tracepoints have none).
+    pub fn has_charge_programs(&self) -> bool {
+        !self.charge.is_empty()
+    }
+
+    /// Whether any charge program is attached now.
+    pub fn charge_attached(&self) -> bool {
+        self.charge.iter().any(|c| c.link.is_some())
+    }
+
+    /// Attaches again every charge program that attached at load and is detached now.
+    pub fn attach_charge(&mut self) -> Result<(), EbpfError> {
+        for c in self.charge.iter_mut().filter(|c| c.link.is_none()) {
+            let prog = charge_program(&mut self.ebpf, c.spec.program)?;
+            let link = prog.attach(c.spec.name).map_err(charge_err("attaching", c.spec.program))?;
+            c.link = Some(link);
+        }
+        Ok(())
+    }
+
+    /// Detaches every attached charge program; it stays loaded, with its maps.
+    pub fn detach_charge(&mut self) -> Result<(), EbpfError> {
+        for c in self.charge.iter_mut() {
+            let Some(link) = c.link.take() else { continue };
+            let prog = charge_program(&mut self.ebpf, c.spec.program)?;
+            prog.detach(link).map_err(charge_err("detaching", c.spec.program))?;
+        }
+        Ok(())
     }
 
     /// Counts charge only in these memory cgroups (`None`: everywhere, i.e. the whole node).
@@ -229,6 +283,20 @@ impl KernelProbes {
     }
 }
 
+fn charge_program<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut RawTracePoint, EbpfError> {
+    ebpf.program_mut(program)
+        .ok_or(EbpfError::MissingProgram(program))?
+        .try_into()
+        .map_err(charge_err("finding", program))
+}
+
+fn charge_err(
+    what: &'static str,
+    program: &'static str,
+) -> impl FnOnce(aya::programs::ProgramError) -> EbpfError {
+    move |source| EbpfError::Charge { what, program, source }
+}
+
 /// Why one program was not attached.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -244,12 +312,14 @@ pub enum AttachError {
     Program { what: &'static str, program: &'static str, error: aya::programs::ProgramError },
 }
 
+/// Loads and attaches one program; a charge program (raw tracepoint) returns its link, which
+/// `detach_charge` needs.
 fn attach(
     ebpf: &mut Ebpf,
     tracefs: &std::path::Path,
     btf: &KernelBtf,
     tp: &TracepointSpec,
-) -> Result<(), AttachError> {
+) -> Result<Option<RawTracePointLinkId>, AttachError> {
     let program = tp.program;
     let load_err = |error: aya::programs::ProgramError| match &error {
         aya::programs::ProgramError::LoadError { verifier_log, .. } => {
@@ -265,14 +335,13 @@ fn attach(
         btf.check_memcg_tracepoint(tp.name)?;
         let prog: &mut RawTracePoint = prog.try_into().map_err(as_kind)?;
         prog.load().map_err(load_err)?;
-        prog.attach(tp.name).map_err(attach_err)?;
-    } else {
-        tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields)?;
-        let prog: &mut TracePoint = prog.try_into().map_err(as_kind)?;
-        prog.load().map_err(load_err)?;
-        prog.attach(tp.group, tp.name).map_err(attach_err)?;
+        return Ok(Some(prog.attach(tp.name).map_err(attach_err)?));
     }
-    Ok(())
+    tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields)?;
+    let prog: &mut TracePoint = prog.try_into().map_err(as_kind)?;
+    prog.load().map_err(load_err)?;
+    prog.attach(tp.group, tp.name).map_err(attach_err)?;
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -133,6 +133,7 @@ impl WakeCounts {
         s.channel_full_total = stats.channel_full.load(Ordering::Relaxed);
         s.memory_available_bytes = self.available;
         s.watermark_bytes = sources.iter().find_map(|s| s.watermark());
+        s.charge_probes_attached = sources.iter().find_map(|s| s.charge_probes_attached());
         if s.ring_drops > 0 {
             tracing::warn!(
                 drops = s.ring_drops,

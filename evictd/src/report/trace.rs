@@ -58,6 +58,8 @@ pub struct TraceSummary {
     pub channel_full_total: u64,
     pub memory_available_bytes: Option<i64>,
     pub watermark_bytes: Option<u64>,
+    /// Whether the eBPF charge programs are attached (only near a threshold, by default).
+    pub charge_probes_attached: Option<bool>,
     pub kernel: Option<Counters>,
     /// The cgroups under the node that grew most in the interval (the tuning view).
     pub top_growth: Vec<Growth>,
@@ -201,9 +203,14 @@ impl<W: Write> TraceSink<W> {
                 } else {
                     format!(" | grew most: {}", grew.join(", "))
                 };
+                let probes = match s.charge_probes_attached {
+                    Some(true) => " | charge probes attached",
+                    Some(false) => " | charge probes detached",
+                    None => "",
+                };
                 writeln!(
                     self.out,
-                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}{errors}{grew}",
+                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}{probes}{errors}{grew}",
                     rates.join(", "),
                     s.ring_drops,
                     s.ring_drops_total,

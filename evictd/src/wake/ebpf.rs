@@ -3,10 +3,16 @@
 //! reclaim starts, or when the OOM killer acts. This half drains the ring buffer, and after
 //! every pass re-arms the watermark at half the distance to the nearest memory threshold,
 //! so the kernel wakes evictd again just in time rather than on every page.
+//!
+//! With the adaptive poll running, the charge programs are attached only within a band
+//! below the nearest threshold, wide enough for the fastest fill the poll is set for to not
+//! outrun an attach (`Band`): far from every threshold the allocation path runs no program
+//! at all, and the poll alone watches.
 
 use std::{
     path::PathBuf,
     sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
@@ -70,10 +76,44 @@ pub fn watermark_for(mode: Watermark, distance: Distance) -> u64 {
     }
 }
 
+/// Where the charge programs are attached: within `attach_within` bytes of the nearest memory
+/// threshold; detached again only beyond `detach_beyond`, so that they never flap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Band {
+    pub attach_within: u64,
+    pub detach_beyond: u64,
+}
+
+/// An attach can take up to ~60 ms when the tracepoint lost its last program moments before
+/// (the kernel waits for an RCU grace period); twice that is the time the band must buy.
+const ATTACH_BUDGET: Duration = Duration::from_millis(120);
+
+impl Band {
+    /// The band for a fill of up to `fill_rate` bytes per second (the poll's setting).
+    pub fn for_fill_rate(fill_rate: u64) -> Self {
+        let within = (fill_rate as f64 * ATTACH_BUDGET.as_secs_f64()) as u64;
+        let within = within.max(MIN_AUTO_WATERMARK);
+        Band { attach_within: within, detach_beyond: within.saturating_mul(2) }
+    }
+
+    /// Whether the charge programs should be attached now, given where they are. Not knowing
+    /// the distance means near; no memory threshold at all means nothing to watch.
+    pub fn wants_attached(&self, distance: Distance, attached: bool) -> bool {
+        match distance {
+            Distance::Known(d) if attached => d <= self.detach_beyond as i64,
+            Distance::Known(d) => d <= self.attach_within as i64,
+            Distance::Unknown => true,
+            Distance::NoMemoryThreshold => false,
+        }
+    }
+}
+
 struct EbpfWake {
     probes: KernelProbes,
     mode: Watermark,
     watermark: Option<u64>,
+    /// `None`: the charge programs stay attached (no poll to watch while they are not).
+    band: Option<Band>,
     /// When a cgroup plays the node, only its subtree's charge counts.
     scope: Option<PathBuf>,
     task: JoinHandle<std::io::Result<()>>,
@@ -91,7 +131,17 @@ pub fn start(
     }
     let task = spawn_ring_buffer(ring, tx, stats).map_err(WakeError::RingBuffer)?;
     let scope = (!signals.node.is_root).then(|| signals.node.dir.clone());
-    let mut source = EbpfWake { probes, mode: opts.watermark, watermark: None, scope, task };
+    let band =
+        (opts.charge_probes_near && opts.sources.contains(&SourceKind::Poll) && probes.has_charge_programs())
+            .then(|| Band::for_fill_rate(opts.poll_fill_rate));
+    if let Some(b) = band {
+        tracing::info!(
+            attach_within_mib = b.attach_within >> 20,
+            detach_beyond_mib = b.detach_beyond >> 20,
+            "charge programs attached only near a memory threshold"
+        );
+    }
+    let mut source = EbpfWake { probes, mode: opts.watermark, watermark: None, band, scope, task };
     source.cgroups_changed()?;
     Ok(Box::new(source))
 }
@@ -102,10 +152,18 @@ impl WakeSource for EbpfWake {
     }
 
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
-        let w = watermark_for(self.mode, Distance::of(node.thresholds, node.observations));
+        let distance = Distance::of(node.thresholds, node.observations);
+        if let Some(band) = self.band {
+            self.follow_band(band, distance)?;
+        }
+        let w = watermark_for(self.mode, distance);
         self.probes.rearm(w)?;
         self.watermark = Some(w);
         Ok(())
+    }
+
+    fn charge_probes_attached(&self) -> Option<bool> {
+        self.probes.has_charge_programs().then(|| self.probes.charge_attached())
     }
 
     /// New pods mean new cgroups whose charge must count at once.
@@ -132,6 +190,34 @@ impl WakeSource for EbpfWake {
 
     fn watermark(&self) -> Option<u64> {
         self.watermark
+    }
+}
+
+impl EbpfWake {
+    /// Attaches the charge programs on entering the band, detaches them on leaving it.
+    fn follow_band(&mut self, band: Band, distance: Distance) -> Result<(), WakeError> {
+        let attached = self.probes.charge_attached();
+        let wanted = band.wants_attached(distance, attached);
+        if wanted == attached {
+            return Ok(());
+        }
+        let t = Instant::now();
+        if wanted {
+            self.probes.attach_charge()?;
+        } else {
+            self.probes.detach_charge()?;
+        }
+        tracing::info!(
+            ?distance,
+            took_us = t.elapsed().as_micros() as u64,
+            "charge programs {}",
+            if wanted {
+                "attached: a memory threshold is near"
+            } else {
+                "detached: every memory threshold is far"
+            }
+        );
+        Ok(())
     }
 }
 
@@ -182,6 +268,29 @@ pub fn spawn_ring_buffer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_band_attaches_near_detaches_far_and_never_flaps() {
+        const MI: u64 = 1 << 20;
+        // 6 GiB/s for 120 ms: ~737 MiB; detached again beyond twice that.
+        let band = Band::for_fill_rate(6 << 30);
+        assert_eq!(band.attach_within, 6 * 1024 * MI * 12 / 100);
+        assert_eq!(band.detach_beyond, 2 * band.attach_within);
+        let at = |mib: i64| Distance::Known(mib * MI as i64);
+        // Far: stays detached; inside: attaches.
+        assert!(!band.wants_attached(at(5000), false));
+        assert!(band.wants_attached(at(700), false));
+        // Between the two edges it keeps its state, whichever it is.
+        assert!(!band.wants_attached(at(1000), false));
+        assert!(band.wants_attached(at(1000), true));
+        assert!(!band.wants_attached(at(1500), true));
+        // Past the threshold, or not knowing where memory is: attached.
+        assert!(band.wants_attached(at(-10), false));
+        assert!(band.wants_attached(Distance::Unknown, false));
+        assert!(!band.wants_attached(Distance::NoMemoryThreshold, true));
+        // A tiny fill rate still gets a band of the watermark's floor.
+        assert_eq!(Band::for_fill_rate(1).attach_within, MIN_AUTO_WATERMARK);
+    }
 
     #[test]
     fn watermark_is_half_the_distance_with_a_floor() {

@@ -68,6 +68,8 @@ pub struct WakeOptions {
     pub housekeeping: Duration,
     /// The fastest fill the adaptive poll must see in time, bytes per second.
     pub poll_fill_rate: u64,
+    /// With the poll running, attach the charge programs only near a memory threshold.
+    pub charge_probes_near: bool,
     pub load: LoadOptions,
     pub watermark: Watermark,
 }
@@ -116,6 +118,10 @@ pub trait WakeSource {
     }
     /// The charge growth after which the kernel wakes evictd next.
     fn watermark(&self) -> Option<u64> {
+        None
+    }
+    /// Whether the charge programs are attached now (the eBPF source).
+    fn charge_probes_attached(&self) -> Option<bool> {
         None
     }
 }

@@ -1,8 +1,11 @@
 //! `cargo xtask bench overhead`: what evictd's probes cost the allocation path.
 //!
 //! - A page-fault-heavy workload (map, touch every page, unmap, again) runs for a fixed time
-//!   without and with evictd attached (whole node, eBPF wake source), interleaved round by
-//!   round in one run; the ratio of the medians is the throughput cost.
+//!   without evictd, with evictd as it runs by default on a node far from every threshold
+//!   (whole node, `memory.available<100Mi`: the charge programs detached, the poll reading
+//!   once a second), and with the charge programs attached as they are within the band near
+//!   a threshold (`--charge-probes always`), interleaved round by round in one run; the
+//!   ratios of the medians are the throughput cost far and near.
 //! - The BPF programs' own run time per event, from the kernel's BPF statistics
 //!   (`BPF_ENABLE_STATS`, on only while this benchmark holds its fd).
 //! - The time for a process holding 1 GiB to die after SIGKILL (one probe hit per page
@@ -71,10 +74,16 @@ fn fault_rate(seconds: f64) -> f64 {
 
 struct Daemon(Child);
 
+/// evictd far from every threshold, as it runs by default.
+const FAR: &[&str] = &[];
+/// The charge programs attached, as within the band near a threshold.
+const NEAR: &[&str] = &["--charge-probes", "always"];
+
 impl Daemon {
-    fn start() -> anyhow::Result<Self> {
+    fn start(args: &[&str]) -> anyhow::Result<Self> {
         let child = Command::new(evictd_binary())
-            .args(["--wake-sources", "ebpf", "--cri-endpoint", "none"])
+            .args(["--cri-endpoint", "none"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
@@ -155,18 +164,22 @@ fn bpf_totals() -> (u128, u64) {
 }
 
 pub fn overhead(o: &Opts) -> anyhow::Result<()> {
-    eprintln!("[bench] overhead: {} interleaved rounds of {}s each way", o.rounds, o.seconds);
+    eprintln!("[bench] overhead: {} interleaved rounds of {}s each of three ways", o.rounds, o.seconds);
     // Throughput with BPF statistics off: collecting them adds two clock reads to every run.
-    let (mut without, mut with) = (Vec::new(), Vec::new());
+    let (mut without, mut far, mut with) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..o.rounds {
         without.push(fault_rate(o.seconds));
-        let d = Daemon::start()?;
+        let d = Daemon::start(FAR)?;
+        far.push(fault_rate(o.seconds));
+        drop(d);
+        let d = Daemon::start(NEAR)?;
         with.push(fault_rate(o.seconds));
         drop(d);
         eprintln!(
-            "[bench] round {}: {:.0} pages/s without, {:.0} with",
+            "[bench] round {}: {:.0} pages/s without, {:.0} far from a threshold, {:.0} near one",
             round + 1,
             without[round],
+            far[round],
             with[round]
         );
     }
@@ -174,25 +187,28 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     let (bpf_ns, bpf_runs) = {
         let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
             .map_err(|e| anyhow::anyhow!("enabling BPF run-time statistics: {e}"))?;
-        let d = Daemon::start()?;
+        let d = Daemon::start(NEAR)?;
         let (t0, c0) = bpf_totals();
         fault_rate(o.seconds);
         let (t1, c1) = bpf_totals();
         drop(d);
         (t1.saturating_sub(t0), c1.saturating_sub(c0))
     };
-    let (mw, mi) = (median(without.clone()), median(with.clone()));
-    let ratio = mi / mw;
+    let (mw, mf, mi) = (median(without.clone()), median(far.clone()), median(with.clone()));
+    let (ratio_far, ratio) = (mf / mw, mi / mw);
 
     let mut exit_without = Vec::new();
     let mut exit_with = Vec::new();
     for _ in 0..3 {
         exit_without.push(exit_time(1024)?);
     }
-    let d = Daemon::start()?;
+    let d = Daemon::start(NEAR)?;
     for _ in 0..3 {
         exit_with.push(exit_time(1024)?);
     }
+    drop(d);
+    // Memory and idle CPU as it runs by default: the poll's read a second is all it does.
+    let d = Daemon::start(FAR)?;
     let rss_kib = proc_field(d.pid(), "status", "VmRSS:").unwrap_or(0);
     let c0 = cpu_seconds(d.pid()).unwrap_or(0.0);
     std::thread::sleep(Duration::from_secs(5));
@@ -201,12 +217,14 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
 
     let per_event = if bpf_runs > 0 { bpf_ns as f64 / bpf_runs as f64 } else { f64::NAN };
     let report = format!(
-        "page-fault throughput: {mw:.0} pages/s without evictd, {mi:.0} with (median of {} interleaved rounds): \
-         ratio {ratio:.4} ({:+.2}%)\n\
+        "page-fault throughput (median of {} interleaved rounds): {mw:.0} pages/s without evictd; \
+         {mf:.0} with evictd far from every threshold (defaults), ratio {ratio_far:.4} ({:+.2}%); \
+         {mi:.0} with the charge programs attached (near one), ratio {ratio:.4} ({:+.2}%)\n\
          BPF programs: {bpf_runs} runs, {per_event:.0} ns per run on average\n\
-         process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with evictd (median of 3)\n\
-         evictd: RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
+         process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with the charge programs attached (median of 3)\n\
+         evictd (defaults, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
         o.rounds,
+        (ratio_far - 1.0) * 100.0,
         (ratio - 1.0) * 100.0,
         median(exit_without),
         median(exit_with),
@@ -215,9 +233,9 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     print!("{report}");
     std::fs::create_dir_all(&o.out)?;
     std::fs::write(o.out.join("overhead.txt"), &report)?;
-    let mut csv = String::from("round,without_pages_s,with_pages_s\n");
-    for (i, (a, b)) in without.iter().zip(&with).enumerate() {
-        csv += &format!("{},{a:.0},{b:.0}\n", i + 1);
+    let mut csv = String::from("round,without_pages_s,far_pages_s,near_pages_s\n");
+    for (i, ((a, f), b)) in without.iter().zip(&far).zip(&with).enumerate() {
+        csv += &format!("{},{a:.0},{f:.0},{b:.0}\n", i + 1);
     }
     std::fs::write(o.out.join("overhead.csv"), csv)?;
     Ok(())
