@@ -114,6 +114,8 @@ struct EbpfWake {
     watermark: Option<u64>,
     /// `None`: the charge programs stay attached (no poll to watch while they are not).
     band: Option<Band>,
+    /// The last attach or detach failed (warned once until one works again).
+    band_failing: bool,
     /// When a cgroup plays the node, only its subtree's charge counts.
     scope: Option<PathBuf>,
     task: JoinHandle<std::io::Result<()>>,
@@ -141,7 +143,8 @@ pub fn start(
             "charge programs attached only near a memory threshold"
         );
     }
-    let mut source = EbpfWake { probes, mode: opts.watermark, watermark: None, band, scope, task };
+    let mut source =
+        EbpfWake { probes, mode: opts.watermark, watermark: None, band, band_failing: false, scope, task };
     source.cgroups_changed()?;
     Ok(Box::new(source))
 }
@@ -154,7 +157,7 @@ impl WakeSource for EbpfWake {
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
         let distance = Distance::of(node.thresholds, node.observations);
         if let Some(band) = self.band {
-            self.follow_band(band, distance)?;
+            self.follow_band(band, distance);
         }
         let w = watermark_for(self.mode, distance);
         self.probes.rearm(w)?;
@@ -194,19 +197,25 @@ impl WakeSource for EbpfWake {
 }
 
 impl EbpfWake {
-    /// Attaches the charge programs on entering the band, detaches them on leaving it.
-    fn follow_band(&mut self, band: Band, distance: Distance) -> Result<(), WakeError> {
+    /// Attaches the charge programs on entering the band, detaches them on leaving it. A
+    /// failure keeps the source (its reclaim and OOM programs, and the poll, still watch) and
+    /// is tried again at the next pass.
+    fn follow_band(&mut self, band: Band, distance: Distance) {
         let attached = self.probes.charge_attached();
         let wanted = band.wants_attached(distance, attached);
         if wanted == attached {
-            return Ok(());
+            return;
         }
         let t = Instant::now();
-        if wanted {
-            self.probes.attach_charge()?;
-        } else {
-            self.probes.detach_charge()?;
+        let done = if wanted { self.probes.attach_charge() } else { self.probes.detach_charge() };
+        if let Err(e) = done {
+            if !self.band_failing {
+                tracing::warn!("{e}; tried again at every pass");
+            }
+            self.band_failing = true;
+            return;
         }
+        self.band_failing = false;
         tracing::info!(
             ?distance,
             took_us = t.elapsed().as_micros() as u64,
@@ -217,7 +226,6 @@ impl EbpfWake {
                 "detached: every memory threshold is far"
             }
         );
-        Ok(())
     }
 }
 

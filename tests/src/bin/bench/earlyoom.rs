@@ -7,7 +7,7 @@
 //! containerd whose hog holds `--hold` MiB and then allocates at a fixed rate; its
 //! `oom_score_adj` is 1000, so if both lose, the kernel's OOM killer takes it and nothing
 //! else. A ballast process (oom_score_adj 0, outside any pod) takes up the rest of the
-//! machine's memory so that every run starts about 1 GiB above the threshold instead of
+//! machine's memory so that every run starts 1–2 GiB above the threshold instead of
 //! filling 20 GiB first. The columns are the reaction benchmark's. Reactors take turns run by
 //! run, each started with the victim already holding its memory.
 
@@ -24,8 +24,15 @@ use evictd_tests::{MemHog, TestCgroup, containerd::Containerd, evictd_proc::Evic
 use crate::reaction::{self, Cell, KillPath, Node, Reactor, Running, Workload};
 
 const MI: u64 = 1 << 20;
-/// How far above the threshold every run starts: a second of allocation at 1 GiB/s.
-const LEAD_MIB: u64 = 1024;
+/// How far above the threshold every run is set to start: two seconds of allocation at
+/// 1 GiB/s. Up to half of it may still be on its way back from the run before (see
+/// `settle_mem_available`), so a run starts 1–2 GiB above the threshold.
+const LEAD_MIB: u64 = 2048;
+/// Runs start at least this far above the threshold, or the benchmark stops.
+const MIN_LEAD_MIB: u64 = 256;
+/// Time from the machine settling to the run, the same for every reactor: evictd starts in
+/// about a second (loading its programs), earlyoom at once.
+const REACTOR_START: Duration = Duration::from_secs(3);
 /// The issue's bar: below this the comparison is skipped, with the reason.
 const MIN_AVAILABLE_MIB: u64 = 8 * 1024;
 
@@ -191,17 +198,17 @@ impl Drop for Ballast {
     }
 }
 
-/// Waits until MemAvailable stops rising (up to 10 s). This machine is a VM that hands
-/// freed pages back to its host (virtio-balloon free page reporting): while it does, pages
-/// freed by the last victim are off the free lists, MemAvailable lags behind, and earlyoom
-/// would start on a low reading left over from the run before.
-async fn settle_mem_available() -> u64 {
-    let until = Instant::now() + Duration::from_secs(10);
+/// Waits until MemAvailable is at least `at_least` and rises by less than 32 MiB/s (up to
+/// 30 s). On this VM, of the memory a victim frees, about a GiB comes back to MemAvailable
+/// only at ~8 MiB/s over minutes (measured: 3 GiB freed, 2 GiB back at once, the rest over
+/// two minutes); earlyoom must not start on a reading still climbing fast.
+async fn settle_mem_available(at_least: u64) -> u64 {
+    let until = Instant::now() + Duration::from_secs(30);
     let mut last = mem_available();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = mem_available();
-        if now <= last + 16 * MI || Instant::now() > until {
+        if (now >= at_least && now <= last + 16 * MI) || Instant::now() > until {
             return now;
         }
         last = now;
@@ -263,9 +270,10 @@ pub async fn earlyoom(o: &Opts) -> anyhow::Result<()> {
             for &reactor in &reactors {
                 let cell = Cell { threshold_mib: o.threshold_mib, rate, reactor };
                 let pod = reaction::start_victim(&mut ctd, work, cell, run).await;
-                let available = settle_mem_available().await / MI;
+                let available = settle_mem_available((o.threshold_mib + MIN_LEAD_MIB) * MI).await / MI;
+                let settled = Instant::now();
                 anyhow::ensure!(
-                    available > o.threshold_mib + LEAD_MIB / 2,
+                    available > o.threshold_mib + MIN_LEAD_MIB,
                     "MemAvailable is {available} MiB before a run, too close to the threshold: something \
                      else on this machine took memory"
                 );
@@ -278,6 +286,15 @@ pub async fn earlyoom(o: &Opts) -> anyhow::Result<()> {
                     }
                     Reactor::Earlyoom => Running::Earlyoom(Earlyoom::start(&o.earlyoom, o.threshold_mib)?),
                 };
+                // Every reactor's run starts the same time after the machine settled,
+                // whatever its start-up took: the host takes freed pages back over seconds,
+                // and how many it has taken sets how fast the victim can fault them in again.
+                let start_at = settled + REACTOR_START;
+                anyhow::ensure!(
+                    Instant::now() < start_at,
+                    "{reactor:?} took longer than {REACTOR_START:?} to start"
+                );
+                tokio::time::sleep_until(start_at.into()).await;
                 let s = reaction::one_run(&mut ctd, &running, &node, work, cell, run, pod).await?;
                 eprintln!("[bench] {}", reaction::describe(&s));
                 samples.push(s);

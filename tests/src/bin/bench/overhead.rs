@@ -28,6 +28,10 @@ pub struct Opts {
     /// Length of one round of the fault loop, seconds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// The wake sources of the "far" daemon (`--wake-sources`), to tell which one costs
+    /// what; evictd's defaults when not given.
+    #[arg(long, value_name = "LIST")]
+    far_wake_sources: Option<String>,
     /// Where the results go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -74,8 +78,6 @@ fn fault_rate(seconds: f64) -> f64 {
 
 struct Daemon(Child);
 
-/// evictd far from every threshold, as it runs by default.
-const FAR: &[&str] = &[];
 /// The charge programs attached, as within the band near a threshold.
 const NEAR: &[&str] = &["--charge-probes", "always"];
 
@@ -164,12 +166,20 @@ fn bpf_totals() -> (u128, u64) {
 }
 
 pub fn overhead(o: &Opts) -> anyhow::Result<()> {
+    // evictd far from every threshold, as it runs by default (or with the sources asked for).
+    let far_args: Vec<&str> = match &o.far_wake_sources {
+        Some(list) => vec!["--wake-sources", list.as_str()],
+        None => Vec::new(),
+    };
+    let far_args = far_args.as_slice();
+    let far_label =
+        o.far_wake_sources.as_deref().map_or("defaults".into(), |l| format!("--wake-sources {l}"));
     eprintln!("[bench] overhead: {} interleaved rounds of {}s each of three ways", o.rounds, o.seconds);
     // Throughput with BPF statistics off: collecting them adds two clock reads to every run.
     let (mut without, mut far, mut with) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..o.rounds {
         without.push(fault_rate(o.seconds));
-        let d = Daemon::start(FAR)?;
+        let d = Daemon::start(far_args)?;
         far.push(fault_rate(o.seconds));
         drop(d);
         let d = Daemon::start(NEAR)?;
@@ -208,7 +218,7 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     }
     drop(d);
     // Memory and idle CPU as it runs by default: the poll's read a second is all it does.
-    let d = Daemon::start(FAR)?;
+    let d = Daemon::start(far_args)?;
     let rss_kib = proc_field(d.pid(), "status", "VmRSS:").unwrap_or(0);
     let c0 = cpu_seconds(d.pid()).unwrap_or(0.0);
     std::thread::sleep(Duration::from_secs(5));
@@ -218,11 +228,11 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     let per_event = if bpf_runs > 0 { bpf_ns as f64 / bpf_runs as f64 } else { f64::NAN };
     let report = format!(
         "page-fault throughput (median of {} interleaved rounds): {mw:.0} pages/s without evictd; \
-         {mf:.0} with evictd far from every threshold (defaults), ratio {ratio_far:.4} ({:+.2}%); \
+         {mf:.0} with evictd far from every threshold ({far_label}), ratio {ratio_far:.4} ({:+.2}%); \
          {mi:.0} with the charge programs attached (near one), ratio {ratio:.4} ({:+.2}%)\n\
          BPF programs: {bpf_runs} runs, {per_event:.0} ns per run on average\n\
          process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with the charge programs attached (median of 3)\n\
-         evictd (defaults, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
+         evictd ({far_label}, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
         o.rounds,
         (ratio_far - 1.0) * 100.0,
         (ratio - 1.0) * 100.0,
