@@ -219,7 +219,7 @@ state = "{r}/state"
     /// Starts (or restarts) containerd and waits until it answers.
     pub fn spawn(&mut self) {
         let log = std::fs::File::create(self.tmp.join("containerd.log")).expect("containerd log");
-        let child = Command::new("containerd")
+        let child = crate::dies_with_harness(&mut Command::new("containerd"))
             .arg("--config")
             .arg(self.tmp.join("config.toml"))
             .stdout(Stdio::null())

@@ -11,7 +11,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{containerd::Containerd, evictd_binary};
+use crate::{containerd::Containerd, dies_with_harness, evictd_binary};
 
 /// evictd running against the test's containerd; its JSON lines and log are collected.
 pub struct Evictd {
@@ -35,7 +35,7 @@ impl Evictd {
         } else {
             vec!["--node-cgroup".into(), ctd.node_dir().into_os_string()]
         };
-        let mut child = Command::new(evictd_binary())
+        let mut child = dies_with_harness(&mut Command::new(evictd_binary()))
             .args(["--trace", "--json", "--inventory-interval", "100ms"])
             .args(timer)
             .args(node)

@@ -9,7 +9,7 @@ pub mod scenario;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::fs::MetadataExt as _,
+    os::unix::{fs::MetadataExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
     sync::atomic::{AtomicUsize, Ordering},
@@ -17,6 +17,28 @@ use std::{
 };
 
 use evictd::node::cgroups::{CgroupMounts, CgroupVersion};
+
+/// Makes a child of the harness (evictd, containerd, a workload) get SIGKILL when the thread
+/// that started it ends: a test that panics before its guard drops, or a test or benchmark
+/// process that is killed, takes its children with it instead of leaving them running.
+/// Start children from a thread that lives as long as they should (a test's own thread, a
+/// benchmark's main thread), never from a pool thread that may retire.
+pub fn dies_with_harness(cmd: &mut Command) -> &mut Command {
+    let harness = std::process::id();
+    // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid, _exit.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The harness may have died before the prctl took effect.
+            if libc::getppid() as u32 != harness {
+                libc::_exit(1);
+            }
+            Ok(())
+        })
+    }
+}
 
 /// Returns false (after saying so on stderr) when the test cannot run here. With
 /// `EVICTD_REQUIRE_PRIVILEGED=1` (set by CI) a skip is a failure instead, so a CI machine
@@ -109,7 +131,7 @@ pub struct MemHog {
 
 impl MemHog {
     pub fn spawn_in(cg: &TestCgroup) -> Self {
-        let mut child = Command::new(sibling_binary("evictd-memhog"))
+        let mut child = dies_with_harness(&mut Command::new(sibling_binary("evictd-memhog")))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -175,4 +197,36 @@ fn sibling_binary(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    use super::*;
+
+    /// A child started through `dies_with_harness` is killed when the thread that started it
+    /// ends, without anyone calling kill on it.
+    #[test]
+    fn a_child_dies_with_the_thread_that_started_it() {
+        let mut child = std::thread::spawn(|| {
+            dies_with_harness(Command::new("sleep").arg("600")).spawn().expect("starting sleep")
+        })
+        .join()
+        .expect("the starting thread");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("waiting for sleep") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                // Ours, by PID, so that a failing test leaves nothing behind either.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the child outlived the thread that started it by 5 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use evictd_tests::{
     containerd::{self, Containerd, TestPod},
+    dies_with_harness,
     evictd_proc::Evictd,
     scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods, node_usage},
 };
@@ -270,7 +271,8 @@ async fn a_stopped_pod_whose_cgroup_keeps_a_process_is_still_one_eviction() {
     let (worker, batch) = (&pods[0], &pods[1]);
     batch.set_mib(100);
     batch.wait_usage_at_least(100 * MI, Duration::from_secs(10));
-    let squatter = Squatter(std::process::Command::new("sleep").arg("600").spawn().expect("sleep"));
+    let squatter =
+        Squatter(dies_with_harness(std::process::Command::new("sleep").arg("600")).spawn().expect("sleep"));
     std::fs::write(worker.cgroup.join("cgroup.procs"), squatter.0.id().to_string())
         .expect("moving the squatter into the worker's pod cgroup");
     let evictd = Evictd::start(

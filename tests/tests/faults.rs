@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use evictd_tests::{
     MemHog, TestCgroup,
     containerd::{self, Containerd},
-    evictd_binary,
+    dies_with_harness, evictd_binary,
     evictd_proc::Evictd,
     privileged,
     scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods},
@@ -95,7 +95,7 @@ fn a_node_cgroup_that_vanishes_and_comes_back() {
         return;
     }
     let cg = TestCgroup::new(Some(512 * MI));
-    let mut evictd = std::process::Command::new(evictd_binary())
+    let mut evictd = dies_with_harness(&mut std::process::Command::new(evictd_binary()))
         .args(["--dry-run", "--cri-endpoint", "none", "--housekeeping-interval", "100ms"])
         .args(["--eviction-hard", "memory.available<256Mi", "--duration", "8s", "--node-cgroup"])
         .arg(&cg.dir)

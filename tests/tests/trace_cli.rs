@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use evictd_tests::{MemHog, TestCgroup, evictd_binary, privileged};
+use evictd_tests::{MemHog, TestCgroup, dies_with_harness, evictd_binary, privileged};
 
 #[test]
 fn trace_json_reports_charge_in_the_node_cgroup() {
@@ -16,7 +16,7 @@ fn trace_json_reports_charge_in_the_node_cgroup() {
     }
     let cg = TestCgroup::new(Some(1 << 30));
     let mut hog = MemHog::spawn_in(&cg);
-    let mut evictd = Command::new(evictd_binary())
+    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
         .args(["--trace", "--json", "--bpf-watermark", "16Mi", "--duration", "4s", "--eviction-hard"])
         .arg("memory.available<100Mi")
         .arg("--node-cgroup")
@@ -69,7 +69,7 @@ fn the_summary_shows_memory_as_read_that_second() {
     std::fs::create_dir(&child).expect("a child cgroup");
     let grower = TestCgroup { dir: child, layout: node.layout.clone() };
     let mut hog = MemHog::spawn_in(&grower);
-    let mut evictd = Command::new(evictd_binary())
+    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
         .args(["--trace", "--json", "--wake-sources", "timer", "--housekeeping-interval", "1h"])
         .args(["--cri-endpoint", "none", "--duration", "4s", "--eviction-hard", "memory.available<100Mi"])
         .arg("--node-cgroup")
@@ -110,7 +110,7 @@ fn evictd_on(
     node: &TestCgroup,
     args: &[&str],
 ) -> (std::process::Child, std::sync::mpsc::Receiver<serde_json::Value>, std::thread::JoinHandle<()>) {
-    let mut evictd = Command::new(evictd_binary())
+    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
         .args(["--trace", "--json", "--cri-endpoint", "none", "--eviction-hard", "memory.available<100Mi"])
         .args(args)
         .arg("--node-cgroup")

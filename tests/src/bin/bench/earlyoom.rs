@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd_tests::{MemHog, TestCgroup, containerd::Containerd, evictd_proc::Evictd};
+use evictd_tests::{MemHog, TestCgroup, containerd::Containerd, dies_with_harness, evictd_proc::Evictd};
 
 use crate::reaction::{self, Cell, KillPath, Node, Reactor, Running, Workload};
 
@@ -107,7 +107,7 @@ pub(crate) struct Earlyoom {
 
 impl Earlyoom {
     fn start(bin: &std::path::Path, threshold_mib: u64) -> anyhow::Result<Self> {
-        let mut child = Command::new(bin)
+        let mut child = dies_with_harness(&mut Command::new(bin))
             // -M: SIGTERM at or below this much MemAvailable (KiB), SIGKILL at half; -r 0: no
             // periodic report; -p: niceness -20, its own answer to CPU starvation.
             .args(["-M", &(threshold_mib * 1024).to_string(), "-r", "0", "-p"])

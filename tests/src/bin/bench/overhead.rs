@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd_tests::evictd_binary;
+use evictd_tests::{dies_with_harness, evictd_binary};
 
 #[derive(clap::Args, Debug)]
 pub struct Opts {
@@ -83,7 +83,7 @@ const NEAR: &[&str] = &["--charge-probes", "always"];
 
 impl Daemon {
     fn start(args: &[&str]) -> anyhow::Result<Self> {
-        let child = Command::new(evictd_binary())
+        let child = dies_with_harness(&mut Command::new(evictd_binary()))
             .args(["--cri-endpoint", "none"])
             .args(args)
             .stdout(Stdio::null())
@@ -109,7 +109,7 @@ impl Drop for Daemon {
 
 /// SIGKILL → reaped, for a child holding `mib` MiB.
 fn exit_time(mib: usize) -> anyhow::Result<f64> {
-    let mut child = Command::new(std::env::current_exe()?)
+    let mut child = dies_with_harness(&mut Command::new(std::env::current_exe()?))
         .args(["overhead-hold", &mib.to_string()])
         .stdout(Stdio::piped())
         .spawn()?;
