@@ -208,13 +208,7 @@ impl RunArgs {
     fn kill_options(&self) -> anyhow::Result<KillOptions> {
         let emergency = match self.emergency_available.as_str() {
             "auto" => EmergencyLevel::HalfHard,
-            q => {
-                let q = Quantity::parse(q).with_context(|| format!("--emergency-available: {q:?}"))?;
-                if q.is_negative() {
-                    bail!("--emergency-available: must not be negative");
-                }
-                EmergencyLevel::Bytes(q.value())
-            }
+            q => EmergencyLevel::Bytes(bytes_flag("--emergency-available", q)? as i64),
         };
         Ok(KillOptions {
             fast_kill: self.fast_kill == "auto",
@@ -239,13 +233,7 @@ impl RunArgs {
         }
         let watermark = match self.bpf_watermark.as_str() {
             "auto" => Watermark::Auto,
-            q => {
-                let q = Quantity::parse(q).with_context(|| format!("--bpf-watermark: {q:?}"))?;
-                if q.is_negative() {
-                    bail!("--bpf-watermark: must not be negative");
-                }
-                Watermark::Fixed(q.value() as u64)
-            }
+            q => Watermark::Fixed(bytes_flag("--bpf-watermark", q)?),
         };
         let ring = Quantity::parse(&self.ring_buffer_size)
             .with_context(|| format!("--ring-buffer-size: {:?}", self.ring_buffer_size))?
@@ -269,16 +257,14 @@ impl RunArgs {
             min_interval: self.reclaim_min_interval,
             ..defaults
         };
-        let fill = Quantity::parse(&self.poll_fill_rate)
-            .with_context(|| format!("--poll-fill-rate: {:?}", self.poll_fill_rate))?
-            .value();
+        let fill = bytes_flag("--poll-fill-rate", &self.poll_fill_rate)?;
         if fill < 1 << 20 {
             bail!("--poll-fill-rate: {} is below 1Mi per second", self.poll_fill_rate);
         }
         Ok(WakeOptions {
             sources,
             housekeeping: self.housekeeping_interval,
-            poll_fill_rate: fill as u64,
+            poll_fill_rate: fill,
             charge_probes_near: self.charge_probes == "near",
             load,
             watermark,
@@ -322,6 +308,15 @@ impl RunArgs {
             imagefs: existing("--imagefs-path", &self.imagefs_path),
         })
     }
+}
+
+/// A quantity flag in bytes (`64Mi`, `1G`), which must not be negative.
+fn bytes_flag(flag: &str, text: &str) -> anyhow::Result<u64> {
+    let q = Quantity::parse(text).with_context(|| format!("{flag}: {text:?}"))?;
+    if q.is_negative() {
+        bail!("{flag}: must not be negative");
+    }
+    Ok(q.value() as u64)
 }
 
 /// Names in `--charge-items` that this kernel does not have are an error at start-up, not a

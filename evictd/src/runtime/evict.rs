@@ -121,7 +121,7 @@ pub async fn evict(
         return Err(EvictError::HoldsEvictd { pod: name, dir: dir.clone() });
     }
     let t = Instant::now();
-    let mut stop = Stop { client, pod, plan, urgency, fast_kill: None };
+    let mut stop = Stop { client, pod, name: &name, plan, urgency, fast_kill: None };
     if plan.grace_seconds <= 0 {
         stop.kill_now(Urgency::Hard).await;
     }
@@ -156,16 +156,14 @@ pub async fn evict(
 struct Stop<'a> {
     client: &'a CriClient,
     pod: &'a PodRecord,
+    /// `namespace/name`, for the log.
+    name: &'a str,
     plan: &'a StopPlan,
     urgency: Option<watch::Receiver<Urgency>>,
     fast_kill: Option<FastKill>,
 }
 
 impl Stop<'_> {
-    fn name(&self) -> String {
-        format!("{}/{}", self.pod.namespace, self.pod.name)
-    }
-
     /// Kills the pod without the runtime, where the node allows it. A failure is logged and
     /// the CRI stop goes on: it is the eviction either way.
     async fn kill_now(&mut self, urgency: Urgency) {
@@ -177,14 +175,14 @@ impl Stop<'_> {
         match kill::fast_kill(target).await {
             Ok(report) => {
                 tracing::info!(
-                    pod = %self.name(), ?urgency, method = ?report.method, processes = report.processes,
+                    pod = %self.name, ?urgency, method = ?report.method, processes = report.processes,
                     signalled_ms = report.signalled_ms, reaped = report.reaped, "fast kill"
                 );
                 // The reaps ran after the signal: take its own time, not now.
                 let signalled_ns = started_ns + (report.signalled_ms * 1e6) as u64;
                 self.fast_kill = Some(FastKill { urgency, signalled_ns, report });
             }
-            Err(e) => tracing::warn!(pod = %self.name(), "fast kill failed, the CRI stop goes on: {e}"),
+            Err(e) => tracing::warn!(pod = %self.name, "fast kill failed, the CRI stop goes on: {e}"),
         }
     }
 
@@ -235,14 +233,14 @@ impl Stop<'_> {
             Urgency::Normal => {}
             Urgency::Hard => {
                 tracing::warn!(
-                    pod = %self.name(),
+                    pod = %self.name,
                     "a hard threshold is met during the {grace} s grace period: stopping with {hard} s"
                 );
                 self.spawn_stops(stops, hard);
             }
             Urgency::Emergency => {
                 tracing::warn!(
-                    pod = %self.name(),
+                    pod = %self.name,
                     "the kernel is about to reclaim or OOM-kill during the {grace} s grace period: killing now"
                 );
                 self.kill_now(Urgency::Emergency).await;

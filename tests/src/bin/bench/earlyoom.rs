@@ -19,7 +19,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use evictd::node::memory::MemoryCgroup;
 use evictd_tests::{MemHog, TestCgroup, containerd::Containerd, dies_with_harness, evictd_proc::Evictd};
+use procfs::{Current as _, Meminfo};
 
 use crate::reaction::{self, Cell, KillPath, Node, Reactor, Running, Workload};
 
@@ -74,19 +76,9 @@ impl Opts {
     }
 }
 
-/// MemAvailable from /proc/meminfo, bytes (0 if unreadable).
+/// MemAvailable, bytes (0 if unreadable).
 pub(crate) fn mem_available() -> u64 {
-    meminfo_kib("MemAvailable") * 1024
-}
-
-fn meminfo_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse().ok()
-        })
-        .unwrap_or(0)
+    Meminfo::current().ok().and_then(|m| m.mem_available).unwrap_or(0)
 }
 
 /// One kill earlyoom reported.
@@ -225,11 +217,14 @@ pub async fn earlyoom(o: &Opts) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let mem_total = meminfo_kib("MemTotal") * 1024;
+    let mem_total = Meminfo::current()?.mem_total;
     // The test node is unlimited: the whole machine is the node.
     let mut ctd = Containerd::start(i64::MAX as u64);
     let layout = evictd::node::cgroups::CgroupMounts::detect()?;
-    let node = Node { dir: layout.memory_root.clone(), capacity: mem_total };
+    let node = Node {
+        memory: MemoryCgroup::new(&layout.memory_root, layout.memory_version, true),
+        capacity: mem_total,
+    };
     let need = o.threshold_mib + o.hold_mib + LEAD_MIB;
     let spare = (mem_available() / MI).checked_sub(need).ok_or_else(|| {
         anyhow::anyhow!(
@@ -241,7 +236,7 @@ pub async fn earlyoom(o: &Opts) -> anyhow::Result<()> {
         "[bench] earlyoom: taking {spare} MiB of ballast so that runs start {LEAD_MIB} MiB above the threshold"
     );
     let ballast = Ballast::take(spare);
-    let evictd_available = mem_total.saturating_sub(reaction::working_set(&node.dir)) / MI;
+    let evictd_available = mem_total.saturating_sub(reaction::working_set(&node.memory)) / MI;
     eprintln!(
         "[bench] earlyoom: whole machine ({} MiB), headroom {} MiB, victim holding {} MiB, ballast {} MiB; \
          now MemAvailable {} MiB (earlyoom's signal), memory.available {evictd_available} MiB (evictd's); \
@@ -257,7 +252,7 @@ pub async fn earlyoom(o: &Opts) -> anyhow::Result<()> {
     );
     let work = Workload { hold_mib: o.hold_mib, ignore_sigterm: false };
     let threshold = format!("memory.available<{}Mi", o.threshold_mib);
-    let root = node.dir.display().to_string();
+    let root = node.memory.dir.display().to_string();
     let mut reactors: Vec<Reactor> =
         o.kill_paths.iter().map(|p| Reactor::Evictd(reaction::Mode::All, *p)).collect();
     reactors.push(Reactor::Earlyoom);

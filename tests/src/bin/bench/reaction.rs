@@ -31,6 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use evictd::node::{cgroups::CgroupMounts, memory::MemoryCgroup};
 use evictd_tests::{
     containerd::{Containerd, PodSpec, TestPod},
     evictd_proc::Evictd,
@@ -221,30 +222,16 @@ pub(crate) struct Sample {
     phases: Option<(f64, f64, f64)>,
 }
 
-fn read_u64(p: &Path) -> u64 {
-    std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
-}
-
 /// The kernel's OOM kills on the whole machine, global and memcg alike (`/proc/vmstat`):
 /// cgroup v1 counts a memcg OOM kill only in the victim's own memcg, so the node's counter
 /// cannot tell.
-fn oom_kills() -> u64 {
-    std::fs::read_to_string("/proc/vmstat")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0)
+fn oom_kills() -> i64 {
+    procfs::vmstat().ok().and_then(|v| v.get("oom_kill").copied()).unwrap_or(0)
 }
 
-/// A memory cgroup's working set (usage − total_inactive_file), as evictd computes it.
-pub(crate) fn working_set(node: &Path) -> u64 {
-    let usage = read_u64(&node.join("memory.usage_in_bytes"));
-    let inactive = std::fs::read_to_string(node.join("memory.stat"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("total_inactive_file ").and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0);
-    usage.saturating_sub(inactive)
+/// A memory cgroup's working set, read by evictd's own reader (0 if unreadable).
+pub(crate) fn working_set(node: &MemoryCgroup) -> u64 {
+    node.read().map_or(0, |s| s.working_set())
 }
 
 /// (ns, MiB) lines of the workload's allocation log.
@@ -262,7 +249,7 @@ fn alloc_log(path: &Path) -> Vec<(u64, u64)> {
 /// The node the workload presses on, as the benchmark measures it.
 pub(crate) struct Node {
     /// Its memory cgroup: the test node's, or the root for the whole machine.
-    pub dir: PathBuf,
+    pub memory: MemoryCgroup,
     /// Its capacity as evictd sees it: the test node's limit, or MemTotal.
     pub capacity: u64,
 }
@@ -344,7 +331,7 @@ impl Running {
     /// its working set for evictd, MemAvailable for earlyoom.
     fn available(&self, node: &Node) -> u64 {
         match self {
-            Running::Evictd(_) => node.capacity.saturating_sub(working_set(&node.dir)),
+            Running::Evictd(_) => node.capacity.saturating_sub(working_set(&node.memory)),
             Running::Earlyoom(_) => crate::earlyoom::mem_available(),
         }
     }
@@ -371,7 +358,9 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
         o.runs
     );
     let mut ctd = Containerd::start(cap);
-    let node = Node { dir: ctd.node_dir(), capacity: cap };
+    let layout = CgroupMounts::detect()?;
+    let node =
+        Node { memory: MemoryCgroup::new(ctd.node_dir(), layout.memory_version, false), capacity: cap };
     let work = Workload { hold_mib: o.hold_mib, ignore_sigterm: o.victim_ignores_sigterm };
     let mut samples = Vec::new();
     for &threshold_mib in &o.thresholds_mib {
@@ -436,7 +425,7 @@ struct Watched {
 
 /// Watches the node every 0.5 ms from `go` until `done`.
 fn watch(
-    node: PathBuf,
+    node: MemoryCgroup,
     baseline: u64,
     mem_available_level: Option<u64>,
     done: Arc<AtomicBool>,
@@ -493,11 +482,11 @@ pub(crate) async fn one_run(
     // Let evictd's inventory (every 100 ms) see the pod before the pressure starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let ooms = oom_kills();
-    let baseline = working_set(&node.dir);
+    let baseline = working_set(&node.memory);
     let available_at_go = reactor.available(node);
     let done = Arc::new(AtomicBool::new(false));
     let watcher = watch(
-        node.dir.clone(),
+        node.memory.clone(),
         baseline.saturating_sub(work.hold_mib * MI),
         reactor.watched_mem_available_level(threshold),
         done.clone(),
