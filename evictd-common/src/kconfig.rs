@@ -107,7 +107,9 @@ pub struct KernelConfig {
     pub memcg_cgroup_off: u32,
     pub cgroup_kn_off: u32,
     pub kn_id_off: u32,
-    pub _pad: u32,
+    /// Byte offset of `order` in the vmscan reclaim-begin records, from this kernel's format
+    /// file (it moved in 7.x).
+    pub reclaim_order_off: u32,
 }
 
 const _: () = assert!(size_of::<KernelConfig>() == 48);

@@ -22,10 +22,22 @@ pub struct TracepointSpec {
     /// record layout, `fields`, is checked in the format file).
     pub raw: bool,
     pub fields: &'static [Field],
+    /// A field read wherever this kernel's record puts it: its offset is looked up in the
+    /// format file at load time and handed to the program through `KernelConfig`.
+    pub located: Option<LocatedField>,
 }
 
-/// `vmscan:mm_vmscan_{direct,memcg}_reclaim_begin`: `int order`.
-pub const RECLAIM_ORDER: Field = Field { name: "order", offset: 8, size: 4 };
+/// A classic tracepoint field whose offset moves between kernels (7.x added fields in front
+/// of vmscan's `order`); its name and size are still checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocatedField {
+    pub name: &'static str,
+    pub size: usize,
+}
+
+/// `vmscan:mm_vmscan_{direct,memcg}_reclaim_begin`: `int order`, at offset 8 up to 6.x and
+/// 24 on 7.x, so located at load time (`KernelConfig::reclaim_order_off`).
+pub const RECLAIM_ORDER: LocatedField = LocatedField { name: "order", size: 4 };
 /// `oom:mark_victim`: the victim's pid and its RSS in kB by kind.
 pub const OOM_PID: Field = Field { name: "pid", offset: 8, size: 4 };
 pub const OOM_ANON_RSS: Field = Field { name: "anon_rss", offset: 24, size: 8 };
@@ -51,6 +63,7 @@ pub const TRACEPOINTS: [TracepointSpec; 5] = [
         name: "mod_memcg_lruvec_state",
         raw: true,
         fields: &[],
+        located: None,
     },
     TracepointSpec {
         program: PROG_MOD_MEMCG_STATE,
@@ -58,20 +71,23 @@ pub const TRACEPOINTS: [TracepointSpec; 5] = [
         name: "mod_memcg_state",
         raw: true,
         fields: &[],
+        located: None,
     },
     TracepointSpec {
         program: PROG_DIRECT_RECLAIM_BEGIN,
         group: "vmscan",
         name: "mm_vmscan_direct_reclaim_begin",
         raw: false,
-        fields: &[RECLAIM_ORDER],
+        fields: &[],
+        located: Some(RECLAIM_ORDER),
     },
     TracepointSpec {
         program: PROG_MEMCG_RECLAIM_BEGIN,
         group: "vmscan",
         name: "mm_vmscan_memcg_reclaim_begin",
         raw: false,
-        fields: &[RECLAIM_ORDER],
+        fields: &[],
+        located: Some(RECLAIM_ORDER),
     },
     TracepointSpec {
         program: PROG_MARK_VICTIM,
@@ -79,5 +95,6 @@ pub const TRACEPOINTS: [TracepointSpec; 5] = [
         name: "mark_victim",
         raw: false,
         fields: &[OOM_PID, OOM_ANON_RSS, OOM_FILE_RSS, OOM_SHMEM_RSS],
+        located: None,
     },
 ];

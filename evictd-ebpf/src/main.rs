@@ -27,7 +27,7 @@ use evictd_common::{
     KernelConfig, KernelError, STAT_ITEM_WORDS, WakeEvent,
     tracepoints::{
         Field, MEMCG_STAT_ARG_ITEM, MEMCG_STAT_ARG_MEMCG, MEMCG_STAT_ARG_VAL, OOM_ANON_RSS, OOM_FILE_RSS,
-        OOM_PID, OOM_SHMEM_RSS, RECLAIM_ORDER,
+        OOM_PID, OOM_SHMEM_RSS,
     },
 };
 
@@ -209,7 +209,15 @@ fn try_reclaim(ctx: &TracePointContext, cause: u32) -> Result<(), KernelError> {
         return Ok(());
     }
     st.last_reclaim_ns = now;
-    let order: i32 = field(ctx, RECLAIM_ORDER);
+    // The offset moves between kernels and a tracepoint program may only load from its
+    // context at constant offsets, so the record is read through the helper; reclaim events
+    // are rate-limited, the call is cheap here.
+    // SAFETY: bpf_probe_read_kernel checks the address; userspace found `order` (4 bytes)
+    // at this offset in this kernel's format file before attaching.
+    let order: i32 = unsafe {
+        bpf_probe_read_kernel(ctx.as_ptr().cast::<u8>().add(cfg.reclaim_order_off as usize).cast::<i32>())
+    }
+    .unwrap_or(0);
     let pages = 1i64 << (order & 31);
     // SAFETY: helper with no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };

@@ -92,6 +92,19 @@ impl TestCgroup {
         cg
     }
 
+    /// A child cgroup of this one, removed on drop (drop it before its parent). On cgroup v2
+    /// the memory controller is handed down first, as systemd does for a node's slices:
+    /// without it the child has no memory files.
+    pub fn child(&self, name: &str) -> TestCgroup {
+        if self.layout.memory_version == CgroupVersion::V2 {
+            std::fs::write(self.dir.join("cgroup.subtree_control"), "+memory")
+                .unwrap_or_else(|e| panic!("enabling memory below {}: {e}", self.dir.display()));
+        }
+        let dir = self.dir.join(name);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        TestCgroup { dir, layout: self.layout.clone() }
+    }
+
     /// The cgroup id the kernel reports for it (its directory's inode number).
     pub fn id(&self) -> u64 {
         std::fs::metadata(&self.dir).expect("test cgroup metadata").ino()

@@ -19,6 +19,7 @@ mod build;
 mod fuzz;
 mod setup;
 mod test;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", bin_name = "cargo xtask", about = "evictd's developer commands")]
@@ -44,14 +45,22 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up, then lint and run the whole test suite (privileged tests need root).
-    Test,
+    /// Set up, then lint and run the whole test suite (privileged tests need root), ending
+    /// with the VM matrix (`cargo xtask vm`).
+    Test {
+        /// Leave out the VM matrix (a quicker loop while developing; CI runs it).
+        #[arg(long)]
+        no_vm: bool,
+    },
     /// Benchmarks (root): eviction reaction time per wake mode and allocation rate, or the
     /// probes' cost on the allocation path.
     Bench(bench::BenchArgs),
     /// Fuzz every parser evictd points at user or kernel text (cargo-fuzz, nightly), each
     /// target for a bounded time; a crash fails the run.
     Fuzz(fuzz::FuzzArgs),
+    /// The privileged tests inside Debian's kernels (6.1, 6.12, 7.x) booted with cgroup v2 in
+    /// QEMU (root): the wake tier each kernel gets, wakes and kills on cgroup v2.
+    Vm(vm::VmArgs),
     /// Repeated pressure episodes on a private containerd, the runtime restarted now and
     /// then (root): one eviction per crossing, no pod twice, evictd's RSS and fds flat.
     Soak(bench::SoakArgs),
@@ -62,9 +71,10 @@ fn main() -> ExitCode {
         Cmd::Setup => setup::setup().map(|_| ()),
         Cmd::Build { release } => setup::setup().and_then(|env| build::build(&env, release)),
         Cmd::Run { args } => setup::setup().and_then(|env| build::run(&env, &args)),
-        Cmd::Test => setup::setup().and_then(|env| test::test(&env)),
+        Cmd::Test { no_vm } => setup::setup().and_then(|env| test::test(&env, !no_vm)),
         Cmd::Bench(args) => setup::setup().and_then(|env| bench::bench(&env, &args)),
         Cmd::Fuzz(args) => setup::setup().and_then(|env| fuzz::fuzz(&env, &args)),
+        Cmd::Vm(args) => setup::setup().and_then(|env| vm::vm(&env, &args)),
         Cmd::Soak(args) => setup::setup().and_then(|env| bench::soak(&env, &args)),
     };
     match result {
@@ -74,6 +84,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 fn step(msg: &str) {

@@ -22,7 +22,7 @@ pub(crate) fn setup() -> Result<BuildEnv> {
     paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
     let env = BuildEnv { path: env::join_paths(paths).context("PATH")? };
     ensure_nightly()?;
-    ensure_debian_packages()?;
+    ensure_debian_packages(APT_PACKAGES)?;
     // bpf-linker, built against the nightly toolchain's own libLLVM: no LLVM package of that
     // version exists here, and the linker must match the LLVM rustc emits bitcode for.
     let linker_ok = Command::new(bin.join("bpf-linker"))
@@ -65,8 +65,9 @@ fn ensure_nightly() -> Result<()> {
     Ok(())
 }
 
-fn ensure_debian_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+/// Installs those of `packages` that are missing (as root; otherwise says what to install).
+pub(crate) fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {

@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::{BuildEnv, run_status, step};
 
-pub(crate) fn test(env: &BuildEnv) -> Result<()> {
+pub(crate) fn test(env: &BuildEnv, with_vms: bool) -> Result<()> {
     let started = Instant::now();
     step("checking formatting");
     // rustfmt.toml groups imports, which only nightly rustfmt does; the eBPF build needs
@@ -35,6 +35,16 @@ pub(crate) fn test(env: &BuildEnv) -> Result<()> {
         cmd.env("EVICTD_REQUIRE_PRIVILEGED", "1");
     }
     run_status(&mut cmd, "cargo test --workspace")?;
+    if with_vms {
+        if crate::is_root() {
+            step("the VM matrix: the privileged tests in Debian's kernels with cgroup v2");
+            crate::vm::vm(env, &crate::vm::VmArgs::default())?;
+        } else if env::var("CI").is_ok_and(|v| v == "true") {
+            anyhow::bail!("the VM matrix needs root, and CI must run it");
+        } else {
+            step("NOTE: not root: the VM matrix (cargo xtask vm) is not run");
+        }
+    }
     step(&format!("all checks passed in {:.0}s", started.elapsed().as_secs_f64()));
     Ok(())
 }

@@ -275,7 +275,10 @@ impl RunArgs {
     /// of nodefs and imagefs.
     fn node_signals(&self, cgroups: &CgroupMounts) -> anyhow::Result<NodeSignalSources> {
         let node = match &self.node_cgroup {
-            None => MemoryCgroup::new(&cgroups.memory_root, cgroups.memory_version, true),
+            None => {
+                cgroups.check_sees_the_node()?;
+                MemoryCgroup::new(&cgroups.memory_root, cgroups.memory_version, true)
+            }
             Some(p) => {
                 let dir = if p.is_absolute() { p.clone() } else { cgroups.memory_root.join(p) };
                 if !dir.is_dir() {

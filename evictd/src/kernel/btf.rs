@@ -31,7 +31,11 @@ impl KernelBtf {
     pub fn open(path: &Path) -> Result<Self, BtfError> {
         let p = path.display().to_string();
         // Mmap keeps the daemon's RSS small: the parsed vmlinux BTF would cost tens of MiB.
+        // Kernels before 6.15 cannot mmap /sys/kernel/btf/vmlinux (ENODEV, seen on Debian's
+        // 6.1 and 6.12 in the VM matrix): there it is read and parsed, and freed with this
+        // value once the programs are loaded.
         let btf = Btf::from_file_with_backend(path, btf_rs::Backend::Mmap)
+            .or_else(|_| Btf::from_file_with_backend(path, btf_rs::Backend::Cache))
             .map_err(|e| BtfError::Btf { path: p.clone(), reason: e.to_string() })?;
         Ok(KernelBtf { btf, path: p })
     }
@@ -119,12 +123,17 @@ impl KernelBtf {
         if !memcg_ok {
             return Err(mismatch("argument 1 is not struct mem_cgroup *"));
         }
-        for i in [2, 3] {
-            if self.name_of(&arg(i)?).as_deref() != Some("int") {
-                return Err(mismatch(&format!("argument {i} is not int")));
-            }
+        if self.name_of(&arg(2)?).as_deref() != Some("int") {
+            return Err(mismatch("argument 2 is not int"));
         }
-        Ok(())
+        // `val` is int up to 6.x and long on 7.x (seen in Debian's 7.3 in the VM matrix). The
+        // kernel hands a raw tracepoint each argument zero-extended to 64 bits from its own
+        // size; the program reads the low 32 bits as i32, the same number for either type
+        // (one call never moves 2^31 pages).
+        match arg(3)? {
+            Type::Int(i) if i.is_signed() && matches!(i.size(), 4 | 8) => Ok(()),
+            _ => Err(mismatch("argument 3 is not a signed int or long")),
+        }
     }
 }
 

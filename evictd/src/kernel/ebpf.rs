@@ -137,8 +137,9 @@ impl KernelProbes {
         let id_path = btf.memcg_id_path()?;
         let mut programs = Vec::new();
         let mut charge = Vec::new();
+        let mut reclaim_order_off = None;
         for tp in &TRACEPOINTS {
-            let error = match attach(&mut ebpf, &tracefs, &btf, tp) {
+            let error = match attach(&mut ebpf, &tracefs, &btf, tp, &mut reclaim_order_off) {
                 Ok(Some(link)) => {
                     charge.push(ChargeLink { spec: tp, link: Some(link) });
                     None
@@ -175,6 +176,7 @@ impl KernelProbes {
             memcg_cgroup_off: id_path.memcg_cgroup_off,
             cgroup_kn_off: id_path.cgroup_kn_off,
             kn_id_off: id_path.kn_id_off,
+            reclaim_order_off: reclaim_order_off.unwrap_or_default(),
             ..Default::default()
         };
         let probes = KernelProbes {
@@ -310,15 +312,21 @@ pub enum AttachError {
     Verifier { program: &'static str, error: aya::programs::ProgramError, log: String },
     #[error("{what} {program}: {error}")]
     Program { what: &'static str, program: &'static str, error: aya::programs::ProgramError },
+    #[error(
+        "{program}: field `{field}` is at offset {off} here, but at {first:?} for the programs before it"
+    )]
+    LocatedElsewhere { program: &'static str, field: &'static str, off: u32, first: Option<u32> },
 }
 
 /// Loads and attaches one program; a charge program (raw tracepoint) returns its link, which
-/// `detach_charge` needs.
+/// `detach_charge` needs. A program reading a located field needs it where the programs
+/// before it found it (`located_off`: there is one slot in the config).
 fn attach(
     ebpf: &mut Ebpf,
     tracefs: &std::path::Path,
     btf: &KernelBtf,
     tp: &TracepointSpec,
+    located_off: &mut Option<u32>,
 ) -> Result<Option<RawTracePointLinkId>, AttachError> {
     let program = tp.program;
     let load_err = |error: aya::programs::ProgramError| match &error {
@@ -338,6 +346,18 @@ fn attach(
         return Ok(Some(prog.attach(tp.name).map_err(attach_err)?));
     }
     tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields)?;
+    if let Some(field) = tp.located {
+        let off = tracefs::locate_field(tracefs, tp.group, tp.name, field)? as u32;
+        if located_off.is_some_and(|o| o != off) {
+            return Err(AttachError::LocatedElsewhere {
+                program,
+                field: field.name,
+                off,
+                first: *located_off,
+            });
+        }
+        *located_off = Some(off);
+    }
     let prog: &mut TracePoint = prog.try_into().map_err(as_kind)?;
     prog.load().map_err(load_err)?;
     prog.attach(tp.group, tp.name).map_err(attach_err)?;

@@ -30,6 +30,19 @@ pub struct ProbeReport {
     pub kernel: String,
     pub checks: Vec<Check>,
     pub wake_sources: Vec<String>,
+    /// What wakes evictd when memory is charged, the fastest tier this kernel allows.
+    pub charge_wake: ChargeWake,
+}
+
+/// The wake tier for memory growth, and why it is the one: the tiers are tried fastest
+/// first, and the first one this kernel allows is used.
+#[derive(Serialize)]
+pub struct ChargeWake {
+    /// `memcg-tracepoints` (eBPF on the memcg stat tracepoints, attached within the band near
+    /// a threshold) or `adaptive-poll` (the node's usage read at an interval set by the
+    /// distance to the nearest threshold).
+    pub tier: &'static str,
+    pub why: String,
 }
 
 /// A check's outcome: what was found, or why it is not there.
@@ -52,11 +65,22 @@ pub fn run() -> ProbeReport {
     let kernel = nix::sys::utsname::uname()
         .map(|u| format!("{} {}", u.release().to_string_lossy(), u.machine().to_string_lossy()))
         .unwrap_or_else(|e| format!("unknown ({e})"));
-    let mut r = ProbeReport { kernel, checks: vec![check_btf(), check_tracefs()], wake_sources: Vec::new() };
-    probe_bpf(&mut r);
+    let mut r = ProbeReport {
+        kernel,
+        checks: vec![check_btf(), check_tracefs()],
+        wake_sources: Vec::new(),
+        charge_wake: ChargeWake { tier: "adaptive-poll", why: String::new() },
+    };
+    r.charge_wake = probe_bpf(&mut r);
     match CgroupMounts::detect() {
         Ok(layout) => {
             r.checks.push(passed("cgroups", describe_cgroups(&layout)));
+            r.checks.push(check(
+                "the node's cgroup root",
+                layout
+                    .check_sees_the_node()
+                    .map(|()| format!("{} is the hierarchy's root", layout.memory_root.display())),
+            ));
             probe_eventfd(&layout, &mut r);
             probe_psi(&layout, &mut r);
             probe_poll(&layout, &mut r);
@@ -93,8 +117,9 @@ fn check_tracefs() -> Check {
 }
 
 /// Loads and attaches the programs for real; when loading fails, at least says which
-/// tracepoints exist with the record layout the programs expect.
-fn probe_bpf(r: &mut ProbeReport) {
+/// tracepoints exist with the record layout the programs expect. Returns the charge tier
+/// the programs allow.
+fn probe_bpf(r: &mut ProbeReport) -> ChargeWake {
     match KernelProbes::load(&LoadOptions::default()) {
         Ok((probes, _ring)) => {
             r.checks.push(passed("bpf", "programs load (ring buffer, array, per-CPU and hash maps)"));
@@ -106,10 +131,12 @@ fn probe_bpf(r: &mut ProbeReport) {
             }
             let attached = probes.programs.iter().filter(|p| p.error.is_none()).count();
             r.wake_sources.push(format!("ebpf ({attached} of {} tracepoints)", probes.programs.len()));
+            charge_tier(&probes)
         }
         Err(e) => {
+            let poll = ChargeWake { tier: "adaptive-poll", why: format!("no eBPF: {e}") };
             r.checks.push(failed("bpf", e));
-            let Some(root) = tracefs::find() else { return };
+            let Some(root) = tracefs::find() else { return poll };
             for tp in TRACEPOINTS.iter().filter(|tp| !tp.raw) {
                 r.checks.push(check(
                     format!("tracepoint {}:{}", tp.group, tp.name),
@@ -117,7 +144,34 @@ fn probe_bpf(r: &mut ProbeReport) {
                         .map(|()| "present, layout matches (not attached)".into()),
                 ));
             }
+            poll
         }
+    }
+}
+
+/// The memcg stat tracepoints when a charge program attached; else the poll, with the
+/// charge programs' own reasons.
+fn charge_tier(probes: &KernelProbes) -> ChargeWake {
+    if probes.has_charge_programs() {
+        return ChargeWake {
+            tier: "memcg-tracepoints",
+            why: "the memcg stat tracepoints attach (evictd attaches them only within the band near a \
+                  memory threshold)"
+                .into(),
+        };
+    }
+    let raw: Vec<String> = TRACEPOINTS
+        .iter()
+        .filter(|tp| tp.raw)
+        .filter_map(|tp| {
+            let name = format!("{}:{} (raw)", tp.group, tp.name);
+            let status = probes.programs.iter().find(|p| p.tracepoint == name)?;
+            Some(format!("{}:{}: {}", tp.group, tp.name, status.error.as_deref().unwrap_or("not attached")))
+        })
+        .collect();
+    ChargeWake {
+        tier: "adaptive-poll",
+        why: format!("no memcg stat tracepoint attaches: {}", raw.join("; ")),
     }
 }
 
@@ -183,4 +237,5 @@ pub fn print_text(r: &ProbeReport) {
         println!("  {:<4} {:<50} {}", if c.ok { "ok" } else { "NO" }, c.name, c.detail);
     }
     println!("evictd will use: {}", r.wake_sources.join(", "));
+    println!("memory growth wakes evictd through: {} ({})", r.charge_wake.tier, r.charge_wake.why);
 }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use evictd_common::tracepoints::Field;
+use evictd_common::tracepoints::{Field, LocatedField};
 
 const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
@@ -83,13 +83,7 @@ pub fn parse_format(text: &str) -> Vec<FormatField> {
         .collect()
 }
 
-/// Checks that `group:name` has each expected field at its offset and size.
-pub fn check_record_format(
-    root: &Path,
-    group: &str,
-    name: &str,
-    expected: &[Field],
-) -> Result<(), TracefsError> {
+fn read_format(root: &Path, group: &str, name: &str) -> Result<Vec<FormatField>, TracefsError> {
     let path = root.join("events").join(group).join(name).join("format");
     let text = std::fs::read_to_string(&path).map_err(|source| TracefsError::NoTracepoint {
         group: group.into(),
@@ -97,7 +91,39 @@ pub fn check_record_format(
         path: path.clone(),
         source,
     })?;
-    let fields = parse_format(&text);
+    Ok(parse_format(&text))
+}
+
+/// The offset at which this kernel's `group:name` record has `field` (checked by name and
+/// size).
+pub fn locate_field(
+    root: &Path,
+    group: &str,
+    name: &str,
+    field: LocatedField,
+) -> Result<usize, TracefsError> {
+    let fields = read_format(root, group, name)?;
+    let found = fields.iter().find(|f| f.name == field.name);
+    match found {
+        Some(f) if f.size == field.size => Ok(f.offset),
+        _ => Err(TracefsError::Layout {
+            group: group.into(),
+            name: name.into(),
+            field: field.name.into(),
+            found: found.map_or("missing".into(), |f| format!("of size {}", f.size)),
+            expected: format!("size {}", field.size),
+        }),
+    }
+}
+
+/// Checks that `group:name` has each expected field at its offset and size.
+pub fn check_record_format(
+    root: &Path,
+    group: &str,
+    name: &str,
+    expected: &[Field],
+) -> Result<(), TracefsError> {
+    let fields = read_format(root, group, name)?;
     for &Field { name: field, offset, size } in expected {
         let found = fields.iter().find(|f| f.name == field);
         let ok = found.is_some_and(|f| f.offset == offset && f.size == size);
@@ -156,5 +182,31 @@ mod tests {
         assert!(err.to_string().contains("missing"), "{err}");
         let err = check_record_format(dir.path(), "oom", "mark_victim", &[]).unwrap_err();
         assert!(err.to_string().contains("does not exist on this kernel"), "{err}");
+    }
+
+    /// vmscan's `order` is at offset 8 up to 6.x and at 24 on Debian's 7.3 (seen in the VM
+    /// matrix): found by name, its size still checked.
+    #[test]
+    fn a_located_field_is_found_wherever_the_kernel_puts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let tp = dir.path().join("events/vmscan/mm_vmscan_direct_reclaim_begin");
+        std::fs::create_dir_all(&tp).unwrap();
+        let order = LocatedField { name: "order", size: 4 };
+        for (format, offset) in [
+            ("\tfield:int order;\toffset:8;\tsize:4;\tsigned:1;\n", 8),
+            (
+                "\tfield:unsigned long gfp_flags;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:u64 memcg_id;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:int order;\toffset:24;\tsize:4;\tsigned:1;\n",
+                24,
+            ),
+        ] {
+            std::fs::write(tp.join("format"), format).unwrap();
+            assert_eq!(
+                locate_field(dir.path(), "vmscan", "mm_vmscan_direct_reclaim_begin", order).unwrap(),
+                offset
+            );
+        }
+        std::fs::write(tp.join("format"), "\tfield:long order;\toffset:8;\tsize:8;\tsigned:1;\n").unwrap();
+        let err = locate_field(dir.path(), "vmscan", "mm_vmscan_direct_reclaim_begin", order).unwrap_err();
+        assert!(err.to_string().contains("field `order` is of size 8"), "{err}");
     }
 }

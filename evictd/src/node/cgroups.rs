@@ -31,6 +31,10 @@ pub enum CgroupMountError {
         "no memory cgroup controller is mounted (looked for a cgroup v1 mount with the memory option, and a cgroup2 mount whose cgroup.controllers lists memory)"
     )]
     NoMemoryController,
+    #[error(
+        "the cgroup2 hierarchy at {path} is not the node's: its root has memory.current, which only non-root cgroups have. evictd is in a private cgroup namespace (a container's default on cgroup v2) and would take its own container for the node. Run it in the host's cgroup namespace (e.g. `nsenter -t 1 -C`, or hostPID with the host's /sys/fs/cgroup), or name the cgroup that plays the node with --node-cgroup"
+    )]
+    NotTheRoot { path: PathBuf },
 }
 
 impl CgroupMounts {
@@ -85,6 +89,20 @@ impl CgroupMounts {
         }
     }
 
+    /// On cgroup v2, that the mount evictd sees is the hierarchy's real root, the node. Inside
+    /// a private cgroup namespace (a container's default on v2) the mount's root is the
+    /// container's own cgroup, and evictd would take it for the node: its memory, its limit,
+    /// its pods (none). The kernel gives every cgroup but the root a `memory.current`, so
+    /// its presence at the mount's root tells. (On v1 the layout says nothing of it; nodes
+    /// that run pods on v1 give containers the host's cgroup namespace.)
+    pub fn check_sees_the_node(&self) -> Result<(), CgroupMountError> {
+        let current = self.memory_root.join("memory.current");
+        if self.memory_version == CgroupVersion::V2 && current.exists() {
+            return Err(CgroupMountError::NotTheRoot { path: self.memory_root.clone() });
+        }
+        Ok(())
+    }
+
     /// Whether cgroup ids from `bpf_get_current_cgroup_id` (the default hierarchy) are ids in
     /// the memory hierarchy too.
     pub fn memory_is_unified(&self) -> bool {
@@ -135,6 +153,24 @@ mod tests {
             CgroupMounts::from_mounts(mounts(), |_| "cpu io".into()),
             Err(CgroupMountError::NoMemoryController)
         ));
+    }
+
+    /// Issue 10: inside a private cgroup namespace the v2 mount's root is a non-root cgroup
+    /// (it has memory.current); evictd refuses to take it for the node, naming the path.
+    #[test]
+    fn a_private_cgroup_namespace_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let layout = |version| CgroupMounts {
+            memory_root: d.path().to_owned(),
+            memory_version: version,
+            unified_root: Some(d.path().to_owned()),
+        };
+        std::fs::write(d.path().join("memory.stat"), "anon 1\n").unwrap();
+        layout(CgroupVersion::V2).check_sees_the_node().unwrap();
+        std::fs::write(d.path().join("memory.current"), "4096\n").unwrap();
+        let err = layout(CgroupVersion::V2).check_sees_the_node().unwrap_err().to_string();
+        assert!(err.contains(&d.path().display().to_string()) && err.contains("cgroup namespace"), "{err}");
+        layout(CgroupVersion::V1).check_sees_the_node().unwrap();
     }
 
     #[test]

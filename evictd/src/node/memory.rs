@@ -78,13 +78,14 @@ impl MemoryCgroup {
                 Ok(MemorySample { capacity, usage, inactive_file, limited })
             }
             (CgroupVersion::V2, true) => {
-                // runc's emulation of the v2 root, which the kubelet inherits.
-                let usage = mem_total.saturating_sub(meminfo_bytes(&self.meminfo, "MemFree")?);
-                let inactive_file = match stat_key(&stat_path, "inactive_file") {
-                    Ok(v) => v,
-                    Err(MemoryError::Read { .. }) => meminfo_bytes(&self.meminfo, "Inactive(file)")?,
-                    Err(e) => return Err(e),
-                };
+                // The v2 root has no memory.current. runc emulates it for cAdvisor, and so the
+                // kubelet, as anon + file from the root's memory.stat: what v1's
+                // usage_in_bytes counted. MemTotal − MemFree would add slab, page tables and
+                // buffers, and see pressure the kubelet does not.
+                let text = read_text(&stat_path)?;
+                let field = |key| parse::stat_value(&text, key).map_err(|e| e.at(&stat_path, key));
+                let usage = field("anon")?.saturating_add(field("file")?);
+                let inactive_file = field("inactive_file")?;
                 Ok(MemorySample { capacity: mem_total, usage, inactive_file, limited: true })
             }
             (CgroupVersion::V2, false) => {
@@ -105,7 +106,10 @@ impl MemoryCgroup {
 
 impl MemoryCgroup {
     /// The cgroup's usage alone, one small file (the adaptive poll's cheap read): what grows
-    /// first when memory fills. On the v2 root, runc's emulation (MemTotal − MemFree).
+    /// first when memory fills. On the v2 root, MemTotal − MemFree: the root's memory.stat
+    /// (what `read` uses there) makes the kernel flush every cgroup's statistics, too costly
+    /// for a read every millisecond, and a page charged to anon or file is a page taken from
+    /// MemFree, so this grows at least as fast. The poll only wakes; the pass reads `read`.
     pub fn usage(&self) -> Result<u64, MemoryError> {
         match (self.version, self.is_root) {
             (CgroupVersion::V1, _) => read_u64(&self.dir.join("memory.usage_in_bytes")),
@@ -131,11 +135,13 @@ fn read_u64(path: &Path) -> Result<u64, MemoryError> {
     parse_u64(path, &s)
 }
 
+fn read_text(path: &Path) -> Result<String, MemoryError> {
+    fs::read_to_string(path).map_err(|source| MemoryError::Read { path: path.to_owned(), source })
+}
+
 /// A `key value` line of memory.stat.
 fn stat_key(path: &Path, key: &'static str) -> Result<u64, MemoryError> {
-    let text =
-        fs::read_to_string(path).map_err(|source| MemoryError::Read { path: path.to_owned(), source })?;
-    parse::stat_value(&text, key).map_err(|e| e.at(path, key))
+    parse::stat_value(&read_text(path)?, key).map_err(|e| e.at(path, key))
 }
 
 /// A `Key:   N kB` line of /proc/meminfo, in bytes.
@@ -245,15 +251,24 @@ mod tests {
         assert!(!unlimited.limited);
     }
 
+    /// runc's emulation, which the kubelet sees: anon + file of the root's memory.stat, not
+    /// MemTotal − MemFree (here 7.8 GiB, counting slab and page tables).
     #[test]
-    fn v2_root_is_emulated_from_meminfo() {
-        let d = fixture(&[("memory.stat", "anon 1\ninactive_file 4096\n")]);
+    fn v2_root_usage_is_anon_plus_file_as_runc_emulates_it() {
+        let d = fixture(&[(
+            "memory.stat",
+            "anon 3000\nfile 2000\nkernel 999999\nslab 777777\nanon_thp 5\ninactive_file 1500\nfile_mapped 3\n",
+        )]);
         let s = cg(&d, CgroupVersion::V2, true).read().unwrap();
-        assert_eq!(s.usage, (16_384_000 - 8_192_000) * 1024);
-        assert_eq!(s.inactive_file, 4096);
-        // Without a root memory.stat, meminfo's Inactive(file) stands in.
+        assert_eq!((s.usage, s.inactive_file, s.capacity), (5000, 1500, 16_384_000 * 1024));
+        assert_eq!(s.working_set(), 3500);
+        // A root memory.stat without a field is an error naming it, never a guess.
+        fs::write(d.path().join("memory.stat"), "anon 3000\ninactive_file 1\n").unwrap();
+        let err = cg(&d, CgroupVersion::V2, true).read().unwrap_err();
+        assert!(err.to_string().contains("memory.stat: no file"), "{err}");
         fs::remove_file(d.path().join("memory.stat")).unwrap();
-        assert_eq!(cg(&d, CgroupVersion::V2, true).read().unwrap().inactive_file, 1_024_000 * 1024);
+        let err = cg(&d, CgroupVersion::V2, true).read().unwrap_err();
+        assert!(err.to_string().contains("memory.stat"), "{err}");
     }
 
     #[test]
@@ -269,7 +284,8 @@ mod tests {
         assert_eq!(cg(&d, CgroupVersion::V2, false).read().unwrap().available(), 8192 - 4000);
     }
 
-    /// The poll's cheap read is the same usage `read` takes, from one file.
+    /// The poll's cheap read is the same usage `read` takes, from one file; on the v2 root it
+    /// is MemTotal − MemFree, which grows with every page charged to anon or file.
     #[test]
     fn usage_alone_matches_the_full_read() {
         let v1 = fixture(&[("memory.usage_in_bytes", "3000\n"), ("memory.stat", "total_inactive_file 1\n")]);
@@ -277,7 +293,7 @@ mod tests {
         let v2 = fixture(&[("memory.current", "5000\n"), ("memory.stat", "inactive_file 1\n")]);
         assert_eq!(cg(&v2, CgroupVersion::V2, false).usage().unwrap(), 5000);
         let root = cg(&v2, CgroupVersion::V2, true);
-        assert_eq!(root.usage().unwrap(), root.read().unwrap().usage);
+        assert_eq!(root.usage().unwrap(), (16_384_000 - 8_192_000) * 1024);
         fs::remove_file(v1.path().join("memory.usage_in_bytes")).unwrap();
         let err = cg(&v1, CgroupVersion::V1, false).usage().unwrap_err();
         assert!(err.to_string().contains("memory.usage_in_bytes"), "{err}");

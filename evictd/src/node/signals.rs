@@ -218,7 +218,8 @@ mod tests {
                 w("kubepods/memory.limit_in_bytes", &format!("{limit}\n"));
             }
             CgroupVersion::V2 => {
-                w("memory.stat", "inactive_file 1073741824\n");
+                // anon + file = 2Gi, as the v1 root's usage_in_bytes.
+                w("memory.stat", "anon 1073741824\nfile 1073741824\ninactive_file 1073741824\n");
                 w("kubepods/memory.current", "1610612736\n");
                 w("kubepods/memory.stat", "inactive_file 536870912\n");
                 w("kubepods/memory.max", &kubepods_limit.map_or("max".into(), |l| l.to_string()));
@@ -245,11 +246,12 @@ mod tests {
             let o = unlimited.observe(7, &mut Vec::new());
             assert!(!o.contains_key(&Signal::AllocatableMemoryAvailable), "{version:?}: unlimited kubepods");
         }
-        // v1 root: 4Gi − (2Gi − 1Gi); v2 root emulated: usage = MemTotal − MemFree = 3Gi.
-        let (_d, v1) = fixture(CgroupVersion::V1, None);
-        assert_eq!(v1.observe(0, &mut Vec::new())[&Signal::MemoryAvailable].available, 3 << 30);
-        let (_d, v2) = fixture(CgroupVersion::V2, None);
-        assert_eq!(v2.observe(0, &mut Vec::new())[&Signal::MemoryAvailable].available, 2 << 30);
+        // Both roots: 4Gi − (2Gi − 1Gi); on v2 the 2Gi is runc's anon + file, not
+        // MemTotal − MemFree (3Gi).
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (_d, src) = fixture(version, None);
+            assert_eq!(src.observe(0, &mut Vec::new())[&Signal::MemoryAvailable].available, 3 << 30);
+        }
     }
 
     #[test]

@@ -1,0 +1,559 @@
+//! `cargo xtask vm`: the privileged tests inside Debian's own kernels, booted with cgroup v2
+//! in QEMU.
+//!
+//! Production nodes run cgroup v2 on kernels this machine does not have. For each kernel of
+//! the matrix this fetches Debian's kernel package (apt, through a private sources list and
+//! state directory: the machine's own apt sources are never touched; apt checks the
+//! archive's signatures and the package's hash), builds one initramfs with evictd, the
+//! privileged test binaries, their shared libraries and `evictd-vm-init` as `/init`, and
+//! boots it under QEMU's TCG (`/dev/kvm` here cannot run a stock kernel). Inside, the init
+//! checks that `evictd probe` picks the wake tier the matrix expects and runs the tests;
+//! its `evictd-vm:` lines on the serial console are the results. TCG is 10–50× slower than
+//! the host: the VMs test behaviour, the benchmarks stay on the host.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use clap::Args;
+
+use crate::{BuildEnv, output, run_status, setup, step, workspace_root};
+
+/// One kernel of the matrix: a Debian suite's cloud kernel and what evictd must make of it.
+struct Kernel {
+    suite: &'static str,
+    /// The charge wake tier `evictd probe` must choose there.
+    tier: &'static str,
+    /// Tests that need what this kernel does not offer, and why (`--skip`, printed).
+    skip: &'static [(&'static str, &'static str)],
+}
+
+const NO_MEMCG_TRACEPOINTS: &str =
+    "needs the memcg stat tracepoints, which this kernel lacks (the tier check proves it)";
+const V1_ONLY: &str = "cgroup v1 only; these VMs run cgroup v2";
+
+/// The charge-program tests need the memcg stat tracepoints; and the v1-only ones.
+const CHARGE_PROGRAM_TESTS: &[(&str, &str)] = &[
+    ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
+    ("all_programs_attach_on_this_kernel", NO_MEMCG_TRACEPOINTS),
+    ("charge_in_a_test_cgroup_wakes_with_its_id", NO_MEMCG_TRACEPOINTS),
+    ("growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake", NO_MEMCG_TRACEPOINTS),
+    ("a_full_ring_buffer_is_counted_as_drops", NO_MEMCG_TRACEPOINTS),
+    ("trace_json_reports_charge_in_the_node_cgroup", NO_MEMCG_TRACEPOINTS),
+    ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
+    ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
+    ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
+];
+
+/// The eventfd threshold notifier and the v1 freezer do not exist on cgroup v2.
+const V2_ONLY_SKIPS: &[(&str, &str)] = &[
+    ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
+    ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
+];
+
+/// Debian's 6.1 (bookworm) and 6.12 (trixie) have no memcg stat tracepoints; the 7.x of
+/// trixie-backports has them. This host's own kernel (cgroup v1) is `cargo xtask test`'s.
+const MATRIX: &[Kernel] = &[
+    Kernel { suite: "bookworm", tier: "adaptive-poll", skip: CHARGE_PROGRAM_TESTS },
+    Kernel { suite: "trixie", tier: "adaptive-poll", skip: CHARGE_PROGRAM_TESTS },
+    Kernel { suite: "trixie-backports", tier: "memcg-tracepoints", skip: V2_ONLY_SKIPS },
+];
+
+/// The test binaries run inside: the kernel-facing library tests and the privileged
+/// integration tests that need no container runtime.
+const TEST_TARGETS: &[&str] = &["--lib", "--test", "kernel_wake", "--test", "trace_cli"];
+
+/// Programs of this machine the tests start (`sleep` as a process to kill), copied with
+/// their libraries.
+const HOST_TOOLS: &[&str] = &["/usr/bin/sleep"];
+
+const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+
+const DEFAULT_JOBS: usize = 2;
+const DEFAULT_TIMEOUT_MINUTES: u64 = 25;
+
+#[derive(Args)]
+pub(crate) struct VmArgs {
+    /// Debian suites whose kernels to boot (default: the whole matrix: bookworm, trixie,
+    /// trixie-backports).
+    #[arg(long, value_delimiter = ',')]
+    suites: Vec<String>,
+    /// VMs at a time (each takes one host CPU under TCG).
+    #[arg(long, default_value_t = DEFAULT_JOBS)]
+    jobs: usize,
+    /// Give up on a VM after this many minutes.
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_MINUTES)]
+    timeout_minutes: u64,
+}
+
+/// The whole matrix, as `cargo xtask test` runs it.
+impl Default for VmArgs {
+    fn default() -> Self {
+        VmArgs { suites: Vec::new(), jobs: DEFAULT_JOBS, timeout_minutes: DEFAULT_TIMEOUT_MINUTES }
+    }
+}
+
+pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
+    let started = Instant::now();
+    ensure!(crate::is_root(), "cargo xtask vm needs root (apt-get, and the kernels' packages)");
+    let kernels: Vec<&Kernel> = if args.suites.is_empty() {
+        MATRIX.iter().collect()
+    } else {
+        args.suites
+            .iter()
+            .map(|s| {
+                MATRIX.iter().find(|k| k.suite == s).ok_or_else(|| {
+                    let known: Vec<&str> = MATRIX.iter().map(|k| k.suite).collect();
+                    anyhow!("--suites: {s} is not in the matrix ({})", known.join(", "))
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    setup::ensure_debian_packages(&["qemu-system-x86"])?;
+    let dir = workspace_root().join("target/vm");
+    let initramfs = build_initramfs(env, &dir)?;
+    let mut images = Vec::new();
+    for k in &kernels {
+        images.push((*k, fetch_kernel(&dir, k.suite)?));
+    }
+    let logs = dir.join("logs");
+    fs::create_dir_all(&logs)?;
+    let timeout = Duration::from_secs(args.timeout_minutes * 60);
+    let outcomes = run_all(&images, &initramfs, &logs, args.jobs.max(1), timeout);
+    let mut failed = Vec::new();
+    for (k, r) in kernels.iter().zip(&outcomes) {
+        match r {
+            Ok(o) => step(&format!("vm {}: {} ({:.0}s)", k.suite, o.summary, o.seconds)),
+            Err(e) => {
+                step(&format!("vm {}: FAILED: {e:#}", k.suite));
+                failed.push(k.suite);
+            }
+        }
+    }
+    step(&format!("VM matrix: {} kernels in {:.0}s", kernels.len(), started.elapsed().as_secs_f64()));
+    if !failed.is_empty() {
+        bail!("the VM tests failed on {} (logs in {})", failed.join(", "), logs.display());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels
+
+/// A distribution kernel image, fetched and unpacked.
+struct KernelImage {
+    vmlinuz: PathBuf,
+    release: String,
+}
+
+/// The suite's `linux-image-cloud-amd64` kernel: the metapackage's dependency, followed
+/// (7.x splits the image into a `linux-binary-*` package) until a package holds a vmlinuz.
+/// Cached under target/vm/kernels/<suite>; apt verifies what it downloads.
+fn fetch_kernel(dir: &Path, suite: &str) -> Result<KernelImage> {
+    let kdir = dir.join("kernels").join(suite);
+    let (vmlinuz, release_file) = (kdir.join("vmlinuz"), kdir.join("release"));
+    if let (true, Ok(release)) = (vmlinuz.is_file(), fs::read_to_string(&release_file)) {
+        return Ok(KernelImage { vmlinuz, release: release.trim().to_owned() });
+    }
+    step(&format!("fetching Debian {suite}'s cloud kernel (private apt sources in {})", kdir.display()));
+    let apt = PrivateApt::new(&kdir.join("apt"), suite)?;
+    apt.update()?;
+    let debs = kdir.join("debs");
+    fs::create_dir_all(&debs)?;
+    let mut next = kernel_deps(&apt.show("linux-image-cloud-amd64")?);
+    let mut seen = BTreeSet::new();
+    while let Some(pkg) = next.pop() {
+        if !seen.insert(pkg.clone()) {
+            continue;
+        }
+        let deb = apt.download(&pkg, &debs)?;
+        if let Some((path, release)) = vmlinuz_in(&deb)? {
+            extract(&deb, &path, &vmlinuz)?;
+            check_bzimage(&vmlinuz)?;
+            fs::write(&release_file, &release)?;
+            step(&format!("{suite}: kernel {release} from {pkg}"));
+            return Ok(KernelImage { vmlinuz, release });
+        }
+        next.extend(kernel_deps(&apt.show(&pkg)?));
+    }
+    bail!("{suite}: no vmlinuz in linux-image-cloud-amd64 or its kernel packages ({seen:?})")
+}
+
+/// apt with its own sources list, lists, cache and no locks of the machine's: the machine's
+/// apt configuration and state stay as they are.
+struct PrivateApt {
+    opts: Vec<String>,
+}
+
+impl PrivateApt {
+    fn new(dir: &Path, suite: &str) -> Result<Self> {
+        for sub in ["lists/partial", "cache/archives/partial"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        let list = dir.join("sources.list");
+        fs::write(&list, format!("deb {DEBIAN_MIRROR} {suite} main\n"))?;
+        let opts = [
+            format!("Dir::Etc::SourceList={}", list.display()),
+            "Dir::Etc::SourceParts=/dev/null".to_owned(),
+            format!("Dir::State::Lists={}", dir.join("lists").display()),
+            format!("Dir::Cache={}", dir.join("cache").display()),
+            // The machine's own dpkg lock is not ours to take; nothing here installs.
+            "Debug::NoLocking=1".to_owned(),
+            // Root downloads into a directory _apt cannot write.
+            "APT::Sandbox::User=root".to_owned(),
+        ];
+        Ok(PrivateApt { opts: opts.into_iter().flat_map(|o| ["-o".to_owned(), o]).collect() })
+    }
+
+    fn update(&self) -> Result<()> {
+        run_status(
+            Command::new("apt-get").args(&self.opts).args(["update", "-q"]),
+            "apt-get update (private)",
+        )
+    }
+
+    fn show(&self, pkg: &str) -> Result<String> {
+        output(
+            Command::new("apt-cache").args(&self.opts).args(["show", "--no-all-versions", pkg]),
+            &format!("apt-cache show {pkg}"),
+        )
+    }
+
+    fn download(&self, pkg: &str, into: &Path) -> Result<PathBuf> {
+        run_status(
+            Command::new("apt-get").args(&self.opts).args(["download", "-q", pkg]).current_dir(into),
+            &format!("apt-get download {pkg}"),
+        )?;
+        fs::read_dir(into)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{pkg}_")) && n.ends_with(".deb"))
+            })
+            .ok_or_else(|| anyhow!("apt-get download {pkg} left no {pkg}_*.deb in {}", into.display()))
+    }
+}
+
+/// The kernel packages a package depends on (`linux-image-*`, `linux-binary-*`).
+fn kernel_deps(show: &str) -> Vec<String> {
+    show.lines()
+        .find_map(|l| l.strip_prefix("Depends:"))
+        .into_iter()
+        .flat_map(|d| d.split([',', '|']))
+        .filter_map(|d| d.split_whitespace().next())
+        .filter(|n| n.starts_with("linux-image-") || n.starts_with("linux-binary-"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The vmlinuz in a package (its path in the archive, and the kernel release it names).
+fn vmlinuz_in(deb: &Path) -> Result<Option<(String, String)>> {
+    let list =
+        output(Command::new("dpkg-deb").arg("-c").arg(deb), &format!("dpkg-deb -c {}", deb.display()))?;
+    Ok(list.lines().filter_map(|l| l.split_whitespace().last()).find_map(|path| {
+        // ./boot/vmlinuz-<release> (6.1, 6.12) or ./usr/lib/modules/<release>/vmlinuz (7.x)
+        let name = path.rsplit('/').next()?;
+        if let Some(release) = name.strip_prefix("vmlinuz-") {
+            return Some((path.to_owned(), release.to_owned()));
+        }
+        let release = path.strip_suffix("/vmlinuz")?.rsplit('/').next()?;
+        (name == "vmlinuz").then(|| (path.to_owned(), release.to_owned()))
+    }))
+}
+
+fn extract(deb: &Path, member: &str, to: &Path) -> Result<()> {
+    let script =
+        format!("dpkg-deb --fsys-tarfile '{}' | tar -xO '{}' > '{}'", deb.display(), member, to.display());
+    run_status(Command::new("sh").args(["-c", &script]), &format!("extracting {member}"))
+}
+
+/// A bzImage carries "HdrS" at 0x202: a truncated or wrong file fails here, not as a VM
+/// that never boots.
+fn check_bzimage(path: &Path) -> Result<()> {
+    let bytes = fs::read(path)?;
+    ensure!(
+        bytes.len() > 1 << 20 && bytes.get(0x202..0x206) == Some(b"HdrS".as_slice()),
+        "{} is not a bzImage kernel",
+        path.display()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The initramfs
+
+/// Builds the binaries and test binaries (the debug build `cargo xtask test` made) and packs
+/// them, stripped of debug info, with their shared libraries into one uncompressed newc
+/// initramfs: the same for every kernel.
+fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
+    step("building evictd, the VM init and the test binaries (debug)");
+    run_status(env.cargo().args(["build", "-p", "evictd", "-p", "evictd-tests", "--bins"]), "cargo build")?;
+    let mut tests = test_executables(env, &["-p", "evictd", "--lib"])?;
+    tests.extend(test_executables(
+        env,
+        &["-p", "evictd-tests"].iter().chain(&TEST_TARGETS[1..]).copied().collect::<Vec<_>>(),
+    )?);
+    let bin_dir = workspace_root().join("target/debug");
+    let stage = dir.join("stage");
+    if stage.exists() {
+        fs::remove_dir_all(&stage)?;
+    }
+    fs::create_dir_all(&stage)?;
+    let mut files: Vec<(String, PathBuf)> = Vec::new();
+    let mut add_stripped = |archive: String, src: &Path| -> Result<()> {
+        let out = stage.join(archive.trim_start_matches('/').replace('/', "_"));
+        run_status(
+            Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(src),
+            &format!("strip {}", src.display()),
+        )?;
+        files.push((archive, out));
+        Ok(())
+    };
+    add_stripped("/init".into(), &bin_dir.join("evictd-vm-init"))?;
+    for bin in ["evictd", "evictd-memhog"] {
+        add_stripped(format!("/vm/bin/{bin}"), &bin_dir.join(bin))?;
+    }
+    let mut plan = String::new();
+    for t in &tests {
+        let name =
+            t.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("{}: no name", t.display()))?;
+        // Test binaries live in deps/ next to the binaries they start, as in target/.
+        let archive = format!("/vm/bin/deps/{name}");
+        plan.push_str(&archive);
+        plan.push('\n');
+        add_stripped(archive, t)?;
+    }
+    // Programs the tests start by name.
+    for tool in HOST_TOOLS {
+        files.push((tool.to_string(), PathBuf::from(tool)));
+    }
+    let mut libs = BTreeSet::new();
+    for (_, f) in &files {
+        libs.extend(shared_libraries(f)?);
+    }
+    files.extend(libs.into_iter().map(|l| (l.display().to_string(), l)));
+    let plan_file = stage.join("plan");
+    fs::write(&plan_file, plan)?;
+    files.push(("/vm/plan".into(), plan_file));
+    let out = dir.join("initramfs.cpio");
+    write_cpio(&files, &out)?;
+    let mib = fs::metadata(&out)?.len() >> 20;
+    step(&format!("initramfs: {} files, {mib} MiB ({})", files.len(), out.display()));
+    Ok(out)
+}
+
+/// The test executables cargo builds for `selection`, from its JSON messages.
+fn test_executables(env: &BuildEnv, selection: &[&str]) -> Result<Vec<PathBuf>> {
+    let out = output(
+        env.cargo().arg("test").args(selection).args(["--no-run", "--message-format=json"]),
+        "cargo test --no-run",
+    )?;
+    let mut exes = Vec::new();
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] == "compiler-artifact"
+            && msg["profile"]["test"] == true
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            exes.push(PathBuf::from(exe));
+        }
+    }
+    ensure!(!exes.is_empty(), "cargo test {} --no-run named no test executable", selection.join(" "));
+    Ok(exes)
+}
+
+/// What the dynamic loader needs for `elf`, by `ldd`: absolute paths, the loader included.
+fn shared_libraries(elf: &Path) -> Result<Vec<PathBuf>> {
+    let out = output(Command::new("ldd").arg(elf), &format!("ldd {}", elf.display()))?;
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+            let path = l.split("=>").last()?.split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// A newc archive of `files` (archive path → file on the host), with every parent directory
+/// before its entries.
+fn write_cpio(files: &[(String, PathBuf)], out: &Path) -> Result<()> {
+    let mut dirs = BTreeSet::new();
+    for (archive, _) in files {
+        let mut p = Path::new(archive.trim_start_matches('/'));
+        while let Some(parent) = p.parent().filter(|p| !p.as_os_str().is_empty()) {
+            dirs.insert(parent.to_path_buf());
+            p = parent;
+        }
+    }
+    let mut entries: Vec<(cpio::NewcBuilder, fs::File)> = Vec::new();
+    let mut ino = 1;
+    let mut builder = |name: &str, mode: u32| {
+        ino += 1;
+        cpio::NewcBuilder::new(name).ino(ino).mode(mode).nlink(1)
+    };
+    // Directories carry no data; /dev/null stands in as an empty reader.
+    for d in &dirs {
+        entries.push((builder(&d.display().to_string(), 0o040755), fs::File::open("/dev/null")?));
+    }
+    for (archive, src) in files {
+        let file = fs::File::open(src).with_context(|| format!("opening {}", src.display()))?;
+        entries.push((builder(archive.trim_start_matches('/'), 0o100755), file));
+    }
+    let w = std::io::BufWriter::new(fs::File::create(out)?);
+    let mut w = cpio::write_cpio(entries.into_iter(), w).context("writing the initramfs")?;
+    w.flush()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Booting
+
+struct VmOutcome {
+    summary: String,
+    seconds: f64,
+}
+
+/// Every VM, `jobs` at a time; results in the order of `images`.
+fn run_all(
+    images: &[(&Kernel, KernelImage)],
+    initramfs: &Path,
+    logs: &Path,
+    jobs: usize,
+    timeout: Duration,
+) -> Vec<Result<VmOutcome>> {
+    let next = std::sync::Mutex::new(0usize);
+    let results: Vec<std::sync::Mutex<Option<Result<VmOutcome>>>> =
+        images.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    thread::scope(|s| {
+        for _ in 0..jobs.min(images.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = {
+                        let Ok(mut n) = next.lock() else { return };
+                        let i = *n;
+                        *n += 1;
+                        i
+                    };
+                    let Some((k, image)) = images.get(i) else { return };
+                    let r = boot(k, image, initramfs, &logs.join(format!("{}.log", k.suite)), timeout);
+                    if let Ok(mut slot) = results[i].lock() {
+                        *slot = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| m.into_inner().ok().flatten().unwrap_or_else(|| Err(anyhow!("the VM thread ended early"))))
+        .collect()
+}
+
+/// Boots one kernel with the initramfs and follows its console until the init powers off.
+fn boot(
+    k: &Kernel,
+    image: &KernelImage,
+    initramfs: &Path,
+    log: &Path,
+    timeout: Duration,
+) -> Result<VmOutcome> {
+    let started = Instant::now();
+    let skip: Vec<&str> = k.skip.iter().map(|(t, _)| *t).collect();
+    for (t, why) in k.skip {
+        step(&format!("vm {} ({}): not run: {t}: {why}", k.suite, image.release));
+    }
+    let append =
+        format!("console=ttyS0 panic=-1 evictd_vm.tier={} evictd_vm.skip={}", k.tier, skip.join(","));
+    step(&format!("vm {}: booting {} under QEMU TCG", k.suite, image.release));
+    // thread=single: with multi-threaded TCG the guest oopsed when BPF patched a memcg
+    // tracepoint (toolchain notes).
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg,thread=single", "-cpu", "max", "-smp", "2", "-m", "3072"])
+        .args(["-display", "none", "-monitor", "none", "-serial", "stdio", "-no-reboot"])
+        .arg("-kernel")
+        .arg(&image.vmlinuz)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", &append])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("qemu stdout"))?;
+    let (tx, rx) = mpsc::channel();
+    let reader = thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log_file = fs::File::create(log)?;
+    let deadline = started + timeout;
+    let mut results = Vec::new();
+    let mut done = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                writeln!(log_file, "{line}")?;
+                let line = line.trim_end_matches('\r');
+                if let Some(r) = line.strip_prefix("evictd-vm: ") {
+                    step(&format!("vm {}: {r}", k.suite));
+                    if let Some(rest) = r.strip_prefix("done ") {
+                        done = Some(rest.to_owned());
+                    }
+                    results.push(r.to_owned());
+                } else if line.contains("panicked at")
+                    || (line.starts_with("test ") && line.ends_with("FAILED"))
+                {
+                    step(&format!("vm {}: {line}", k.suite));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Ours, by PID.
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = reader.join();
+                bail!("no power-off within {} minutes (log {})", timeout.as_secs() / 60, log.display());
+            }
+        }
+    }
+    let status = child.wait()?;
+    let _ = reader.join();
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let Some(done) = done else {
+        bail!(
+            "the VM ended ({status}) before the init reported (qemu: {}; log {})",
+            stderr.trim(),
+            log.display()
+        );
+    };
+    let failures: Vec<&String> = results.iter().filter(|r| r.starts_with("FAIL")).collect();
+    if !done.starts_with("failures=0") || !failures.is_empty() {
+        bail!(
+            "{} (log {})",
+            failures.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; "),
+            log.display()
+        );
+    }
+    let passed = results.iter().filter(|r| r.starts_with("ok")).count();
+    Ok(VmOutcome { summary: format!("kernel {}: {passed} checks passed", image.release), seconds })
+}
