@@ -11,6 +11,12 @@ pub const FLAG_SCOPE: u32 = 1 << 1;
 pub const FLAG_RECLAIM: u32 = 1 << 2;
 /// Emit OOM-kill events.
 pub const FLAG_OOM: u32 = 1 << 3;
+/// Emit charge events from the batched charge hook (fexit on the page counter's charge).
+pub const FLAG_BATCH: u32 = 1 << 4;
+
+/// How many page counters up from the one charged the batched hook looks for the watched
+/// cgroup (pod → QoS class → kubepods → root is four; room to spare).
+pub const BATCH_MAX_DEPTH: usize = 8;
 
 /// Stat items are indices of `enum node_stat_item` followed by `enum memcg_stat_item`
 /// (the kernel numbers them in one space); 128 bits cover both with room to spare.
@@ -110,9 +116,23 @@ pub struct KernelConfig {
     /// Byte offset of `order` in the vmscan reclaim-begin records, from this kernel's format
     /// file (it moved in 7.x).
     pub reclaim_order_off: u32,
+    /// The batched charge hook's path, from BTF: mem_cgroup.css, mem_cgroup.memory (its page
+    /// counter), page_counter.usage and .parent, and cgroup.subsys[memory_cgrp_id].
+    pub memcg_css_off: u32,
+    pub memcg_memory_off: u32,
+    pub counter_usage_off: u32,
+    pub counter_parent_off: u32,
+    pub cgroup_memory_css_off: u32,
+    pub _pad: u32,
+    /// The cgroup id whose page counter the batched hook watches: the node (1, the root) or
+    /// the cgroup playing it.
+    pub batch_watch_id: u64,
+    /// The hook emits once the watched counter's usage has grown this many pages since the
+    /// first charge it saw after the last re-arm (a new `generation`).
+    pub batch_watermark_pages: i64,
 }
 
-const _: () = assert!(size_of::<KernelConfig>() == 48);
+const _: () = assert!(size_of::<KernelConfig>() == 88);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding (asserted above).

@@ -56,6 +56,13 @@ pub const PROG_DIRECT_RECLAIM_BEGIN: &str = "direct_reclaim_begin";
 pub const PROG_MEMCG_RECLAIM_BEGIN: &str = "memcg_reclaim_begin";
 pub const PROG_MARK_VICTIM: &str = "mark_victim";
 
+/// The batched charge hook: fexit programs on the page counter's charge functions, which
+/// memcg calls once per per-CPU batch (64 pages), not per page. `try_charge` is the hook;
+/// `charge` (the forced path) is taken where it can be traced.
+pub const PROG_PAGE_COUNTER_TRY_CHARGE: &str = "page_counter_try_charge";
+pub const PROG_PAGE_COUNTER_CHARGE: &str = "page_counter_charge";
+pub const BATCH_PROGRAMS: [&str; 2] = [PROG_PAGE_COUNTER_TRY_CHARGE, PROG_PAGE_COUNTER_CHARGE];
+
 pub const TRACEPOINTS: [TracepointSpec; 5] = [
     TracepointSpec {
         program: PROG_MOD_MEMCG_LRUVEC_STATE,

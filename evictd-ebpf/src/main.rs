@@ -16,15 +16,15 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
     },
-    macros::{map, raw_tracepoint, tracepoint},
+    macros::{fexit, map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{RawTracePointContext, TracePointContext},
+    programs::{FExitContext, RawTracePointContext, TracePointContext},
 };
 use evictd_common::{
-    CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, CGROUP_KIND_DEFAULT,
-    CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_COUNT, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE,
-    COUNTER_RATE_LIMITED, COUNTER_RING_DROPS, ChargeItems, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
-    KernelConfig, KernelError, STAT_ITEM_WORDS, WakeEvent,
+    BATCH_MAX_DEPTH, CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL,
+    CGROUP_KIND_DEFAULT, CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_COUNT, COUNTER_EMITTED_BASE,
+    COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED, COUNTER_RING_DROPS, ChargeItems, FLAG_BATCH, FLAG_CHARGE,
+    FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, KernelError, STAT_ITEM_WORDS, WakeEvent,
     tracepoints::{
         Field, MEMCG_STAT_ARG_ITEM, MEMCG_STAT_ARG_MEMCG, MEMCG_STAT_ARG_VAL, OOM_ANON_RSS, OOM_FILE_RSS,
         OOM_PID, OOM_SHMEM_RSS,
@@ -61,6 +61,18 @@ struct CpuState {
 #[map]
 static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
+/// The batched hook's baseline: the watched counter's usage at the first charge seen after
+/// the last re-arm. Shared by all CPUs (the hook runs ~4 times per MiB, not per page); two
+/// CPUs racing on it can only emit one extra wake.
+#[repr(C)]
+struct BatchState {
+    generation: u64,
+    baseline_pages: i64,
+}
+
+#[map]
+static BATCH_STATE: Array<BatchState> = Array::with_max_entries(1, 0);
+
 // Raw tracepoints: the kernel calls them with the tracepoint's arguments, without building
 // a trace record first, which is most of a classic tracepoint's cost on a path that runs for
 // every page charged and freed. Arguments: (struct mem_cgroup *memcg, int item, int val).
@@ -77,6 +89,30 @@ pub fn mod_memcg_lruvec_state(ctx: RawTracePointContext) -> i32 {
 pub fn mod_memcg_state(ctx: RawTracePointContext) -> i32 {
     count_failure(try_memcg_stat(&ctx));
     0
+}
+
+// The batched charge hook (kernels with BPF trampolines): memcg charges a cgroup's page
+// counter, and each ancestor's, once per per-CPU batch of 64 pages, through these two
+// functions. Arguments: (struct page_counter *counter, unsigned long nr_pages, ...).
+
+#[fexit(function = "page_counter_try_charge")]
+pub fn page_counter_try_charge(ctx: FExitContext) -> i32 {
+    count_failure(first_argument(&ctx).and_then(try_batch_charge));
+    0
+}
+
+#[fexit(function = "page_counter_charge")]
+pub fn page_counter_charge(ctx: FExitContext) -> i32 {
+    count_failure(first_argument(&ctx).and_then(try_batch_charge));
+    0
+}
+
+/// The counter, as a plain number: the verifier types a tracing program's arguments as BTF
+/// pointers and allows them no arithmetic by offsets known only at run time (ours come from
+/// BTF through the config), so it is read through the helper instead of `ctx.arg(0)`.
+#[inline(always)]
+fn first_argument(ctx: &FExitContext) -> Result<u64, KernelError> {
+    read_u64(ctx.as_ptr() as u64)
 }
 
 #[tracepoint]
@@ -189,6 +225,75 @@ fn memcg_cgroup_id(cfg: &KernelConfig, memcg: u64) -> Option<u64> {
         let kn: u64 = bpf_probe_read_kernel((cgroup + cfg.cgroup_kn_off as u64) as *const u64).ok()?;
         bpf_probe_read_kernel((kn + cfg.kn_id_off as u64) as *const u64).ok()
     }
+}
+
+/// A charge of `counter`: if it is a memcg's memory counter (not swap, memsw or hugetlb,
+/// which use the same functions) and the watched cgroup is it or an ancestor, compares the
+/// watched counter's usage with the baseline and emits once it grew by the watermark. The
+/// event names the cgroup charged, for `--trace`.
+#[inline(always)]
+fn try_batch_charge(counter: u64) -> Result<(), KernelError> {
+    let cfg = CONFIG.get(0).ok_or(KernelError::NoConfig)?;
+    if cfg.flags & FLAG_BATCH == 0 {
+        return Ok(());
+    }
+    // The counter lives inside a mem_cgroup only if that memcg's cgroup points back at it
+    // as its memory css; a hugetlb or swap counter fails this (one pointer compare).
+    let memcg = counter.wrapping_sub(cfg.memcg_memory_off as u64);
+    let cgroup = read_u64(memcg + cfg.memcg_cgroup_off as u64)?;
+    if read_u64(cgroup + cfg.cgroup_memory_css_off as u64)? != memcg + cfg.memcg_css_off as u64 {
+        return Ok(());
+    }
+    let charged_id = cgroup_id(cfg, cgroup)?;
+    let mut c = counter;
+    let mut id = charged_id;
+    for _ in 0..BATCH_MAX_DEPTH {
+        if id == cfg.batch_watch_id {
+            return watched_counter_charged(cfg, c, charged_id);
+        }
+        c = read_u64(c + cfg.counter_parent_off as u64)?;
+        if c == 0 {
+            return Ok(());
+        }
+        let m = c.wrapping_sub(cfg.memcg_memory_off as u64);
+        id = cgroup_id(cfg, read_u64(m + cfg.memcg_cgroup_off as u64)?)?;
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn watched_counter_charged(cfg: &KernelConfig, counter: u64, charged_id: u64) -> Result<(), KernelError> {
+    let usage = read_u64(counter + cfg.counter_usage_off as u64)? as i64;
+    let st = BATCH_STATE.get_ptr_mut(0).ok_or(KernelError::NoCpuState)?;
+    // SAFETY: a map value; concurrent CPUs can only cause an extra or a late-by-one-batch
+    // wake (see BatchState).
+    let st = unsafe { &mut *st };
+    if st.generation != cfg.generation {
+        st.generation = cfg.generation;
+        st.baseline_pages = usage;
+        return Ok(());
+    }
+    bump(COUNTER_CHARGE_MATCHED);
+    let grown = usage - st.baseline_pages;
+    if grown < cfg.batch_watermark_pages {
+        return Ok(());
+    }
+    st.baseline_pages = usage;
+    emit(CAUSE_CHARGE, charged_id, CGROUP_KIND_MEMCG, grown << cfg.page_shift, current_tgid());
+    Ok(())
+}
+
+/// cgroup->kn->id.
+#[inline(always)]
+fn cgroup_id(cfg: &KernelConfig, cgroup: u64) -> Result<u64, KernelError> {
+    let kn = read_u64(cgroup + cfg.cgroup_kn_off as u64)?;
+    read_u64(kn + cfg.kn_id_off as u64)
+}
+
+#[inline(always)]
+fn read_u64(addr: u64) -> Result<u64, KernelError> {
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one is an error.
+    unsafe { bpf_probe_read_kernel(addr as *const u64) }.map_err(|_| KernelError::MemcgIdRead)
 }
 
 #[inline(always)]

@@ -20,6 +20,7 @@ fn start(cg: &TestCgroup, watermark: u64) -> (KernelProbes, mpsc::Receiver<Wake>
     let (mut probes, ring) =
         KernelProbes::load(&LoadOptions::default()).expect("loading evictd's eBPF programs");
     probes.set_scope(Some(&[cg.id()])).expect("scope");
+    probes.watch(cg.id()).expect("watch");
     probes.rearm(watermark).expect("rearm");
     let (tx, rx) = mpsc::channel(1 << 16);
     wake::ebpf::spawn_ring_buffer(ring, tx, Arc::new(WakeStats::default())).expect("ring buffer consumer");
@@ -47,8 +48,16 @@ async fn all_programs_attach_on_this_kernel() {
     }
     let (probes, _ring) =
         KernelProbes::load(&LoadOptions::default()).expect("loading evictd's eBPF programs");
+    // Every program attaches but those of the charge tier this kernel does not use: the
+    // batched hook where the kernel has no BPF trampolines (this project's CI host), or the
+    // memcg stat tracepoints where the hook replaces them (Debian's kernels in the VMs).
     for p in &probes.programs {
-        assert!(p.error.is_none(), "{} not attached: {:?}", p.tracepoint, p.error);
+        let other_tier = if probes.has_batch_hook() {
+            p.tracepoint.starts_with("memcg:")
+        } else {
+            p.tracepoint.starts_with("fexit ")
+        };
+        assert!(p.error.is_none() || other_tier, "{} not attached: {:?}", p.tracepoint, p.error);
     }
     assert_eq!(probes.items.len(), evictd::kernel::stat_items::DEFAULT_CHARGE_ITEMS.len());
     let c = probes.counters().expect("counters readable");
@@ -107,11 +116,16 @@ async fn a_full_ring_buffer_is_counted_as_drops() {
     let opts = LoadOptions { ring_buffer_bytes: 4096, ..Default::default() };
     let (mut probes, _ring) = KernelProbes::load(&opts).expect("loading evictd's eBPF programs");
     probes.set_scope(Some(&[cg.id()])).expect("scope");
+    probes.watch(cg.id()).expect("watch");
     probes.rearm(0).expect("rearm");
     let mut hog = MemHog::spawn_in(&cg);
-    hog.alloc(16);
+    // The memcg tracepoints fire per page (4096 events in 16 MiB); the batched hook once per
+    // 64-page batch, or once per 2 MiB huge page (~0.6 per MiB seen in the VMs), so it gets
+    // 512 MiB: ~300 events or more for a ring that holds ~85.
+    let mib = if probes.has_batch_hook() { 512 } else { 16 };
+    hog.alloc(mib);
     let c = probes.counters().expect("counters");
-    assert!(c.ring_drops > 0, "no drops counted with a 4 KiB ring and 4096 events: {c:?}");
+    assert!(c.ring_drops > 0, "no drops counted with a 4 KiB ring and {mib} MiB of events: {c:?}");
     assert!(c.emitted[CAUSE_CHARGE as usize] < 200, "{c:?}");
 }
 

@@ -56,6 +56,59 @@ fn trace_json_reports_charge_in_the_node_cgroup() {
     assert_eq!(e["threshold_distance_bytes"].as_i64(), Some(avail - (100 << 20)));
 }
 
+/// Issue 10: watching the whole node (no --node-cgroup), charge in any cgroup wakes evictd,
+/// whichever charge tier the kernel gives: the memcg tracepoints count every memcg here, and
+/// in the VMs the batched hook watches the root's page counter, which every charge reaches
+/// through the ancestors (the root itself is never charged directly).
+#[test]
+fn charge_anywhere_on_the_node_wakes_evictd() {
+    if !privileged("charge_anywhere_on_the_node_wakes_evictd") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let mut hog = MemHog::spawn_in(&cg);
+    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
+        .args(["--trace", "--json", "--dry-run", "--cri-endpoint", "none", "--wake-sources", "ebpf"])
+        .args(["--bpf-watermark", "16Mi", "--duration", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting evictd");
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let stdout = evictd.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON line");
+            if tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    // The first summary: the programs are loaded and armed (seconds under the VMs' TCG).
+    let first = rx.recv_timeout(Duration::from_secs(60)).expect("evictd printed nothing");
+    assert_eq!(first["type"], "summary", "{first}");
+    hog.alloc(128);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let mut ours = None;
+    while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(v) if v["type"] == "event" && v["cause"] == "charge" && v["cgroup"] == cg.rel_path() => {
+                ours = Some(v);
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = evictd.kill();
+    let _ = evictd.wait();
+    let _ = reader.join();
+    drop(hog);
+    let e = ours.unwrap_or_else(|| panic!("no charge event naming {} for 128 MiB", cg.rel_path()));
+    assert_eq!(e["cgroup_id"], cg.id());
+    assert!(e["amount_bytes"].as_i64().is_some_and(|b| b > 0), "{e}");
+}
+
 /// Issue 12: the summary line shows memory.available as read that second, and the tuning
 /// view names the cgroup that grew. With no wake at all (only a timer that never fires), a
 /// workload growing by 256 MiB in a child of the node cgroup must show in both.

@@ -22,6 +22,16 @@ pub struct MemcgIdPath {
     pub kn_id_off: u32,
 }
 
+/// Byte offsets the batched charge hook follows (see `KernelConfig`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPath {
+    pub memcg_css_off: u32,
+    pub memcg_memory_off: u32,
+    pub counter_usage_off: u32,
+    pub counter_parent_off: u32,
+    pub cgroup_memory_css_off: u32,
+}
+
 pub struct KernelBtf {
     btf: Btf,
     path: String,
@@ -84,6 +94,24 @@ impl KernelBtf {
                 + self.member_offset("cgroup_subsys_state", "cgroup")?,
             cgroup_kn_off: self.member_offset("cgroup", "kn")?,
             kn_id_off: self.member_offset("kernfs_node", "id")?,
+        })
+    }
+
+    /// From a page counter to its memcg and back through the cgroup's memory css: offsets
+    /// that differ between 6.1 and 7.x (toolchain notes), so never compiled in.
+    pub fn batch_path(&self) -> Result<BatchPath, BtfError> {
+        let memory_id = self
+            .enum_members("cgroup_subsys_id")?
+            .into_iter()
+            .find_map(|(name, value)| (name == "memory_cgrp_id").then_some(value))
+            .ok_or_else(|| BtfError::Mismatch("enum cgroup_subsys_id has no memory_cgrp_id".into()))?;
+        let pointer = size_of::<u64>() as u32;
+        Ok(BatchPath {
+            memcg_css_off: self.member_offset("mem_cgroup", "css")?,
+            memcg_memory_off: self.member_offset("mem_cgroup", "memory")?,
+            counter_usage_off: self.member_offset("page_counter", "usage")?,
+            counter_parent_off: self.member_offset("page_counter", "parent")?,
+            cgroup_memory_css_off: self.member_offset("cgroup", "subsys")? + memory_id * pointer,
         })
     }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::{
     kernel::{
         btf::KernelBtf,
-        ebpf::{KernelProbes, LoadOptions, TRACEPOINTS},
+        ebpf::{KernelProbes, LoadOptions, ProgramStatus, TRACEPOINTS},
         stat_items, tracefs,
     },
     node::{
@@ -38,6 +38,7 @@ pub struct ProbeReport {
 /// first, and the first one this kernel allows is used.
 #[derive(Serialize)]
 pub struct ChargeWake {
+    /// `batched-charge-hook` (eBPF fexit on the page counter's charge, once per 64-page batch),
     /// `memcg-tracepoints` (eBPF on the memcg stat tracepoints, attached within the band near
     /// a threshold) or `adaptive-poll` (the node's usage read at an interval set by the
     /// distance to the nearest threshold).
@@ -124,13 +125,14 @@ fn probe_bpf(r: &mut ProbeReport) -> ChargeWake {
         Ok((probes, _ring)) => {
             r.checks.push(passed("bpf", "programs load (ring buffer, array, per-CPU and hash maps)"));
             for p in &probes.programs {
+                let kind = if p.tracepoint.starts_with("fexit ") { "" } else { "tracepoint " };
                 r.checks.push(check(
-                    format!("tracepoint {}", p.tracepoint),
+                    format!("{kind}{}", p.tracepoint),
                     p.error.clone().map_or(Ok("attached".into()), Err),
                 ));
             }
             let attached = probes.programs.iter().filter(|p| p.error.is_none()).count();
-            r.wake_sources.push(format!("ebpf ({attached} of {} tracepoints)", probes.programs.len()));
+            r.wake_sources.push(format!("ebpf ({attached} of {} programs)", probes.programs.len()));
             charge_tier(&probes)
         }
         Err(e) => {
@@ -152,12 +154,29 @@ fn probe_bpf(r: &mut ProbeReport) -> ChargeWake {
 /// The memcg stat tracepoints when a charge program attached; else the poll, with the
 /// charge programs' own reasons.
 fn charge_tier(probes: &KernelProbes) -> ChargeWake {
+    let fexit = |p: &ProgramStatus| p.tracepoint.starts_with("fexit ");
+    if probes.has_batch_hook() {
+        return ChargeWake {
+            tier: "batched-charge-hook",
+            why: "fexit on page_counter_try_charge attaches: the node's page counter is compared with \
+                  the watermark once per 64-page charge batch"
+                .into(),
+        };
+    }
+    let no_hook: Vec<String> = probes
+        .programs
+        .iter()
+        .filter(|p| fexit(p))
+        .map(|p| format!("{}: {}", p.tracepoint, p.error.as_deref().unwrap_or("not attached")))
+        .collect();
+    let no_hook = no_hook.join("; ");
     if probes.has_charge_programs() {
         return ChargeWake {
             tier: "memcg-tracepoints",
-            why: "the memcg stat tracepoints attach (evictd attaches them only within the band near a \
-                  memory threshold)"
-                .into(),
+            why: format!(
+                "the memcg stat tracepoints attach (evictd attaches them only within the band near a \
+                 memory threshold); no batched charge hook: {no_hook}"
+            ),
         };
     }
     let raw: Vec<String> = TRACEPOINTS

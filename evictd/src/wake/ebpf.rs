@@ -10,6 +10,7 @@
 //! at all, and the poll alone watches.
 
 use std::{
+    os::unix::fs::MetadataExt as _,
     path::PathBuf,
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
@@ -133,6 +134,18 @@ pub fn start(
     }
     let task = spawn_ring_buffer(ring, tx, stats).map_err(WakeError::RingBuffer)?;
     let scope = (!signals.node.is_root).then(|| signals.node.dir.clone());
+    let mut probes = probes;
+    if probes.has_batch_hook() {
+        // A cgroup's id is its directory's inode, the root's included (1).
+        let node_id = std::fs::metadata(&signals.node.dir)
+            .map(|m| m.ino())
+            .map_err(|e| WakeError::NodeCgroup { path: signals.node.dir.clone(), source: e })?;
+        probes.watch(node_id)?;
+        tracing::info!(
+            node_cgroup_id = node_id,
+            "batched charge hook (fexit page_counter_try_charge) watches the node"
+        );
+    }
     let band =
         (opts.charge_probes_near && opts.sources.contains(&SourceKind::Poll) && probes.has_charge_programs())
             .then(|| Band::for_fill_rate(opts.poll_fill_rate));

@@ -93,6 +93,8 @@ pub enum WakeError {
     Psi { path: String, error: std::io::Error },
     #[error("{0} stopped")]
     Stopped(&'static str),
+    #[error("eBPF wake source: the node cgroup {path}: {source}")]
+    NodeCgroup { path: std::path::PathBuf, source: std::io::Error },
     #[error("no wake source could be started (see the warnings above; --wake-sources timer always works)")]
     NoSource,
 }
