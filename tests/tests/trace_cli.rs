@@ -67,23 +67,15 @@ fn charge_anywhere_on_the_node_wakes_evictd() {
     }
     let cg = TestCgroup::new(None);
     let mut hog = MemHog::spawn_in(&cg);
-    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
-        .args(["--trace", "--json", "--dry-run", "--cri-endpoint", "none", "--wake-sources", "ebpf"])
-        .args(["--bpf-watermark", "16Mi", "--duration", "60s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("starting evictd");
-    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
-    let stdout = evictd.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON line");
-            if tx.send(v).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut evictd, rx, reader) = evictd_traced(Command::new(evictd_binary()).args([
+        "--dry-run",
+        "--wake-sources",
+        "ebpf",
+        "--bpf-watermark",
+        "16Mi",
+        "--duration",
+        "60s",
+    ]));
     // The first summary: the programs are loaded and armed (seconds under the VMs' TCG).
     let first = rx.recv_timeout(Duration::from_secs(60)).expect("evictd printed nothing");
     assert_eq!(first["type"], "summary", "{first}");
@@ -151,17 +143,21 @@ fn the_summary_shows_memory_as_read_that_second() {
     assert!(grower_bytes >= 200 << 20, "the tuning view must name /grower for its 256 MiB: {grew:?}");
 }
 
-/// `evictd --trace --json` on `node` with `memory.available<100Mi`, no runtime, and `args`;
-/// its lines arrive parsed on the receiver, read by the returned thread.
-fn evictd_on(
-    node: &TestCgroup,
-    args: &[&str],
-) -> (std::process::Child, std::sync::mpsc::Receiver<serde_json::Value>, std::thread::JoinHandle<()>) {
-    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
-        .args(["--trace", "--json", "--cri-endpoint", "none", "--eviction-hard", "memory.available<100Mi"])
-        .args(args)
-        .arg("--node-cgroup")
-        .arg(&node.dir)
+/// `evictd --trace --json` on `node` with `memory.available<100Mi`, no runtime, and `args`.
+fn evictd_on(node: &TestCgroup, args: &[&str]) -> Traced {
+    let mut cmd = Command::new(evictd_binary());
+    cmd.args(["--eviction-hard", "memory.available<100Mi"]).args(args).arg("--node-cgroup").arg(&node.dir);
+    evictd_traced(&mut cmd)
+}
+
+/// A running `evictd --trace --json`, the receiver of its parsed lines, and their reader.
+type Traced =
+    (std::process::Child, std::sync::mpsc::Receiver<serde_json::Value>, std::thread::JoinHandle<()>);
+
+/// `cmd` (an evictd command) with `--trace --json` and no runtime, started as the harness's
+/// child; its stdout read line by line on a thread of its own.
+fn evictd_traced(cmd: &mut Command) -> Traced {
+    let mut evictd = dies_with_harness(cmd.args(["--trace", "--json", "--cri-endpoint", "none"]))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
