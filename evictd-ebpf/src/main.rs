@@ -196,7 +196,7 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     let id = if memcg == st.last_memcg {
         st.last_id
     } else {
-        let id = memcg_cgroup_id(cfg, memcg).ok_or(KernelError::MemcgIdRead)?;
+        let id = memcg_cgroup_id(cfg, memcg)?;
         st.last_memcg = memcg;
         st.last_id = id;
         id
@@ -218,13 +218,8 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
 
 /// memcg->css.cgroup->kn->id, with the offsets userspace resolved from this kernel's BTF.
 #[inline(always)]
-fn memcg_cgroup_id(cfg: &KernelConfig, memcg: u64) -> Option<u64> {
-    // SAFETY: bpf_probe_read_kernel checks every address itself; a bad one is an error.
-    unsafe {
-        let cgroup: u64 = bpf_probe_read_kernel((memcg + cfg.memcg_cgroup_off as u64) as *const u64).ok()?;
-        let kn: u64 = bpf_probe_read_kernel((cgroup + cfg.cgroup_kn_off as u64) as *const u64).ok()?;
-        bpf_probe_read_kernel((kn + cfg.kn_id_off as u64) as *const u64).ok()
-    }
+fn memcg_cgroup_id(cfg: &KernelConfig, memcg: u64) -> Result<u64, KernelError> {
+    cgroup_id(cfg, read_u64(memcg + cfg.memcg_cgroup_off as u64)?)
 }
 
 /// A charge of `counter`: if it is a memcg's memory counter (not swap, memsw or hugetlb,
@@ -255,8 +250,7 @@ fn try_batch_charge(counter: u64) -> Result<(), KernelError> {
         if c == 0 {
             return Ok(());
         }
-        let m = c.wrapping_sub(cfg.memcg_memory_off as u64);
-        id = cgroup_id(cfg, read_u64(m + cfg.memcg_cgroup_off as u64)?)?;
+        id = memcg_cgroup_id(cfg, c.wrapping_sub(cfg.memcg_memory_off as u64))?;
     }
     Ok(())
 }
@@ -290,6 +284,8 @@ fn cgroup_id(cfg: &KernelConfig, cgroup: u64) -> Result<u64, KernelError> {
     read_u64(kn + cfg.kn_id_off as u64)
 }
 
+/// One kernel word; every pointer evictd follows is read this way (a failed read is counted
+/// as a `memcg-id-read` error).
 #[inline(always)]
 fn read_u64(addr: u64) -> Result<u64, KernelError> {
     // SAFETY: bpf_probe_read_kernel checks the address; a bad one is an error.

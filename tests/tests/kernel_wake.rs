@@ -52,11 +52,7 @@ async fn all_programs_attach_on_this_kernel() {
     // batched hook where the kernel has no BPF trampolines (this project's CI host), or the
     // memcg stat tracepoints where the hook replaces them (Debian's kernels in the VMs).
     for p in &probes.programs {
-        let other_tier = if probes.has_batch_hook() {
-            p.tracepoint.starts_with("memcg:")
-        } else {
-            p.tracepoint.starts_with("fexit ")
-        };
+        let other_tier = if probes.has_batch_hook() { p.is_memcg_stat() } else { p.is_batch_hook() };
         assert!(p.error.is_none() || other_tier, "{} not attached: {:?}", p.tracepoint, p.error);
     }
     assert_eq!(probes.items.len(), evictd::kernel::stat_items::DEFAULT_CHARGE_ITEMS.len());

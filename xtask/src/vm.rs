@@ -64,9 +64,10 @@ const MATRIX: &[Kernel] = &[
     Kernel { suite: "trixie-backports", tier: "batched-charge-hook", skip: WITH_TRACEPOINTS },
 ];
 
-/// The test binaries run inside: the kernel-facing library tests and the privileged
-/// integration tests that need no container runtime.
-const TEST_TARGETS: &[&str] = &["--lib", "--test", "kernel_wake", "--test", "trace_cli"];
+/// The test binaries run inside (cargo's selections): the kernel-facing library tests, and
+/// the privileged integration tests that need no container runtime.
+const TEST_SELECTIONS: [&[&str]; 2] =
+    [&["-p", "evictd", "--lib"], &["-p", "evictd-tests", "--test", "kernel_wake", "--test", "trace_cli"]];
 
 /// Programs of this machine the tests start (`sleep` as a process to kill), copied with
 /// their libraries.
@@ -267,10 +268,23 @@ fn vmlinuz_in(deb: &Path) -> Result<Option<(String, String)>> {
     }))
 }
 
+/// `member` of the package's file tree, written to `to`: `dpkg-deb --fsys-tarfile | tar -xO`,
+/// piped without a shell.
 fn extract(deb: &Path, member: &str, to: &Path) -> Result<()> {
-    let script =
-        format!("dpkg-deb --fsys-tarfile '{}' | tar -xO '{}' > '{}'", deb.display(), member, to.display());
-    run_status(Command::new("sh").args(["-c", &script]), &format!("extracting {member}"))
+    let mut dpkg = Command::new("dpkg-deb")
+        .arg("--fsys-tarfile")
+        .arg(deb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting dpkg-deb")?;
+    let tar_in = dpkg.stdout.take().ok_or_else(|| anyhow!("dpkg-deb stdout"))?;
+    run_status(
+        Command::new("tar").args(["-xO", member]).stdin(tar_in).stdout(fs::File::create(to)?),
+        &format!("extracting {member} from {}", deb.display()),
+    )?;
+    let status = dpkg.wait()?;
+    ensure!(status.success(), "dpkg-deb --fsys-tarfile {} failed ({status})", deb.display());
+    Ok(())
 }
 
 /// A bzImage carries "HdrS" at 0x202: a truncated or wrong file fails here, not as a VM
@@ -294,11 +308,10 @@ fn check_bzimage(path: &Path) -> Result<()> {
 fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     step("building evictd, the VM init and the test binaries (debug)");
     run_status(env.cargo().args(["build", "-p", "evictd", "-p", "evictd-tests", "--bins"]), "cargo build")?;
-    let mut tests = test_executables(env, &["-p", "evictd", "--lib"])?;
-    tests.extend(test_executables(
-        env,
-        &["-p", "evictd-tests"].iter().chain(&TEST_TARGETS[1..]).copied().collect::<Vec<_>>(),
-    )?);
+    let mut tests = Vec::new();
+    for selection in TEST_SELECTIONS {
+        tests.extend(test_executables(env, selection)?);
+    }
     let bin_dir = workspace_root().join("target/debug");
     let stage = dir.join("stage");
     if stage.exists() {
@@ -428,32 +441,28 @@ fn run_all(
     jobs: usize,
     timeout: Duration,
 ) -> Vec<Result<VmOutcome>> {
-    let next = std::sync::Mutex::new(0usize);
-    let results: Vec<std::sync::Mutex<Option<Result<VmOutcome>>>> =
-        images.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    thread::scope(|s| {
-        for _ in 0..jobs.min(images.len()) {
-            s.spawn(|| {
-                loop {
-                    let i = {
-                        let Ok(mut n) = next.lock() else { return };
-                        let i = *n;
-                        *n += 1;
-                        i
-                    };
-                    let Some((k, image)) = images.get(i) else { return };
-                    let r = boot(k, image, initramfs, &logs.join(format!("{}.log", k.suite)), timeout);
-                    if let Ok(mut slot) = results[i].lock() {
-                        *slot = Some(r);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: Vec<(usize, Result<VmOutcome>)> = thread::scope(|s| {
+        let workers: Vec<_> = (0..jobs.min(images.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((k, image)) = images.get(i) else { return mine };
+                        let log = logs.join(format!("{}.log", k.suite));
+                        mine.push((i, boot(k, image, initramfs, &log, timeout)));
                     }
-                }
-            });
-        }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
     });
-    results
-        .into_iter()
-        .map(|m| m.into_inner().ok().flatten().unwrap_or_else(|| Err(anyhow!("the VM thread ended early"))))
-        .collect()
+    let mut results: Vec<Option<Result<VmOutcome>>> = images.iter().map(|_| None).collect();
+    for (i, r) in done {
+        results[i] = Some(r);
+    }
+    results.into_iter().map(|r| r.unwrap_or_else(|| Err(anyhow!("the VM's thread panicked")))).collect()
 }
 
 /// Boots one kernel with the initramfs and follows its console until the init powers off.

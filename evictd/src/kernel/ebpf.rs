@@ -57,9 +57,36 @@ pub enum EbpfError {
 /// Where one program stands after loading.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ProgramStatus {
+    /// `group:name` (with ` (raw)` for a raw tracepoint), or `fexit <function>`.
     pub tracepoint: String,
     /// `None` when attached; otherwise why not.
     pub error: Option<String>,
+}
+
+impl ProgramStatus {
+    fn of_tracepoint(tp: &TracepointSpec, error: Option<String>) -> Self {
+        let kind = if tp.raw { " (raw)" } else { "" };
+        ProgramStatus { tracepoint: format!("{}:{}{kind}", tp.group, tp.name), error }
+    }
+
+    fn of_fexit(function: &str, error: Option<String>) -> Self {
+        ProgramStatus { tracepoint: format!("fexit {function}"), error }
+    }
+
+    /// A program of the batched charge hook.
+    pub fn is_batch_hook(&self) -> bool {
+        self.tracepoint.starts_with("fexit ")
+    }
+
+    /// A program on a memcg stat tracepoint (the per-page charge tier).
+    pub fn is_memcg_stat(&self) -> bool {
+        self.tracepoint.starts_with("memcg:")
+    }
+
+    /// `<program>: <why not attached>`, for the reports that name every reason.
+    pub fn reason(&self) -> String {
+        format!("{}: {}", self.tracepoint, self.error.as_deref().unwrap_or("attached"))
+    }
 }
 
 pub struct LoadOptions {
@@ -146,9 +173,8 @@ impl KernelProbes {
         let batch = attach_batch_hook(&mut ebpf, &btf, &mut programs);
         for tp in &TRACEPOINTS {
             if tp.raw && batch.is_some() {
-                let tracepoint = format!("{}:{} (raw)", tp.group, tp.name);
                 let why = "not attached: the batched charge hook watches charges instead";
-                programs.push(ProgramStatus { tracepoint, error: Some(why.into()) });
+                programs.push(ProgramStatus::of_tracepoint(tp, Some(why.into())));
                 continue;
             }
             let error = match attach(&mut ebpf, &tracefs, &btf, tp, &mut reclaim_order_off) {
@@ -162,14 +188,10 @@ impl KernelProbes {
             if let Some(e) = &error {
                 tracing::warn!(tracepoint = %format!("{}:{}", tp.group, tp.name), "not attached: {e}");
             }
-            let kind = if tp.raw { " (raw)" } else { "" };
-            programs.push(ProgramStatus { tracepoint: format!("{}:{}{kind}", tp.group, tp.name), error });
+            programs.push(ProgramStatus::of_tracepoint(tp, error));
         }
         if programs.iter().all(|p| p.error.is_some()) {
-            let why: Vec<String> = programs
-                .iter()
-                .map(|p| format!("{}: {}", p.tracepoint, p.error.as_deref().unwrap_or("")))
-                .collect();
+            let why: Vec<String> = programs.iter().map(ProgramStatus::reason).collect();
             return Err(EbpfError::NothingAttached(why.join("; ")));
         }
 
@@ -368,15 +390,13 @@ fn attach_batch_hook(
     btf: &KernelBtf,
     programs: &mut Vec<ProgramStatus>,
 ) -> Option<BatchPath> {
-    let status =
-        |name: &str, error: Option<String>| ProgramStatus { tracepoint: format!("fexit {name}"), error };
     let prepared = btf.batch_path().map_err(|e| e.to_string()).and_then(|path| {
         aya::Btf::from_sys_fs().map(|b| (path, b)).map_err(|e| format!("kernel BTF for fexit: {e}"))
     });
     let (path, aya_btf) = match prepared {
         Ok(p) => p,
         Err(e) => {
-            programs.push(status(PROG_PAGE_COUNTER_TRY_CHARGE, Some(e)));
+            programs.push(ProgramStatus::of_fexit(PROG_PAGE_COUNTER_TRY_CHARGE, Some(e)));
             return None;
         }
     };
@@ -386,7 +406,7 @@ fn attach_batch_hook(
         if let Some(e) = &error {
             tracing::debug!(program = name, "batched charge hook: {e}");
         }
-        programs.push(status(name, error));
+        programs.push(ProgramStatus::of_fexit(name, error));
         if failed && name == PROG_PAGE_COUNTER_TRY_CHARGE {
             return None;
         }

@@ -125,7 +125,7 @@ fn probe_bpf(r: &mut ProbeReport) -> ChargeWake {
         Ok((probes, _ring)) => {
             r.checks.push(passed("bpf", "programs load (ring buffer, array, per-CPU and hash maps)"));
             for p in &probes.programs {
-                let kind = if p.tracepoint.starts_with("fexit ") { "" } else { "tracepoint " };
+                let kind = if p.is_batch_hook() { "" } else { "tracepoint " };
                 r.checks.push(check(
                     format!("{kind}{}", p.tracepoint),
                     p.error.clone().map_or(Ok("attached".into()), Err),
@@ -151,10 +151,12 @@ fn probe_bpf(r: &mut ProbeReport) -> ChargeWake {
     }
 }
 
-/// The memcg stat tracepoints when a charge program attached; else the poll, with the
-/// charge programs' own reasons.
+/// The fastest charge tier whose programs attached, with every other tier's reasons.
 fn charge_tier(probes: &KernelProbes) -> ChargeWake {
-    let fexit = |p: &ProgramStatus| p.tracepoint.starts_with("fexit ");
+    let reasons = |tier: fn(&ProgramStatus) -> bool| {
+        let r: Vec<String> = probes.programs.iter().filter(|p| tier(p)).map(ProgramStatus::reason).collect();
+        r.join("; ")
+    };
     if probes.has_batch_hook() {
         return ChargeWake {
             tier: "batched-charge-hook",
@@ -163,13 +165,7 @@ fn charge_tier(probes: &KernelProbes) -> ChargeWake {
                 .into(),
         };
     }
-    let no_hook: Vec<String> = probes
-        .programs
-        .iter()
-        .filter(|p| fexit(p))
-        .map(|p| format!("{}: {}", p.tracepoint, p.error.as_deref().unwrap_or("not attached")))
-        .collect();
-    let no_hook = no_hook.join("; ");
+    let no_hook = reasons(ProgramStatus::is_batch_hook);
     if probes.has_charge_programs() {
         return ChargeWake {
             tier: "memcg-tracepoints",
@@ -179,18 +175,12 @@ fn charge_tier(probes: &KernelProbes) -> ChargeWake {
             ),
         };
     }
-    let raw: Vec<String> = TRACEPOINTS
-        .iter()
-        .filter(|tp| tp.raw)
-        .filter_map(|tp| {
-            let name = format!("{}:{} (raw)", tp.group, tp.name);
-            let status = probes.programs.iter().find(|p| p.tracepoint == name)?;
-            Some(format!("{}:{}: {}", tp.group, tp.name, status.error.as_deref().unwrap_or("not attached")))
-        })
-        .collect();
     ChargeWake {
         tier: "adaptive-poll",
-        why: format!("no memcg stat tracepoint attaches: {}", raw.join("; ")),
+        why: format!(
+            "no batched charge hook: {no_hook}; no memcg stat tracepoint attaches: {}",
+            reasons(ProgramStatus::is_memcg_stat)
+        ),
     }
 }
 

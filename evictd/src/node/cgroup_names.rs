@@ -116,6 +116,12 @@ pub fn memcg_of_pid(pid: u32, version: CgroupVersion) -> Option<String> {
     })
 }
 
+/// A cgroup's id, as the kernel reports it in events and the eBPF programs compare it: its
+/// directory's inode number (1 for a hierarchy's root).
+pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
+    std::fs::metadata(dir).map(|m| m.ino())
+}
+
 /// Whether a process is in the memory cgroup `rel` (relative to the hierarchy's root, as
 /// `/proc/<pid>/cgroup` shows it) or below it. A process that cannot be read is not.
 pub fn pid_in_cgroup(pid: u32, rel: &Path, version: CgroupVersion) -> bool {

@@ -10,7 +10,6 @@
 //! at all, and the poll alone watches.
 
 use std::{
-    os::unix::fs::MetadataExt as _,
     path::PathBuf,
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
@@ -128,17 +127,14 @@ pub fn start(
     tx: mpsc::Sender<Wake>,
     stats: Arc<WakeStats>,
 ) -> Result<Box<dyn WakeSource>, WakeError> {
-    let (probes, ring) = KernelProbes::load(&opts.load)?;
+    let (mut probes, ring) = KernelProbes::load(&opts.load)?;
     for prog in probes.programs.iter().filter(|p| p.error.is_none()) {
         tracing::info!(tracepoint = %prog.tracepoint, "eBPF wake source attached");
     }
     let task = spawn_ring_buffer(ring, tx, stats).map_err(WakeError::RingBuffer)?;
     let scope = (!signals.node.is_root).then(|| signals.node.dir.clone());
-    let mut probes = probes;
     if probes.has_batch_hook() {
-        // A cgroup's id is its directory's inode, the root's included (1).
-        let node_id = std::fs::metadata(&signals.node.dir)
-            .map(|m| m.ino())
+        let node_id = cgroup_names::cgroup_id(&signals.node.dir)
             .map_err(|e| WakeError::NodeCgroup { path: signals.node.dir.clone(), source: e })?;
         probes.watch(node_id)?;
         tracing::info!(

@@ -20,7 +20,7 @@ use tokio::{
 };
 
 use super::{NodeNow, SourceKind, Wake, WakeCause, WakeError, WakeSource};
-use crate::node::{cgroups::CgroupVersion, signals::NodeSignalSources};
+use crate::node::{cgroup_names, cgroups::CgroupVersion, signals::NodeSignalSources};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ThresholdError {
@@ -105,11 +105,6 @@ pub struct EventfdWake {
     tx: mpsc::Sender<Wake>,
 }
 
-fn inode(dir: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(dir).ok().map(|m| m.ino())
-}
-
 impl EventfdWake {
     pub fn new(tx: mpsc::Sender<Wake>) -> Self {
         EventfdWake { armed: Vec::new(), tx }
@@ -122,7 +117,7 @@ impl EventfdWake {
             && levels.iter().zip(&self.armed).all(|((d, l, dist), a)| {
                 *d == a.dir
                     && a.inode.is_some()
-                    && inode(d) == a.inode
+                    && cgroup_names::cgroup_id(d).ok() == a.inode
                     && l.abs_diff(a.level) <= MIN_DRIFT.max(dist / 16)
             });
         if unchanged {
@@ -134,7 +129,12 @@ impl EventfdWake {
             let t = register(dir, *level)?;
             let task = spawn_waiter(t, self.tx.clone())
                 .map_err(|source| ThresholdError::Io { path: dir.display().to_string(), source })?;
-            self.armed.push(Armed { dir: dir.clone(), inode: inode(dir), level: *level, task });
+            self.armed.push(Armed {
+                dir: dir.clone(),
+                inode: cgroup_names::cgroup_id(dir).ok(),
+                level: *level,
+                task,
+            });
         }
         Ok(())
     }
