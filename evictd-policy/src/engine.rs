@@ -41,6 +41,9 @@ pub struct Eviction {
     pub signal: Signal,
     pub grace_period_seconds: i64,
     pub message: String,
+    /// The kubelet's annotations of the pod's `Evicted` event (`offending_containers`,
+    /// `offending_containers_usage`, `starved_resource`); empty when the pod has no stats.
+    pub annotations: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -311,6 +314,13 @@ fn evict_for_reclaimable_threshold(input: &Input, mut decision: Decision, state:
     } else {
         match first_evictable(&decision.ranking, pods) {
             Some(victim) => {
+                let (message, annotations) = eviction_message(
+                    threshold.signal.resource(),
+                    &pods[victim],
+                    thresholds,
+                    &decision.actionable,
+                    obs,
+                );
                 decision.eviction = Some(Eviction {
                     pod: victim,
                     threshold: chosen,
@@ -320,13 +330,8 @@ fn evict_for_reclaimable_threshold(input: &Input, mut decision: Decision, state:
                         policy.max_pod_grace_period_seconds,
                         pods[victim].pod.spec.termination_grace_period_seconds,
                     ),
-                    message: eviction_message(
-                        threshold.signal.resource(),
-                        &pods[victim],
-                        thresholds,
-                        &decision.actionable,
-                        obs,
-                    ),
+                    message,
+                    annotations,
                 });
                 return decision;
             }
@@ -343,14 +348,15 @@ fn first_evictable(ranking: &[usize], pods: &[PodEntry]) -> Option<usize> {
     ranking.iter().copied().find(|&p| !pods[p].pod.is_critical() && !pods[p].protected)
 }
 
-/// The kubelet's `evictionMessage`, to the letter.
+/// The kubelet's `evictionMessage`, to the letter: the message, and the annotations of the
+/// pod's event (the containers using more than their request, their usage, the resource).
 pub fn eviction_message(
     resource: Resource,
     entry: &PodEntry,
     thresholds: &[Threshold],
     actionable: &[usize],
     obs: &Observations,
-) -> String {
+) -> (String, BTreeMap<String, String>) {
     let mut msg = format!("The node was low on resource: {}. ", resource.as_str());
     let met_info =
         actionable.iter().map(|&i| &thresholds[i]).find(|t| t.signal.resource() == resource).and_then(|t| {
@@ -364,8 +370,9 @@ pub fn eviction_message(
     if let Some((q, a)) = met_info {
         msg += &format!("Threshold quantity: {q}, available: {a}. ");
     }
-    let Some(stats) = entry.stats else { return msg };
+    let Some(stats) = entry.stats else { return (msg, BTreeMap::new()) };
     let resource_name = resource.as_str();
+    let (mut offending, mut offending_usage) = (Vec::new(), Vec::new());
     for c in &stats.containers {
         let usage = match resource {
             Resource::Memory => {
@@ -389,9 +396,16 @@ pub fn eviction_message(
                 "Container {} was using {usage}, request is {request}, has larger consumption of {resource_name}. ",
                 c.name
             );
+            offending.push(c.name.as_str());
+            offending_usage.push(usage.to_string());
         }
     }
-    msg
+    let annotations = BTreeMap::from([
+        ("offending_containers".to_string(), offending.join(",")),
+        ("offending_containers_usage".to_string(), offending_usage.join(",")),
+        ("starved_resource".to_string(), resource_name.to_string()),
+    ]);
+    (msg, annotations)
 }
 
 #[cfg(test)]

@@ -54,6 +54,9 @@ pub enum NodeCondition {
 }
 
 impl NodeCondition {
+    pub const ALL: [NodeCondition; 3] =
+        [NodeCondition::MemoryPressure, NodeCondition::DiskPressure, NodeCondition::PidPressure];
+
     pub fn as_str(self) -> &'static str {
         match self {
             NodeCondition::MemoryPressure => "MemoryPressure",

@@ -13,10 +13,13 @@
 //! - `runtime`: act: the CRI client, the pod inventory and inferred specs, pod usage, the
 //!   eviction itself and node-level reclaim;
 //! - `report`: eviction records, `--trace`, Prometheus metrics;
+//! - `cluster`: the Kubernetes API: each eviction recorded as the kubelet records it (the
+//!   pod's status, events), evictd's node conditions, sent off the pressure path;
 //! - `daemon`: building the daemon from its options and the loop that ties the rest
 //!   together; `cli`: flags → options.
 
 pub mod cli;
+pub mod cluster;
 pub mod daemon;
 pub mod kernel;
 pub mod node;

@@ -2,6 +2,7 @@
 //! after themselves, and a workload process whose charge the test controls; `containerd`
 //! runs a private containerd for the end-to-end tests.
 
+pub mod api_double;
 mod cleanup;
 pub mod containerd;
 pub mod evictd_proc;

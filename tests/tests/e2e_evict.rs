@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use evictd_tests::{
+    api_double::ApiDouble,
     containerd::{self, Containerd, TestPod},
     dies_with_harness,
     evictd_proc::Evictd,
@@ -150,11 +151,25 @@ async fn dry_run_kills_nothing() {
         make_pods(&mut ctd, &[PodDef::new("hog", "besteffort"), PodDef::new("quiet", "besteffort")]).await;
     pods[0].set_mib(500);
     pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
-    let evictd =
-        Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<600Mi", "--dry-run"]);
+    // An API server is configured, yet a dry run writes nothing to it.
+    let api = ApiDouble::start();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let kubeconfig = api.kubeconfig(dir.path());
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &[
+            "--eviction-hard",
+            "memory.available<600Mi",
+            "--dry-run",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+    );
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "hog");
     assert_eq!(e["dry_run"], true);
+    assert!(api.requests().is_empty(), "a dry run wrote to the API: {:?}", api.requests());
     std::thread::sleep(Duration::from_secs(1));
     for p in &pods {
         assert!(ctd.sandbox_ready(&p.sandbox_id).await, "{} was stopped in a dry run", p.name);
@@ -421,4 +436,115 @@ async fn an_emergency_during_a_grace_period_kills_at_once() {
     let stop_ms = e["phases"]["stop_containers_ms"].as_f64().expect("phase timings");
     assert!(stop_ms < 10_000.0, "the emergency must cut the 30 s grace period short, took {stop_ms} ms");
     assert!(evictd.log().contains("killing now"), "{}", evictd.log());
+}
+
+/// (k) Issue 9: with an API server (the test's double: none can run here), an eviction ends
+/// with the pod's sandbox stopped and its Failed/Evicted status patch recorded, with the
+/// pod's uid as precondition, then the events; evictd's node condition turns True.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("an_eviction_is_recorded_in_the_api_as_the_kubelets") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(
+        &mut ctd,
+        &[
+            PodDef { request_mib: Some(100), ..PodDef::new("worker", "burstable") },
+            PodDef::new("quiet", "besteffort"),
+        ],
+    )
+    .await;
+    let (worker, quiet) = (&pods[0], &pods[1]);
+    let api = ApiDouble::start();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let kubeconfig = api.kubeconfig(dir.path());
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &[
+            "--eviction-hard",
+            "memory.available<400Mi",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--node-name",
+            "e2e-node",
+        ],
+    );
+    // The first pass reports evictd's conditions, all False.
+    api.wait_for("the first node conditions", Duration::from_secs(10), |r| {
+        r.iter().any(|r| r.path.starts_with("/api/v1/nodes/e2e-node/status"))
+    });
+    worker.set_mib(700);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "worker", "{e}");
+    assert!(e["error"].is_null(), "{e}");
+    let status = format!("/api/v1/namespaces/e2e/pods/{}/status", worker.name);
+    let seen = api.wait_for("the status patch and both events", Duration::from_secs(10), |r| {
+        r.iter().any(|r| r.path.starts_with(&status))
+            && r.iter().filter(|r| r.path.contains("/events")).count() >= 2
+    });
+    assert!(!ctd.sandbox_ready(&worker.sandbox_id).await, "the worker's sandbox is stopped");
+    assert!(ctd.sandbox_ready(&quiet.sandbox_id).await);
+    let patch = seen.iter().find(|r| r.path.starts_with(&status)).expect("the status patch");
+    assert_eq!(patch.body["metadata"]["uid"], worker.uid.as_str());
+    assert_eq!(patch.body["status"]["phase"], "Failed");
+    assert_eq!(patch.body["status"]["reason"], "Evicted");
+    assert_eq!(patch.body["status"]["message"], e["message"]);
+    assert_eq!(patch.body["status"]["conditions"][0]["type"], "DisruptionTarget");
+    let pod_event = seen.iter().find(|r| r.body["reason"] == "Evicted").expect("the pod's event");
+    assert_eq!(pod_event.body["metadata"]["annotations"]["starved_resource"], "memory");
+    assert_eq!(pod_event.body["metadata"]["annotations"]["offending_containers"], "hog");
+    api.wait_for("EvictdMemoryPressure True", Duration::from_secs(10), |r| {
+        r.iter().any(|r| {
+            r.path.starts_with("/api/v1/nodes/e2e-node/status")
+                && r.body["status"]["conditions"][0]["status"] == "True"
+        })
+    });
+    let log = evictd.log();
+    let window = log.lines().find(|l| l.contains("as Failed/Evicted")).unwrap_or_else(|| panic!("{log}"));
+    println!("kill → status patch recorded: {window}");
+}
+
+/// (l) Issue 9: an API server that never answers costs the kill nothing: the pod is stopped
+/// while evictd's status patch is still waiting for its answer, and evictd still exits
+/// promptly on SIGTERM (the flush of what is queued is bounded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_that_never_answers_does_not_delay_the_kill() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("an_api_server_that_never_answers_does_not_delay_the_kill") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(&mut ctd, &[PodDef::new("hog", "besteffort")]).await;
+    let api = ApiDouble::start();
+    api.hold();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let kubeconfig = api.kubeconfig(dir.path());
+    let mut evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &[
+            "--eviction-hard",
+            "memory.available<400Mi",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--node-name",
+            "e2e-node",
+        ],
+    );
+    pods[0].set_mib(700);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "hog", "{e}");
+    assert!(e["error"].is_null(), "{e}");
+    assert!(!ctd.sandbox_ready(&pods[0].sandbox_id).await, "stopped");
+    api.wait_for("the status patch, held", Duration::from_secs(10), |r| {
+        r.iter().any(|r| r.path.contains("/pods/hog/status"))
+    });
+    assert_eq!(api.answered(), 0, "the kill completed while the API server had answered nothing");
+    let took = evictd
+        .terminate(Duration::from_secs(15))
+        .expect("evictd exits on SIGTERM with the API server silent");
+    assert!(took < Duration::from_secs(10), "exit took {took:?}");
 }

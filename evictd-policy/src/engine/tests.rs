@@ -115,6 +115,16 @@ fn hard_threshold_evicts_the_top_ranked_non_critical_pod_at_once() {
         "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. \
          Container app was using 600Mi, request is 100Mi, has larger consumption of memory. "
     );
+    let annotations: Vec<(&str, &str)> =
+        e.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(
+        annotations,
+        [
+            ("offending_containers", "app"),
+            ("offending_containers_usage", "600Mi"),
+            ("starved_resource", "memory")
+        ]
+    );
     assert_eq!(d.node_conditions, [NodeCondition::MemoryPressure]);
     assert!(d.node_reclaim.is_empty(), "memory has no node-level reclaim");
 }

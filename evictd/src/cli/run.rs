@@ -8,9 +8,10 @@ use clap::Args;
 use evictd_policy::{flags::PolicyArgs, policy::Policy, quantity::Quantity, rank::FsLayout};
 
 use crate::{
-    daemon::{KillOptions, PressureOptions, RunOptions, urgency::EmergencyLevel},
+    cluster::connect::{self, ApiOptions, ApiSource},
+    daemon::{KillOptions, PressureOptions, RunOptions, protect::SelfProtection, urgency::EmergencyLevel},
     kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items},
-    node::{cgroups::CgroupMounts, memory::MemoryCgroup, signals::NodeSignalSources},
+    node::{cgroups::CgroupMounts, memory::MemoryCgroup, own_pod, signals::NodeSignalSources},
     report::trace::TraceFormat,
     runtime::cri,
     wake::{SourceKind, WakeOptions, Watermark},
@@ -78,6 +79,14 @@ pub struct RunArgs {
     /// `0` leaves it an ordinary thread. Refused without CAP_SYS_NICE, with a message.
     #[arg(long, value_name = "PRIORITY", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=99))]
     pub realtime_priority: u8,
+    /// evictd's own oom_score_adj, so that the kernel's OOM killer picks anything else
+    /// first: −999, as the kubelet sets for itself. `keep` leaves it as inherited.
+    #[arg(long, value_name = "N|keep", default_value = "-999", allow_hyphen_values = true)]
+    pub oom_score_adj: String,
+    /// Lock evictd's memory (mlockall, as pages are first touched), so that none of it is
+    /// reclaimed when the node is short of memory: `on` or `off`.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    pub lock_memory: String,
     /// The fallback timer's period.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub housekeeping_interval: Duration,
@@ -115,6 +124,21 @@ pub struct RunArgs {
     /// http://ADDR/metrics, e.g. `0.0.0.0:9808`.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// A kubeconfig for the Kubernetes API, where evictions are recorded as the kubelet
+    /// records them (the pod Failed/Evicted, events). Default: the pod's service account
+    /// when evictd runs in a pod, else no API (the kubelet then restarts what evictd stops).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_kube_api")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Write nothing to the Kubernetes API, even from inside a pod.
+    #[arg(long)]
+    pub no_kube_api: bool,
+    /// This node's name in Kubernetes (events, node conditions). Default: the host name,
+    /// lowercased, as the kubelet's default.
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Deadline of one Kubernetes API request; a failed one is retried with back-off.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
+    pub kube_api_timeout: Duration,
     /// Exit after this long (for scripts and tests).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<Duration>,
@@ -182,6 +206,8 @@ impl RunArgs {
             evictd_policy::podspec::read_pod_list(p).context("--pods-file")?;
         }
         let kill = self.kill_options()?;
+        let api = self.api_options()?;
+        let protection = self.self_protection()?;
         Ok(RunOptions {
             policy,
             pressure: PressureOptions {
@@ -194,6 +220,7 @@ impl RunArgs {
                 inventory_interval: self.inventory_interval,
                 release_timeout: self.release_timeout,
                 kill,
+                own_pod_uid: own_pod::identify()?,
             },
             wake,
             trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),
@@ -201,7 +228,44 @@ impl RunArgs {
             cgroups,
             metrics_addr: self.metrics_addr,
             realtime_priority: self.realtime_priority,
+            api,
+            protection,
         })
+    }
+
+    /// `--oom-score-adj`, `--lock-memory`.
+    fn self_protection(&self) -> anyhow::Result<SelfProtection> {
+        let oom_score_adj = match self.oom_score_adj.as_str() {
+            "keep" => None,
+            n => Some(n.parse::<i16>().ok().filter(|n| (-1000..=1000).contains(n)).with_context(|| {
+                format!("--oom-score-adj {n:?}: not `keep` or a number from -1000 to 1000")
+            })?),
+        };
+        Ok(SelfProtection { oom_score_adj, lock_memory: self.lock_memory == "on" })
+    }
+
+    /// `--kubeconfig`, `--no-kube-api`, `--node-name`, `--kube-api-timeout`.
+    fn api_options(&self) -> anyhow::Result<Option<ApiOptions>> {
+        let source = match &self.kubeconfig {
+            _ if self.no_kube_api => return Ok(None),
+            Some(path) => {
+                // Read now, so that a bad file stops the start naming the flag.
+                kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("--kubeconfig {}", path.display()))?;
+                ApiSource::Kubeconfig(path.clone())
+            }
+            None if connect::in_cluster() => ApiSource::InCluster,
+            None => return Ok(None),
+        };
+        let node_name = match &self.node_name {
+            Some(n) if n.trim().is_empty() => bail!("--node-name (or NODE_NAME) is empty"),
+            Some(n) => n.trim().to_owned(),
+            None => nix::unistd::gethostname()
+                .context("--node-name: not given, and the host name cannot be read")?
+                .to_string_lossy()
+                .to_lowercase(),
+        };
+        Ok(Some(ApiOptions { source, node_name, timeout: self.kube_api_timeout }))
     }
 
     /// `--fast-kill`, `--hard-eviction-grace-period`, `--emergency-available`.
@@ -401,6 +465,11 @@ mod tests {
             (vec!["--cri-timeout", "0s"], "--cri-timeout"),
             (vec!["--duration", "1000000d"], "--duration"),
             (vec!["--charge-items", "NR_ACTIVE_ANON,NR_ACTIV_FILE"], "--charge-items"),
+            (vec!["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
+            (vec!["--oom-score-adj", "-1001"], "--oom-score-adj"),
+            (vec!["--oom-score-adj", "low"], "--oom-score-adj"),
+            (vec!["--kubeconfig", "/etc/passwd"], "--kubeconfig"),
+            (vec!["--kubeconfig", "/nonexistent/kubeconfig", "--no-kube-api"], "--no-kube-api"),
         ] {
             let err = args(&argv).err().unwrap_or_else(|| panic!("{argv:?} should fail"));
             assert!(format!("{err:#}").contains(needle), "{argv:?}: {err:#}");
@@ -408,6 +477,33 @@ mod tests {
         assert!(args(&["--housekeeping-interval", "soon"]).is_err());
         assert!(args(&["--charge-items", "NR_ACTIVE_ANON,NR_ACTIVE_FILE"]).is_ok());
         assert!(args(&["--json"]).is_err(), "--json needs --trace");
+    }
+
+    #[test]
+    fn the_api_is_used_only_when_configured_and_names_the_node() {
+        let d = tempfile::tempdir().unwrap();
+        let kubeconfig = d.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\ncurrent-context: c\n",
+        )
+        .unwrap();
+        let k = kubeconfig.to_str().unwrap();
+        let api = |argv: &[&str]| {
+            let mut full = vec!["evictd"];
+            full.extend_from_slice(argv);
+            Cli::try_parse_from(full).map_err(anyhow::Error::from).and_then(|c| c.run.api_options())
+        };
+        let o = api(&["--kubeconfig", k, "--node-name", "Node-A "]).unwrap().expect("an API");
+        assert_eq!(o.source, ApiSource::Kubeconfig(kubeconfig.clone()));
+        assert_eq!(o.node_name, "Node-A", "as given, trimmed");
+        let err = api(&["--kubeconfig", k, "--node-name", " "]).unwrap_err();
+        assert!(format!("{err:#}").contains("--node-name"), "{err:#}");
+        assert!(api(&["--no-kube-api"]).unwrap().is_none());
+        if !connect::in_cluster() {
+            assert!(api(&[]).unwrap().is_none(), "no kubeconfig, not in a pod: no API");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use evictd_policy::{
     distance::nearest_memory_threshold,
     observations::Observations,
-    policy::{Policy, Signal, Threshold},
+    policy::{NodeCondition, Policy, Signal, Threshold},
     rank::FsLayout,
 };
 use tokio::{
@@ -22,6 +22,10 @@ use tokio::{
 };
 
 use crate::{
+    cluster::{
+        connect::{self, ApiOptions},
+        reporter::{Reporter, ReporterTask, Retry},
+    },
     node::{cgroups::CgroupMounts, growth::GrowthTracker, signals::NodeSignalSources},
     report::{
         Report,
@@ -37,6 +41,7 @@ use crate::{
 };
 
 pub mod pressure;
+pub mod protect;
 pub mod realtime;
 pub mod urgency;
 
@@ -62,7 +67,14 @@ pub struct RunOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// SCHED_FIFO priority of the daemon's thread; 0: an ordinary thread.
     pub realtime_priority: u8,
+    /// Where evictions are recorded in Kubernetes; `None`: nowhere (the log says so).
+    pub api: Option<ApiOptions>,
+    /// How the daemon protects itself (oom_score_adj, locked memory).
+    pub protection: protect::SelfProtection,
 }
+
+/// How long queued API reports may still be sent at shutdown.
+const API_FLUSH: Duration = Duration::from_secs(5);
 
 /// Everything the pressure pass needs: how the node is read, the runtime, the pods' specs.
 pub struct PressureOptions {
@@ -75,6 +87,8 @@ pub struct PressureOptions {
     pub inventory_interval: Duration,
     pub release_timeout: Duration,
     pub kill: KillOptions,
+    /// evictd's own pod, never evicted (`None`: not in a pod).
+    pub own_pod_uid: Option<String>,
 }
 
 /// How a chosen pod is killed (`--fast-kill`, `--hard-eviction-grace-period`,
@@ -105,6 +119,7 @@ fn memory_view(thresholds: &[Threshold], obs: &Observations) -> MemoryView {
 /// What a pass hands back when it ends: the pressure state, and what it did and saw.
 struct PassDone {
     pressure: Pressure,
+    conditions: Vec<NodeCondition>,
     wakes: Vec<Wake>,
     evictions: Vec<EvictionRecord>,
     obs: Observations,
@@ -135,6 +150,9 @@ struct Daemon {
     pods: watch::Receiver<Arc<Vec<PodRecord>>>,
     /// Refreshes the inventory at once (after an eviction).
     kick: Arc<Notify>,
+    /// The Kubernetes API reporter, and the node conditions it was last given.
+    api: Option<(Reporter, ReporterTask)>,
+    reported_conditions: Option<Vec<NodeCondition>>,
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
@@ -165,6 +183,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     }
     daemon.report.flush()?;
     tracing::info!("stopping");
+    if let Some((_, task)) = daemon.api.take() {
+        task.flush(API_FLUSH).await;
+    }
     Ok(())
 }
 
@@ -197,6 +218,7 @@ impl Daemon {
             Some(ep) => Some(CriClient::new(ep, opts.pressure.cri_timeout)?),
             None => None,
         };
+        let api = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
         let kick = Arc::new(Notify::new());
         let pods = spawn_inventory(client.as_ref(), &opts.pressure, kick.clone())?;
         log_sources(&opts.pressure);
@@ -208,7 +230,8 @@ impl Daemon {
         let emergency = opts.pressure.kill.emergency;
         let scope = NodeScope::new(&signals.node.dir, &opts.cgroups);
         let (escalate, escalated) = watch::channel(Urgency::Normal);
-        let pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
+        let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
+        pressure.api = api.as_ref().map(|(r, _)| r.clone());
         let thresholds = pressure.thresholds.clone();
         let growth = GrowthTracker::new(signals.node.dir.clone(), signals.node.version);
         let obs = pressure.observe(engine_ns());
@@ -228,9 +251,14 @@ impl Daemon {
             report,
             pods,
             kick,
+            api,
+            reported_conditions: None,
         };
         daemon.report.observed(&memory_view(&daemon.thresholds, &obs));
         daemon.rearm(&obs);
+        if let Some((rss, locked)) = protect::resident_and_locked() {
+            tracing::info!(rss_kib = rss / 1024, locked_mappings_kib = locked / 1024, "started");
+        }
         Ok(daemon)
     }
 
@@ -275,7 +303,8 @@ impl Daemon {
         let first = wakes.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
         self.pass = Some(tokio::spawn(async move {
             let (evictions, obs) = pressure.pass(&pods, engine_ns, first).await;
-            PassDone { pressure, wakes, evictions, obs }
+            let conditions = pressure.conditions.clone();
+            PassDone { pressure, conditions, wakes, evictions, obs }
         }));
     }
 
@@ -283,6 +312,7 @@ impl Daemon {
     /// meanwhile.
     fn pass_done(&mut self, done: PassDone) -> anyhow::Result<()> {
         self.pressure = Some(done.pressure);
+        self.report_conditions(done.conditions);
         if !done.evictions.is_empty() {
             self.kick.notify_one();
         }
@@ -292,6 +322,21 @@ impl Daemon {
             self.start_pass();
         }
         Ok(())
+    }
+
+    /// evictd's node conditions go to the API server when they change (and once at start).
+    fn report_conditions(&mut self, now: Vec<NodeCondition>) {
+        let Some((api, _)) = &self.api else { return };
+        let changed: Vec<NodeCondition> = match &self.reported_conditions {
+            None => NodeCondition::ALL.to_vec(),
+            Some(before) => {
+                NodeCondition::ALL.into_iter().filter(|c| before.contains(c) != now.contains(c)).collect()
+            }
+        };
+        if !changed.is_empty() {
+            api.node_conditions(&now, &changed);
+            self.reported_conditions = Some(now);
+        }
     }
 
     fn inventory_changed(&mut self) {
@@ -333,6 +378,28 @@ impl Daemon {
             s.cgroups_changed().inspect_err(|e| tracing::warn!("{e}; disabling this wake source")).is_ok()
         });
     }
+}
+
+/// The Kubernetes API reporter; `None`, said once, without an API or in a dry run.
+async fn start_api(
+    opts: Option<&ApiOptions>,
+    dry_run: bool,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Option<(Reporter, ReporterTask)>> {
+    let Some(opts) = opts else {
+        tracing::warn!(
+            "no Kubernetes API (neither --kubeconfig nor a pod's service account): evictions are \
+             not recorded, and the kubelet will restart the pods evictd stops"
+        );
+        return Ok(None);
+    };
+    if dry_run {
+        tracing::info!("dry run: nothing is written to the Kubernetes API");
+        return Ok(None);
+    }
+    let client = connect::client(opts).await?;
+    tracing::info!(node = %opts.node_name, "recording evictions in the Kubernetes API");
+    Ok(Some(Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.clone())))
 }
 
 /// The inventory task, or, without a runtime, a snapshot that stays empty. The node's
@@ -399,6 +466,7 @@ mod tests {
             inventory_interval: Duration::from_secs(1),
             release_timeout: Duration::from_secs(1),
             kill: KillOptions { fast_kill: true, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
+            own_pod_uid: None,
         };
         let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
         let err = spawn_inventory(Some(&client), &opts, Arc::new(Notify::new())).expect_err("an error");

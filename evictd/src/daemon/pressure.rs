@@ -14,7 +14,7 @@ use std::{
 use evictd_policy::{
     engine::{self, EngineState},
     observations::Observations,
-    policy::{Policy, Threshold},
+    policy::{NodeCondition, Policy, Threshold},
     rank::{FsLayout, PodEntry},
     summary::PodStats,
 };
@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use super::{KillOptions, PressureOptions};
 use crate::{
+    cluster::reporter::Reporter,
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     report::record::EvictionRecord,
     runtime::{
@@ -52,6 +53,10 @@ pub struct Pressure {
     pub release_timeout: Duration,
     pub kill: KillOptions,
     pub own_pod_uid: Option<String>,
+    /// Where evictions are recorded in Kubernetes (`None`: no API, or a dry run).
+    pub api: Option<Reporter>,
+    /// The node conditions of the last decision (the kubelet's, reported as evictd's own).
+    pub conditions: Vec<NodeCondition>,
     /// Raised by the daemon while a stop runs (see `urgency`).
     pub escalate: watch::Receiver<Urgency>,
     state: EngineState,
@@ -79,7 +84,9 @@ impl Pressure {
             dry_run: opts.dry_run,
             release_timeout: opts.release_timeout,
             kill: opts.kill,
-            own_pod_uid: crate::node::own_pod::uid(),
+            own_pod_uid: opts.own_pod_uid,
+            api: None,
+            conditions: Vec::new(),
             escalate,
             state: EngineState::default(),
             gone: BTreeSet::new(),
@@ -150,6 +157,7 @@ impl Pressure {
     ) -> Vec<EvictionRecord> {
         let t0 = Instant::now();
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
+        self.conditions.clone_from(&first.node_conditions);
         if first.actionable.is_empty() || self.node_level_reclaim_resolves(&first, pods, now).await {
             self.state = state;
             return Vec::new();
@@ -301,6 +309,7 @@ impl Pressure {
             threshold: o.map_or(0, |o| self.thresholds[e.threshold].value.resolve(o.capacity)),
             grace_period_seconds: self.grace_seconds(e),
             message: e.message.clone(),
+            annotations: e.annotations.clone(),
             dry_run: self.dry_run,
             error: None,
             decide_us: t0.elapsed().as_micros() as u64,
@@ -334,8 +343,14 @@ impl Pressure {
             return true;
         };
         let plan = self.stop_plan(pod, rec.grace_period_seconds);
-        match evict::evict(client, pod, &plan, Some(self.escalate.clone())).await {
-            Ok(phases) => {
+        match evict::stop(client, pod, &plan, Some(self.escalate.clone())).await {
+            Ok(mut phases) => {
+                // Recorded the moment the pod is stopped: until the API server has the
+                // status, the kubelet may restart it.
+                if let Some(api) = &self.api {
+                    api.pod_evicted(rec, monotonic_ns());
+                }
+                evict::wait_released(pod, &plan, &mut phases).await;
                 rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
                 self.gone.insert(pod.sandbox_id.clone());
                 tracing::info!(

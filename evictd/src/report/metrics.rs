@@ -27,6 +27,12 @@ struct SignalLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiCallLabel {
+    call: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     phase: String,
 }
@@ -44,6 +50,8 @@ pub struct Metrics {
     detection: Family<CauseLabel, Histogram>,
     delivery: Histogram,
     phases: Family<PhaseLabel, Histogram>,
+    api_calls: Family<ApiCallLabel, Counter>,
+    status_window: Histogram,
 }
 
 impl Default for Metrics {
@@ -75,7 +83,29 @@ impl Default for Metrics {
             "Time spent in each phase of an eviction",
             phases.clone(),
         );
-        Metrics { registry, wakes, evictions, failed_evictions, detection, delivery, phases }
+        let api_calls = Family::<ApiCallLabel, Counter>::default();
+        registry.register(
+            "kube_api_calls",
+            "Kubernetes API calls (pod_status, event, node_status) by outcome: ok, retried, refused, given_up, dropped",
+            api_calls.clone(),
+        );
+        let status_window = Histogram::new(latency_buckets());
+        registry.register(
+            "eviction_recorded_seconds",
+            "From an evicted pod's kill to its Failed/Evicted status accepted by the API server",
+            status_window.clone(),
+        );
+        Metrics {
+            registry,
+            wakes,
+            evictions,
+            failed_evictions,
+            detection,
+            delivery,
+            phases,
+            api_calls,
+            status_window,
+        }
     }
 }
 
@@ -114,6 +144,14 @@ impl Metrics {
                 phase("fast_kill_reaped", k.report.reaped_ms);
             }
         }
+    }
+
+    pub fn api_call(&self, call: &str, outcome: &str) {
+        self.api_calls.get_or_create(&ApiCallLabel { call: call.into(), outcome: outcome.into() }).inc();
+    }
+
+    pub fn status_recorded(&self, after_kill: Duration) {
+        self.status_window.observe(after_kill.as_secs_f64());
     }
 
     pub fn encode(&self) -> String {
@@ -228,6 +266,7 @@ mod tests {
             threshold: 2,
             grace_period_seconds: 1,
             message: String::new(),
+            annotations: Default::default(),
             dry_run: false,
             error: None,
             decide_us: 500,

@@ -16,6 +16,9 @@ pub struct EvictionRecord {
     pub threshold: i64,
     pub grace_period_seconds: i64,
     pub message: String,
+    /// The kubelet's annotations of the pod's `Evicted` event.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
     pub dry_run: bool,
     /// `None` when it worked (or was a dry run).
     pub error: Option<String>,

@@ -102,8 +102,10 @@ impl EvictError {
     }
 }
 
-/// Stops `pod` as `plan` says. `urgency` is raised by the daemon while the stop runs.
-pub async fn evict(
+/// Stops `pod` as `plan` says: its containers, then its sandbox. `urgency` is raised by the
+/// daemon while the stop runs. The memory is not waited for here (`wait_released`), so that
+/// the caller can record the eviction the moment the pod is stopped.
+pub async fn stop(
     client: &CriClient,
     pod: &PodRecord,
     plan: &StopPlan,
@@ -133,7 +135,12 @@ pub async fn evict(
     let t = Instant::now();
     client.stop_pod_sandbox(&pod.sandbox_id).await.map_err(cri_err)?;
     phases.stop_sandbox_ms = ms(t);
+    Ok(phases)
+}
 
+/// Waits, bounded by `--release-timeout`, until the stopped pod's cgroup holds no process,
+/// i.e. its memory is released, and notes how long that took in `phases`.
+pub async fn wait_released(pod: &PodRecord, plan: &StopPlan, phases: &mut Phases) {
     let t = Instant::now();
     let released = match &plan.cgroup {
         Some(dir) => released_within(dir, plan.release_timeout).await,
@@ -142,14 +149,13 @@ pub async fn evict(
     phases.memory_released_ms = released.then(|| ms(t));
     if !released && let Some(dir) = &plan.cgroup {
         tracing::warn!(
-            pod = %name,
+            pod = %format!("{}/{}", pod.namespace, pod.name),
             "stopped, but its cgroup {} still holds a process after {:?} (stuck in D state, \
              or not the runtime's); the eviction stands",
             dir.display(),
             plan.release_timeout
         );
     }
-    Ok(phases)
 }
 
 /// One stop under way.

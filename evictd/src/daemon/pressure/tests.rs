@@ -35,6 +35,7 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         inventory_interval: Duration::from_secs(1),
         release_timeout: Duration::from_secs(1),
         kill: KillOptions { fast_kill: false, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
+        own_pod_uid: None,
     };
     let (policy, _) = args.policy().unwrap();
     let escalate = watch::channel(Urgency::Normal).1;
@@ -99,4 +100,31 @@ async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
     let (records, _) = p.pass(&Arc::new(pods), || 1, None).await;
     assert_eq!(records.len(), 1, "one failed kill, no other pod tried: {records:?}");
     assert!(records[0].error.as_deref().is_some_and(|e| e.contains("StopContainer")), "{records:?}");
+}
+
+/// Issue 9, item 4: evictd's own pod is never chosen, even as the largest; the next pod is.
+#[tokio::test(flavor = "current_thread")]
+async fn evictds_own_pod_is_never_chosen() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
+        .unwrap();
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
+    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    memcg(&d.path().join("kubepods/pod-evictd"), 900 << 20);
+    memcg(&d.path().join("kubepods/pod-app"), 100 << 20);
+    let mut me = pod("evictd", Some("/kubepods/pod-evictd"));
+    me.uid = "uid-of-evictd".into();
+    let mut app = pod("app", Some("/kubepods/pod-app"));
+    app.uid = "uid-of-app".into();
+    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
+    let mut p = pressure_with(d.path(), &args, None);
+    p.signals.node.meminfo = d.path().join("meminfo");
+    p.own_pod_uid = Some("uid-of-evictd".into());
+    let (records, _) = p.pass(&Arc::new(vec![me.clone(), app.clone()]), || 1, None).await;
+    assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
+    // Without knowing its own pod, the largest (evictd's) would be first: the test can fail.
+    let mut p = pressure_with(d.path(), &args, None);
+    p.signals.node.meminfo = d.path().join("meminfo");
+    let (records, _) = p.pass(&Arc::new(vec![me, app]), || 1, None).await;
+    assert_eq!(records[0].name, "evictd", "{records:?}");
 }

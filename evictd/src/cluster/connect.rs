@@ -1,0 +1,57 @@
+//! The API client: from a kubeconfig file, or, inside a pod, from its service account. No
+//! request is made here, so an API server that is down does not hold up the start.
+
+use std::{path::PathBuf, time::Duration};
+
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+/// Where the API server and credentials come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiSource {
+    /// `--kubeconfig FILE`.
+    Kubeconfig(PathBuf),
+    /// The pod's service account (`KUBERNETES_SERVICE_HOST`, the mounted token and CA).
+    InCluster,
+}
+
+#[derive(Clone, Debug)]
+pub struct ApiOptions {
+    pub source: ApiSource,
+    /// The node evictd runs on (`--node-name`, `NODE_NAME`): its events and conditions.
+    pub node_name: String,
+    /// Deadline of one API request (connect, read, write each).
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("--kubeconfig {}: {source}", path.display())]
+    Kubeconfig { path: PathBuf, source: kube::config::KubeconfigError },
+    #[error("in-cluster API configuration (the pod's service account): {0}")]
+    InCluster(#[from] kube::config::InClusterError),
+    #[error("building the API client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Whether this process runs in a pod whose service account can reach the API server.
+pub fn in_cluster() -> bool {
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+}
+
+pub async fn client(opts: &ApiOptions) -> Result<Client, ConnectError> {
+    let mut config = match &opts.source {
+        ApiSource::Kubeconfig(path) => {
+            let kerr = |source| ConnectError::Kubeconfig { path: path.clone(), source };
+            let file = Kubeconfig::read_from(path).map_err(kerr)?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default()).await.map_err(kerr)?
+        }
+        ApiSource::InCluster => Config::incluster()?,
+    };
+    config.connect_timeout = Some(opts.timeout);
+    config.read_timeout = Some(opts.timeout);
+    config.write_timeout = Some(opts.timeout);
+    Ok(Client::try_from(config)?)
+}

@@ -1,0 +1,13 @@
+//! The Kubernetes API, off the pressure path. An eviction by evictd is a kill through the
+//! runtime; what makes it stick is the record the kubelet would write — the pod's status
+//! Failed/Evicted with the `DisruptionTarget` condition, the events — which the reporter
+//! sends after the kill, from a queue of its own, retried with back-off. A slow or absent
+//! API server never delays a kill.
+//!
+//! - `connect`: the client, from `--kubeconfig` or the pod's service account;
+//! - `records`: the bodies the kubelet writes (pure);
+//! - `reporter`: the queue and the task that sends it.
+
+pub mod connect;
+pub mod records;
+pub mod reporter;

@@ -1,0 +1,308 @@
+//! The reporter: two bounded queues of API calls — the pods' records, and the node's — each
+//! with one task that sends its calls in order (so a node status patch the server is slow
+//! with never holds up a pod's), each call retried with exponential back-off while the API server is down or answers 5xx/429, and
+//! dropped (with the reason logged) when it says the call can never succeed (the pod is
+//! gone or was replaced, evictd lacks the right, the body is refused). The pressure path
+//! only ever `try_send`s: a full queue drops the call and counts it, it never waits.
+//!
+//! An eviction queues the pod's status patch (what makes it stick), then the pod's
+//! `Evicted` event; and, on the node's queue, the node's `EvictionThresholdMet` event.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use evictd_policy::signal::NodeCondition;
+use k8s_openapi::{
+    api::core::v1::{Event, Node, Pod},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::Value;
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+
+use super::records::{self, Involved};
+use crate::{
+    report::{metrics::Metrics, record::EvictionRecord},
+    wake::monotonic_ns,
+};
+
+/// Calls waiting at most; an eviction takes three.
+const QUEUE: usize = 1024;
+
+/// How a failing call is retried.
+#[derive(Clone, Copy, Debug)]
+pub struct Retry {
+    /// The first wait; each next one doubles, up to `max`.
+    pub first: Duration,
+    pub max: Duration,
+    /// A call still failing this long after it was queued is dropped, logged.
+    pub give_up: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        // The kubelet restarts a killed pod on its next sync unless the status lands: keep
+        // trying for as long as an operator could still care, at most every 30 s.
+        Retry {
+            first: Duration::from_millis(200),
+            max: Duration::from_secs(30),
+            give_up: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One API call evictd makes.
+#[derive(Clone, Debug)]
+enum Call {
+    /// `PATCH pods/<name>/status`; `stopped_ns` is when the kill completed (the window the
+    /// kubelet might restart the pod in ends when this lands).
+    PodStatus { namespace: String, name: String, patch: Value, stopped_ns: u64 },
+    /// `POST events` in the event's namespace.
+    Event(Box<Event>),
+    /// `PATCH nodes/<node>/status`.
+    NodeStatus(Value),
+}
+
+impl Call {
+    /// The metric label and the log's name of the call.
+    fn kind(&self) -> &'static str {
+        match self {
+            Call::PodStatus { .. } => "pod_status",
+            Call::Event(_) => "event",
+            Call::NodeStatus(_) => "node_status",
+        }
+    }
+
+    fn describe(&self, node: &str) -> String {
+        match self {
+            Call::PodStatus { namespace, name, .. } => format!("the status of pod {namespace}/{name}"),
+            Call::Event(e) => format!(
+                "event {} on {}",
+                e.reason.as_deref().unwrap_or(""),
+                e.involved_object.name.as_deref().unwrap_or("")
+            ),
+            Call::NodeStatus(_) => format!("the conditions of node {node}"),
+        }
+    }
+}
+
+struct Queued {
+    call: Call,
+    queued: Instant,
+}
+
+/// The handle the daemon and its passes hold; cheap to clone.
+#[derive(Clone)]
+pub struct Reporter {
+    /// The pods' records.
+    pods: mpsc::Sender<Queued>,
+    /// The node's events and conditions.
+    node_calls: mpsc::Sender<Queued>,
+    node: Arc<str>,
+    metrics: Arc<Metrics>,
+}
+
+/// The tasks behind the reporters, for a bounded flush at shutdown.
+pub struct ReporterTask {
+    closing: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Reporter {
+    pub fn spawn(
+        client: Client,
+        node: String,
+        retry: Retry,
+        metrics: Arc<Metrics>,
+    ) -> (Reporter, ReporterTask) {
+        let (closing, closed) = watch::channel(false);
+        let node: Arc<str> = node.into();
+        let mut tasks = Vec::new();
+        let mut lane = || {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            let worker = Worker {
+                client: client.clone(),
+                node: node.clone(),
+                retry,
+                metrics: metrics.clone(),
+                closing: closed.clone(),
+            };
+            tasks.push(tokio::spawn(worker.run(rx)));
+            tx
+        };
+        let (pods, node_calls) = (lane(), lane());
+        (Reporter { pods, node_calls, node, metrics }, ReporterTask { closing, tasks })
+    }
+
+    /// Records an eviction whose kill completed at `stopped_ns` as the kubelet does.
+    pub fn pod_evicted(&self, rec: &EvictionRecord, stopped_ns: u64) {
+        let now = Timestamp::now();
+        self.queue(
+            &self.pods,
+            Call::PodStatus {
+                namespace: rec.namespace.clone(),
+                name: rec.name.clone(),
+                patch: records::pod_evicted_patch(&rec.uid, &rec.message, now),
+                stopped_ns,
+            },
+        );
+        let pod = Involved { kind: "Pod", namespace: Some(&rec.namespace), name: &rec.name, uid: &rec.uid };
+        let event = records::pod_evicted_event(&pod, &rec.message, rec.annotations.clone(), &self.node, now);
+        self.queue(&self.pods, Call::Event(Box::new(event)));
+        let resource = rec.signal.resource().as_str();
+        self.queue(
+            &self.node_calls,
+            Call::Event(Box::new(records::threshold_met_event(&self.node, resource, now))),
+        );
+    }
+
+    /// evictd's node conditions: `pressure` are true, the others false; `changed` flipped.
+    pub fn node_conditions(&self, pressure: &[NodeCondition], changed: &[NodeCondition]) {
+        let patch = records::node_conditions_patch(pressure, changed, Timestamp::now());
+        self.queue(&self.node_calls, Call::NodeStatus(patch));
+    }
+
+    fn queue(&self, lane: &mpsc::Sender<Queued>, call: Call) {
+        let kind = call.kind();
+        tracing::debug!("Kubernetes API: queued {}", call.describe(&self.node));
+        if let Err(e) = lane.try_send(Queued { call, queued: Instant::now() }) {
+            let call = match e {
+                mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q.call,
+            };
+            self.metrics.api_call(kind, "dropped");
+            tracing::warn!(
+                "Kubernetes API: {} not sent: the report queue is full or closed",
+                call.describe(&self.node)
+            );
+        }
+    }
+}
+
+impl ReporterTask {
+    /// At shutdown: whatever is queued is tried once more, without back-off, for at most
+    /// `within`; what is left then is logged.
+    pub async fn flush(self, within: Duration) {
+        self.closing.send_replace(true);
+        let all = futures_join_all(self.tasks);
+        if tokio::time::timeout(within, all).await.is_err() {
+            tracing::warn!("Kubernetes API: reports still queued after {within:?} at shutdown are lost");
+        }
+    }
+}
+
+async fn futures_join_all(tasks: Vec<JoinHandle<()>>) {
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+struct Worker {
+    client: Client,
+    node: Arc<str>,
+    retry: Retry,
+    metrics: Arc<Metrics>,
+    closing: watch::Receiver<bool>,
+}
+
+/// Whether a failed call may succeed later: the server or the way to it failed, or asked
+/// to be called back (408, 429). Any other 4xx is final: the pod is gone (404) or is not
+/// the one evicted (409: the uid precondition), evictd lacks the right (403), or the body
+/// is refused (422).
+fn retriable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => !(400..500).contains(&s.code) || matches!(s.code, 408 | 429),
+        _ => true,
+    }
+}
+
+impl Worker {
+    async fn run(mut self, mut rx: mpsc::Receiver<Queued>) {
+        loop {
+            let q = tokio::select! {
+                q = rx.recv() => q,
+                _ = self.closing.wait_for(|c| *c) => rx.try_recv().ok(),
+            };
+            let Some(q) = q else { return };
+            self.deliver(q).await;
+        }
+    }
+
+    /// Sends one call until it succeeds, fails for good, or is given up.
+    async fn deliver(&mut self, q: Queued) {
+        let what = q.call.describe(&self.node);
+        tracing::debug!("Kubernetes API: sending {what}");
+        let kind = q.call.kind();
+        let mut wait = self.retry.first;
+        loop {
+            let err = match self.send(&q.call).await {
+                Ok(()) => {
+                    self.metrics.api_call(kind, "ok");
+                    self.delivered(&q.call, &what);
+                    return;
+                }
+                Err(e) => e,
+            };
+            let closing = *self.closing.borrow();
+            if !retriable(&err) {
+                self.metrics.api_call(kind, "refused");
+                tracing::warn!("Kubernetes API refused {what}: {err}");
+                return;
+            }
+            if closing || q.queued.elapsed() + wait > self.retry.give_up {
+                self.metrics.api_call(kind, "given_up");
+                tracing::error!("Kubernetes API: giving up on {what} after {:?}: {err}", q.queued.elapsed());
+                return;
+            }
+            self.metrics.api_call(kind, "retried");
+            tracing::warn!("Kubernetes API: {what} failed, retrying in {wait:?}: {err}");
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                // At shutdown, one last try at once.
+                _ = self.closing.wait_for(|c| *c) => {}
+            }
+            wait = (wait * 2).min(self.retry.max);
+        }
+    }
+
+    fn delivered(&self, call: &Call, what: &str) {
+        if let Call::PodStatus { stopped_ns, .. } = call {
+            let window = Duration::from_nanos(monotonic_ns().saturating_sub(*stopped_ns));
+            self.metrics.status_recorded(window);
+            tracing::info!(
+                window_ms = window.as_secs_f64() * 1e3,
+                "Kubernetes API: recorded {what} as Failed/Evicted, {:.1} ms after the kill",
+                window.as_secs_f64() * 1e3
+            );
+        }
+    }
+
+    async fn send(&self, call: &Call) -> Result<(), kube::Error> {
+        let client = self.client.clone();
+        match call {
+            Call::PodStatus { namespace, name, patch, .. } => {
+                let pods: Api<Pod> = Api::namespaced(client, namespace);
+                pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(patch)).await.map(drop)
+            }
+            Call::Event(event) => {
+                let ns = event.metadata.namespace.as_deref().unwrap_or("default");
+                let events: Api<Event> = Api::namespaced(client, ns);
+                events.create(&PostParams::default(), event).await.map(drop)
+            }
+            Call::NodeStatus(patch) => {
+                let nodes: Api<Node> = Api::all(client);
+                nodes
+                    .patch_status(&self.node, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! What evictd writes to the Kubernetes API, checked against the test's API double (no API
+//! server can run on these machines; see `evictd_tests::api_double`): the exact bodies, the
+//! order, retries with back-off while the server fails or is down, calls it refuses for
+//! good, and that queuing a report never waits for the server. evictd's real client (kube-rs,
+//! from a kubeconfig) talks to the double over HTTP.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use evictd::{
+    cluster::{
+        connect::{self, ApiOptions, ApiSource},
+        reporter::{Reporter, ReporterTask, Retry},
+    },
+    report::{metrics::Metrics, record::EvictionRecord},
+    wake::monotonic_ns,
+};
+use evictd_policy::policy::{NodeCondition, Signal};
+use evictd_tests::api_double::{self, ApiDouble, Recorded};
+use serde_json::json;
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+fn record() -> EvictionRecord {
+    EvictionRecord {
+        namespace: "shop".into(),
+        name: "web-1".into(),
+        uid: "6f1d7c1e-0000-4000-8000-000000000001".into(),
+        signal: Signal::MemoryAvailable,
+        available: 50 << 20,
+        threshold: 100 << 20,
+        grace_period_seconds: 1,
+        message: "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. ".into(),
+        annotations: BTreeMap::from([
+            ("offending_containers".into(), "app".into()),
+            ("offending_containers_usage".into(), "600Mi".into()),
+            ("starved_resource".into(), "memory".into()),
+        ]),
+        dry_run: false,
+        error: None,
+        decide_us: 10,
+        phases: None,
+        wake_cause: None,
+        wake_kernel_ts_ns: None,
+        wake_received_ns: None,
+        observed_ns: 0,
+        decided_ns: 0,
+        released_ns: None,
+    }
+}
+
+/// evictd's client and reporter for the API server at `url`, with quick retries.
+async fn reporter(url: &str, dir: &std::path::Path, retry: Retry) -> (Reporter, ReporterTask, Arc<Metrics>) {
+    let opts = ApiOptions {
+        source: ApiSource::Kubeconfig(api_double::kubeconfig_for(url, dir)),
+        node_name: "node-a".into(),
+        timeout: Duration::from_secs(2),
+    };
+    let client = connect::client(&opts).await.expect("a client for the double");
+    let metrics = Arc::new(Metrics::default());
+    let (r, task) = Reporter::spawn(client, opts.node_name, retry, metrics.clone());
+    (r, task, metrics)
+}
+
+fn quick() -> Retry {
+    Retry {
+        first: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+        give_up: Duration::from_secs(30),
+    }
+}
+
+fn status_patches(r: &[Recorded]) -> Vec<&Recorded> {
+    r.iter().filter(|r| r.path.starts_with("/api/v1/namespaces/shop/pods/web-1/status")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_is_recorded_as_the_kubelet_records_it() {
+    let api = ApiDouble::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (r, task, metrics) = reporter(&api.url(), dir.path(), quick()).await;
+    r.pod_evicted(&record(), monotonic_ns());
+    let seen = api.wait_for("three calls", WITHIN, |r| r.len() >= 3);
+    task.flush(Duration::from_secs(1)).await;
+    let pod_calls: Vec<&Recorded> = seen.iter().filter(|r| r.path.contains("/namespaces/shop/")).collect();
+    assert_eq!(pod_calls.len(), 2, "{seen:?}");
+
+    // First the status, which makes the eviction stick; a strategic merge with the uid.
+    let patch = pod_calls[0];
+    assert_eq!(patch.method, "PATCH");
+    assert_eq!(patch.path.split('?').next(), Some("/api/v1/namespaces/shop/pods/web-1/status"));
+    assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
+    let msg = record().message;
+    let mut body = patch.body.clone();
+    let when = body["status"]["conditions"][0]
+        .as_object_mut()
+        .and_then(|c| c.remove("lastTransitionTime"))
+        .expect("a transition time");
+    assert!(when.as_str().is_some_and(|t| t.ends_with('Z')), "{when}");
+    assert_eq!(
+        body,
+        json!({
+            "metadata": {"uid": "6f1d7c1e-0000-4000-8000-000000000001"},
+            "status": {"phase": "Failed", "reason": "Evicted", "message": msg,
+                       "conditions": [{"type": "DisruptionTarget", "status": "True",
+                                       "reason": "TerminationByEvictd", "message": msg}]},
+        })
+    );
+
+    // Then the pod's event, with the kubelet's annotations.
+    let event = pod_calls[1];
+    assert_eq!(
+        (event.method.as_str(), event.path.split('?').next()),
+        ("POST", Some("/api/v1/namespaces/shop/events"))
+    );
+    let e = &event.body;
+    assert_eq!((e["type"].as_str(), e["reason"].as_str()), (Some("Warning"), Some("Evicted")));
+    assert_eq!(e["message"], msg);
+    assert_eq!(e["involvedObject"]["kind"], "Pod");
+    assert_eq!(e["involvedObject"]["uid"], "6f1d7c1e-0000-4000-8000-000000000001");
+    assert_eq!(e["metadata"]["annotations"]["offending_containers"], "app");
+    assert_eq!(e["metadata"]["annotations"]["offending_containers_usage"], "600Mi");
+    assert_eq!(e["metadata"]["annotations"]["starved_resource"], "memory");
+    assert_eq!(e["source"]["component"], "evictd");
+    assert_eq!(e["source"]["host"], "node-a");
+
+    // And the node's, on a queue of its own.
+    let node = seen.iter().find(|r| r.path.contains("/namespaces/default/")).expect("the node's event");
+    assert_eq!(node.path.split('?').next(), Some("/api/v1/namespaces/default/events"));
+    assert_eq!(node.body["reason"], "EvictionThresholdMet");
+    assert_eq!(node.body["message"], "Attempting to reclaim memory");
+    assert_eq!(node.body["involvedObject"]["kind"], "Node");
+    assert_eq!(node.body["involvedObject"]["name"], "node-a");
+
+    let text = metrics.encode();
+    assert!(text.contains("evictd_kube_api_calls_total{call=\"pod_status\",outcome=\"ok\"} 1"), "{text}");
+    assert!(text.contains("evictd_kube_api_calls_total{call=\"event\",outcome=\"ok\"} 2"), "{text}");
+    assert!(text.contains("evictd_eviction_recorded_seconds_count 1"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_conditions_are_patched_under_evictds_own_types() {
+    let api = ApiDouble::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (r, task, _) = reporter(&api.url(), dir.path(), quick()).await;
+    r.node_conditions(&[NodeCondition::MemoryPressure], &[NodeCondition::MemoryPressure]);
+    let seen = api.wait_for("the node status patch", WITHIN, |r| !r.is_empty());
+    task.flush(Duration::from_secs(1)).await;
+    assert_eq!(seen[0].method, "PATCH");
+    assert_eq!(seen[0].path.split('?').next(), Some("/api/v1/nodes/node-a/status"));
+    assert_eq!(seen[0].content_type, "application/strategic-merge-patch+json");
+    let conds = seen[0].body["status"]["conditions"].as_array().expect("conditions");
+    let by_type: BTreeMap<&str, &str> =
+        conds.iter().map(|c| (c["type"].as_str().unwrap(), c["status"].as_str().unwrap())).collect();
+    assert_eq!(
+        by_type,
+        BTreeMap::from([
+            ("EvictdDiskPressure", "False"),
+            ("EvictdMemoryPressure", "True"),
+            ("EvictdPIDPressure", "False")
+        ])
+    );
+}
+
+/// 500s are retried, each wait about twice the one before, until the call goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_server_gets_the_report_again_with_back_off() {
+    let api = ApiDouble::start();
+    api.fail_next(3, 500, "/pods/web-1/status");
+    let dir = tempfile::tempdir().unwrap();
+    let (r, task, metrics) = reporter(&api.url(), dir.path(), quick()).await;
+    r.pod_evicted(&record(), monotonic_ns());
+    let seen =
+        api.wait_for("the status patch answered after 3 failures, then the events", WITHIN, |r| r.len() >= 6);
+    task.flush(Duration::from_secs(1)).await;
+    let patches = status_patches(&seen);
+    assert_eq!(patches.len(), 4, "3 failed tries and the one that went through");
+    let gaps: Vec<Duration> = patches.windows(2).map(|w| w[1].at - w[0].at).collect();
+    // The waits are 50, 100, 200 ms: each at least its back-off, and growing.
+    for (gap, least) in gaps.iter().zip([50, 100, 200]) {
+        assert!(*gap >= Duration::from_millis(least), "gaps {gaps:?}");
+    }
+    assert!(gaps[2] > gaps[0], "back-off grows: {gaps:?}");
+    let pod_event =
+        seen.iter().position(|r| r.path.contains("/namespaces/shop/events")).expect("the pod's event");
+    let last_patch = seen.iter().rposition(|r| r.path.contains("/pods/web-1/status")).expect("a patch");
+    assert!(pod_event > last_patch, "the pod's event follows its status");
+    let text = metrics.encode();
+    assert!(
+        text.contains("evictd_kube_api_calls_total{call=\"pod_status\",outcome=\"retried\"} 3"),
+        "{text}"
+    );
+    assert!(text.contains("evictd_kube_api_calls_total{call=\"pod_status\",outcome=\"ok\"} 1"), "{text}");
+}
+
+/// The API server is down when the eviction happens, and comes up later: the report waits
+/// and arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_waits_for_a_server_that_is_down() {
+    let port = api_double::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let (r, task, metrics) = reporter(&url, dir.path(), quick()).await;
+    r.pod_evicted(&record(), monotonic_ns());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retried = metrics.encode();
+    assert!(retried.contains("call=\"pod_status\",outcome=\"retried\""), "{retried}");
+    let api = ApiDouble::start_on(port);
+    let seen = api.wait_for("the reports once the server is up", WITHIN, |r| r.len() >= 3);
+    task.flush(Duration::from_secs(1)).await;
+    let patches = status_patches(&seen);
+    assert_eq!(patches.len(), 1);
+    assert_eq!(patches[0].body["status"]["reason"], "Evicted");
+}
+
+/// 409 (the uid precondition: the pod was replaced by one of the same name) is final: not
+/// retried, and the calls after it still go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_report_is_not_retried() {
+    let api = ApiDouble::start();
+    api.fail_next(1, 409, "/pods/web-1/status");
+    let dir = tempfile::tempdir().unwrap();
+    let (r, task, metrics) = reporter(&api.url(), dir.path(), quick()).await;
+    r.pod_evicted(&record(), monotonic_ns());
+    let seen = api.wait_for("the status patch and both events", WITHIN, |r| r.len() >= 3);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    task.flush(Duration::from_secs(1)).await;
+    assert_eq!(status_patches(&api.requests()).len(), 1, "not retried: {seen:?}");
+    let text = metrics.encode();
+    assert!(
+        text.contains("evictd_kube_api_calls_total{call=\"pod_status\",outcome=\"refused\"} 1"),
+        "{text}"
+    );
+}
+
+/// Queuing a report returns while the server holds its answer: the caller (the act step)
+/// never waits for the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queuing_a_report_never_waits_for_the_server() {
+    let api = ApiDouble::start();
+    api.hold();
+    let dir = tempfile::tempdir().unwrap();
+    let (r, task, _) = reporter(&api.url(), dir.path(), quick()).await;
+    for _ in 0..5 {
+        r.pod_evicted(&record(), monotonic_ns());
+    }
+    api.wait_for("the first status patch, held", WITHIN, |r| !r.is_empty());
+    assert_eq!(api.answered(), 0, "every call returned before the server answered one");
+    api.release();
+    api.wait_for("all 15 calls", WITHIN, |r| r.len() >= 15);
+    task.flush(Duration::from_secs(1)).await;
+}
+
+/// At shutdown, what is queued gets one more try, bounded: a server that never answers
+/// cannot hold evictd's exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flush_at_shutdown_is_bounded() {
+    let api = ApiDouble::start();
+    api.hold();
+    let dir = tempfile::tempdir().unwrap();
+    let (r, task, _) = reporter(&api.url(), dir.path(), quick()).await;
+    r.pod_evicted(&record(), monotonic_ns());
+    api.wait_for("the held status patch", WITHIN, |r| !r.is_empty());
+    let t = std::time::Instant::now();
+    task.flush(Duration::from_millis(300)).await;
+    assert!(t.elapsed() < Duration::from_secs(2), "flush took {:?}", t.elapsed());
+}
