@@ -44,6 +44,11 @@ pub struct RunArgs {
     /// Pods not in it get specs inferred from the node, and the log says so.
     #[arg(long, value_name = "FILE")]
     pub pods_file: Option<PathBuf>,
+    /// Let evictd evict `kube-system` pods whose specs it could only infer (not in
+    /// --pods-file): their priority cannot be seen on the node, and they are protected by
+    /// default.
+    #[arg(long)]
+    pub evict_inferred_kube_system: bool,
     /// The pods' cgroup under the node cgroup, for allocatableMemory.available.
     /// Default: `kubepods` or `kubepods.slice`, whichever exists.
     #[arg(long, value_name = "NAME")]
@@ -221,6 +226,7 @@ impl RunArgs {
                 release_timeout: self.release_timeout,
                 kill,
                 own_pod_uid: own_pod::identify()?,
+                evict_inferred_kube_system: self.evict_inferred_kube_system,
             },
             wake,
             trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),

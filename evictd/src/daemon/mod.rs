@@ -89,6 +89,8 @@ pub struct PressureOptions {
     pub kill: KillOptions,
     /// evictd's own pod, never evicted (`None`: not in a pod).
     pub own_pod_uid: Option<String>,
+    /// Whether a `kube-system` pod whose spec is only inferred may be evicted.
+    pub evict_inferred_kube_system: bool,
 }
 
 /// How a chosen pod is killed (`--fast-kill`, `--hard-eviction-grace-period`,
@@ -386,6 +388,10 @@ async fn start_api(
     dry_run: bool,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Option<(Reporter, ReporterTask)>> {
+    if dry_run {
+        tracing::info!("dry run: nothing is written to the Kubernetes API");
+        return Ok(None);
+    }
     let Some(opts) = opts else {
         tracing::warn!(
             "no Kubernetes API (neither --kubeconfig nor a pod's service account): evictions are \
@@ -393,10 +399,6 @@ async fn start_api(
         );
         return Ok(None);
     };
-    if dry_run {
-        tracing::info!("dry run: nothing is written to the Kubernetes API");
-        return Ok(None);
-    }
     let client = connect::client(opts).await?;
     tracing::info!(node = %opts.node_name, "recording evictions in the Kubernetes API");
     Ok(Some(Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.clone())))
@@ -467,6 +469,7 @@ mod tests {
             release_timeout: Duration::from_secs(1),
             kill: KillOptions { fast_kill: true, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
             own_pod_uid: None,
+            evict_inferred_kube_system: false,
         };
         let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
         let err = spawn_inventory(Some(&client), &opts, Arc::new(Notify::new())).expect_err("an error");

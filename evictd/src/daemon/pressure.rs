@@ -53,6 +53,7 @@ pub struct Pressure {
     pub release_timeout: Duration,
     pub kill: KillOptions,
     pub own_pod_uid: Option<String>,
+    pub evict_inferred_kube_system: bool,
     /// Where evictions are recorded in Kubernetes (`None`: no API, or a dry run).
     pub api: Option<Reporter>,
     /// The node conditions of the last decision (the kubelet's, reported as evictd's own).
@@ -85,6 +86,7 @@ impl Pressure {
             release_timeout: opts.release_timeout,
             kill: opts.kill,
             own_pod_uid: opts.own_pod_uid,
+            evict_inferred_kube_system: opts.evict_inferred_kube_system,
             api: None,
             conditions: Vec::new(),
             escalate,
@@ -251,7 +253,7 @@ impl Pressure {
                 .map(|(i, (p, s))| PodEntry {
                     pod: &p.spec,
                     stats: Some(s),
-                    protected: failed.contains(&i) || self.own_pod_uid.as_deref() == Some(p.uid.as_str()),
+                    protected: failed.contains(&i) || self.protects(p),
                 })
                 .collect();
             // Every try decides from the state before the decision: a state taken after a failed
@@ -277,6 +279,14 @@ impl Pressure {
             self.state = state;
         }
         records
+    }
+
+    /// Pods evictd never evicts, beyond the kubelet's critical pods: itself, and — unless
+    /// `--evict-inferred-kube-system` — a `kube-system` pod whose spec it could only infer
+    /// (its priority is unknown: it may well be a node's DNS, proxy or network agent).
+    fn protects(&self, p: &PodRecord) -> bool {
+        let own = self.own_pod_uid.as_deref() == Some(p.uid.as_str());
+        own || (p.spec_inferred && p.namespace == "kube-system" && !self.evict_inferred_kube_system)
     }
 
     /// `failed` candidates were tried in this decision and are protected from here on, so

@@ -2,12 +2,14 @@
 //! class from the cgroup placement, requests from container limits (Guaranteed) or from
 //! `oom_score_adj` (Burstable: the kubelet's `1000 − 1000·request/capacity`, inverted), the
 //! grace period from the kubelet's container annotation, critical-ness from the annotations
-//! the kubelet copies onto the sandbox. Priority cannot be seen on the node and is 0.
+//! the kubelet copies onto the sandbox. Priority cannot be seen on the node and is 0, except
+//! for node-critical pods: the kubelet gives them `oom_score_adj` −997 whatever their QoS
+//! class, so −997 under a burstable or besteffort parent means system-node-critical.
 
 use std::collections::BTreeMap;
 
 use evictd_policy::{
-    podspec::{Container, ObjectMeta, Pod, PodSpec, Resources},
+    podspec::{Container, ObjectMeta, Pod, PodSpec, Resources, SYSTEM_CRITICAL_PRIORITY},
     quantity::Quantity,
 };
 
@@ -45,6 +47,8 @@ pub fn infer_spec(rec: &PodRecord, capacity: i64) -> Pod {
         let spec = inferred_container(c, qos, capacity);
         if c.running { containers.push(spec) } else { init_containers.push(spec) }
     }
+    let node_critical = qos != Qos::Guaranteed
+        && rec.containers.iter().any(|c| c.oom_score_adj == Some(CRITICAL_OOM_SCORE_ADJ));
     Pod {
         metadata: ObjectMeta {
             name: rec.name.clone(),
@@ -57,11 +61,33 @@ pub fn infer_spec(rec: &PodRecord, capacity: i64) -> Pod {
             containers,
             init_containers,
             termination_grace_period_seconds: rec.containers.iter().find_map(|c| c.grace_seconds),
+            priority: node_critical.then_some(SYSTEM_NODE_CRITICAL_PRIORITY),
             ..Default::default()
         },
         status: Default::default(),
     }
 }
+
+/// The kubelet's `oom_score_adj` for Guaranteed and for node-critical containers
+/// (`qos.GetContainerOOMScoreAdjust`).
+const CRITICAL_OOM_SCORE_ADJ: i64 = -997;
+/// `system-node-critical`'s priority.
+const SYSTEM_NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
+
+/// A spec from a PodList, with the annotations that make a pod static or mirror taken from
+/// the sandbox (the kubelet writes them there) and never from the list: any tenant can
+/// annotate their own pod `kubernetes.io/config.source: file` and so make it unevictable.
+pub fn with_trusted_annotations(mut spec: Pod, sandbox: &BTreeMap<String, String>) -> Pod {
+    for key in TRUSTED_FROM_SANDBOX {
+        spec.metadata.annotations.remove(key);
+        if let Some(v) = sandbox.get(key) {
+            spec.metadata.annotations.insert(key.to_owned(), v.clone());
+        }
+    }
+    spec
+}
+
+const TRUSTED_FROM_SANDBOX: [&str; 2] = ["kubernetes.io/config.source", "kubernetes.io/config.mirror"];
 
 /// The newest instance (highest attempt) of each container name, in first-seen order.
 fn latest_instances(all: &[ContainerRecord]) -> Vec<&ContainerRecord> {
@@ -103,6 +129,37 @@ fn inferred_container(c: &ContainerRecord, qos: Qos, capacity: i64) -> Container
 mod tests {
     use super::*;
     use crate::runtime::inventory::tests::{container, record};
+
+    /// Issue 9: CoreDNS, kube-proxy or a CNI agent are Burstable yet system-node-critical;
+    /// the kubelet marks them with oom_score_adj −997, and read as "request 0" they would
+    /// rank first.
+    #[test]
+    fn minus_997_outside_guaranteed_is_node_critical() {
+        let cap = 1000 << 20;
+        let coredns = infer_spec(&record("/kubepods/burstable/pod1", vec![container(None, Some(-997))]), cap);
+        assert!(coredns.is_critical(), "{:?}", coredns.spec.priority);
+        let besteffort =
+            infer_spec(&record("/kubepods/besteffort/pod1", vec![container(None, Some(-997))]), cap);
+        assert!(besteffort.is_critical());
+        // In a Guaranteed pod −997 is every container's adj: nothing to learn from it.
+        let guaranteed =
+            infer_spec(&record("/kubepods/pod1", vec![container(Some(1 << 20), Some(-997))]), cap);
+        assert!(!guaranteed.is_critical());
+        let ordinary = infer_spec(&record("/kubepods/burstable/pod1", vec![container(None, Some(900))]), cap);
+        assert!(!ordinary.is_critical());
+    }
+
+    #[test]
+    fn static_and_mirror_annotations_come_from_the_sandbox_only() {
+        let mut listed = Pod::default();
+        listed.metadata.annotations.insert("kubernetes.io/config.source".into(), "file".into());
+        listed.metadata.annotations.insert("team".into(), "shop".into());
+        let tenant = with_trusted_annotations(listed.clone(), &BTreeMap::new());
+        assert!(!tenant.is_critical(), "a PodList's own claim to be static is not trusted");
+        assert_eq!(tenant.metadata.annotations.get("team").map(String::as_str), Some("shop"));
+        let sandbox = BTreeMap::from([("kubernetes.io/config.source".to_string(), "file".to_string())]);
+        assert!(with_trusted_annotations(Pod::default(), &sandbox).is_critical(), "the sandbox's is");
+    }
 
     #[test]
     fn qos_from_placement() {

@@ -16,7 +16,7 @@ use std::{
 use evictd_policy::podspec::Pod;
 use tokio::sync::{Notify, watch};
 
-use super::infer::infer_spec;
+use super::infer::{infer_spec, with_trusted_annotations};
 use crate::runtime::cri::{CriClient, CriError, api as cri};
 
 #[derive(Clone, Debug)]
@@ -88,7 +88,7 @@ impl Inventory {
         self.specs = pods.into_iter().map(|p| (p.metadata.uid.clone(), p)).collect();
         for rec in self.pods.values_mut() {
             if let Some(spec) = self.specs.get(&rec.uid) {
-                rec.spec = spec.clone();
+                rec.spec = with_trusted_annotations(spec.clone(), &rec.annotations);
                 rec.spec_inferred = false;
             }
         }
@@ -183,7 +183,7 @@ impl Inventory {
         };
         match self.specs.get(&rec.uid) {
             Some(spec) => {
-                rec.spec = spec.clone();
+                rec.spec = with_trusted_annotations(spec.clone(), &rec.annotations);
                 rec.spec_inferred = false;
             }
             None => {

@@ -36,6 +36,7 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         release_timeout: Duration::from_secs(1),
         kill: KillOptions { fast_kill: false, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
         own_pod_uid: None,
+        evict_inferred_kube_system: false,
     };
     let (policy, _) = args.policy().unwrap();
     let escalate = watch::channel(Urgency::Normal).1;
@@ -127,4 +128,55 @@ async fn evictds_own_pod_is_never_chosen() {
     p.signals.node.meminfo = d.path().join("meminfo");
     let (records, _) = p.pass(&Arc::new(vec![me, app]), || 1, None).await;
     assert_eq!(records[0].name, "evictd", "{records:?}");
+}
+
+/// Issue 9, item 1: a kube-system pod whose spec is only inferred is never chosen (its
+/// priority is unknown), unless --evict-inferred-kube-system says otherwise.
+#[tokio::test(flavor = "current_thread")]
+async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
+        .unwrap();
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
+    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    memcg(&d.path().join("kubepods/pod-dns"), 900 << 20);
+    memcg(&d.path().join("kubepods/pod-app"), 100 << 20);
+    let mut dns = pod("coredns", Some("/kubepods/pod-dns"));
+    dns.namespace = "kube-system".into();
+    let app = pod("app", Some("/kubepods/pod-app"));
+    assert!(dns.spec_inferred && app.spec_inferred);
+    let pods = Arc::new(vec![dns, app]);
+    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
+    for (allowed, victim) in [(false, "app"), (true, "coredns")] {
+        let mut p = pressure_with(d.path(), &args, None);
+        p.signals.node.meminfo = d.path().join("meminfo");
+        p.evict_inferred_kube_system = allowed;
+        let (records, _) = p.pass(&pods, || 1, None).await;
+        assert_eq!(records[0].name, victim, "allowed={allowed}: {records:?}");
+    }
+}
+
+/// Issue 9, item 1: a Burstable pod the kubelet marked system-node-critical (oom_score_adj
+/// −997), with an inferred spec, is never chosen even as the largest pod over its request.
+/// (Not on the real containerd here: without CAP_SYS_RESOURCE the test runtime must clamp
+/// oom_score_adj, so no container can show −997.)
+#[tokio::test(flavor = "current_thread")]
+async fn an_inferred_node_critical_pod_is_never_chosen() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
+        .unwrap();
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
+    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    memcg(&d.path().join("kubepods/burstable/pod-dns"), 900 << 20);
+    memcg(&d.path().join("kubepods/besteffort/pod-app"), 100 << 20);
+    let mut dns = pod("coredns", Some("/kubepods/burstable/pod-dns"));
+    dns.containers = vec![container(None, Some(-997))];
+    dns.spec = crate::runtime::infer::infer_spec(&dns, 4 << 30);
+    let mut app = pod("app", Some("/kubepods/besteffort/pod-app"));
+    app.spec = crate::runtime::infer::infer_spec(&app, 4 << 30);
+    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
+    let mut p = pressure_with(d.path(), &args, None);
+    p.signals.node.meminfo = d.path().join("meminfo");
+    let (records, _) = p.pass(&Arc::new(vec![dns, app]), || 1, None).await;
+    assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
 }
