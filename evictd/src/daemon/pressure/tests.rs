@@ -43,6 +43,19 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
     Pressure::new(policy, PressureOptions { dry_run: client.is_none(), ..opts }, cgroups, client, escalate)
 }
 
+/// A Pressure on a fixture node at `root` of 4 GiB with 2 GiB in use, under the hard
+/// threshold `memory.available<75%` (3 GiB), which is met.
+fn under_pressure(root: &Path, client: Option<CriClient>) -> Pressure {
+    std::fs::write(root.join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
+        .unwrap();
+    std::fs::write(root.join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
+    std::fs::write(root.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
+    let mut p = pressure_with(root, &args, client);
+    p.signals.node.meminfo = root.join("meminfo");
+    p
+}
+
 /// A readable v1 memory cgroup at `dir` using `usage` bytes.
 fn memcg(dir: &Path, usage: u64) {
     std::fs::create_dir_all(dir).unwrap();
@@ -84,10 +97,6 @@ async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
 async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
     let d = tempfile::tempdir().unwrap();
     // The node: 4 GiB, 2 GiB used, so memory.available<75% (3 GiB) is met.
-    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
-        .unwrap();
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
-    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
     let names = ["a", "b", "c"];
     for n in names {
         memcg(&d.path().join(format!("kubepods/pod-{n}")), 100 << 20);
@@ -95,9 +104,7 @@ async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
     let pods: Vec<PodRecord> = names.iter().map(|n| pod(n, Some(&format!("/kubepods/pod-{n}")))).collect();
     // A runtime that is not there: StopContainer fails.
     let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_millis(200)).unwrap();
-    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
-    let mut p = pressure_with(d.path(), &args, Some(client));
-    p.signals.node.meminfo = d.path().join("meminfo");
+    let mut p = under_pressure(d.path(), Some(client));
     let (records, _) = p.pass(&Arc::new(pods), || 1, None).await;
     assert_eq!(records.len(), 1, "one failed kill, no other pod tried: {records:?}");
     assert!(records[0].error.as_deref().is_some_and(|e| e.contains("StopContainer")), "{records:?}");
@@ -107,26 +114,18 @@ async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
 #[tokio::test(flavor = "current_thread")]
 async fn evictds_own_pod_is_never_chosen() {
     let d = tempfile::tempdir().unwrap();
-    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
-        .unwrap();
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
-    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
     memcg(&d.path().join("kubepods/pod-evictd"), 900 << 20);
     memcg(&d.path().join("kubepods/pod-app"), 100 << 20);
     let mut me = pod("evictd", Some("/kubepods/pod-evictd"));
     me.uid = "uid-of-evictd".into();
     let mut app = pod("app", Some("/kubepods/pod-app"));
     app.uid = "uid-of-app".into();
-    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
-    let mut p = pressure_with(d.path(), &args, None);
-    p.signals.node.meminfo = d.path().join("meminfo");
+    let mut p = under_pressure(d.path(), None);
     p.own_pod_uid = Some("uid-of-evictd".into());
     let (records, _) = p.pass(&Arc::new(vec![me.clone(), app.clone()]), || 1, None).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
     // Without knowing its own pod, the largest (evictd's) would be first: the test can fail.
-    let mut p = pressure_with(d.path(), &args, None);
-    p.signals.node.meminfo = d.path().join("meminfo");
-    let (records, _) = p.pass(&Arc::new(vec![me, app]), || 1, None).await;
+    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![me, app]), || 1, None).await;
     assert_eq!(records[0].name, "evictd", "{records:?}");
 }
 
@@ -135,10 +134,6 @@ async fn evictds_own_pod_is_never_chosen() {
 #[tokio::test(flavor = "current_thread")]
 async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
     let d = tempfile::tempdir().unwrap();
-    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
-        .unwrap();
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
-    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
     memcg(&d.path().join("kubepods/pod-dns"), 900 << 20);
     memcg(&d.path().join("kubepods/pod-app"), 100 << 20);
     let mut dns = pod("coredns", Some("/kubepods/pod-dns"));
@@ -146,10 +141,8 @@ async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
     let app = pod("app", Some("/kubepods/pod-app"));
     assert!(dns.spec_inferred && app.spec_inferred);
     let pods = Arc::new(vec![dns, app]);
-    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
     for (allowed, victim) in [(false, "app"), (true, "coredns")] {
-        let mut p = pressure_with(d.path(), &args, None);
-        p.signals.node.meminfo = d.path().join("meminfo");
+        let mut p = under_pressure(d.path(), None);
         p.evict_inferred_kube_system = allowed;
         let (records, _) = p.pass(&pods, || 1, None).await;
         assert_eq!(records[0].name, victim, "allowed={allowed}: {records:?}");
@@ -163,10 +156,6 @@ async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
 #[tokio::test(flavor = "current_thread")]
 async fn an_inferred_node_critical_pod_is_never_chosen() {
     let d = tempfile::tempdir().unwrap();
-    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
-        .unwrap();
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
-    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
     memcg(&d.path().join("kubepods/burstable/pod-dns"), 900 << 20);
     memcg(&d.path().join("kubepods/besteffort/pod-app"), 100 << 20);
     let mut dns = pod("coredns", Some("/kubepods/burstable/pod-dns"));
@@ -174,9 +163,7 @@ async fn an_inferred_node_critical_pod_is_never_chosen() {
     dns.spec = crate::runtime::infer::infer_spec(&dns, 4 << 30);
     let mut app = pod("app", Some("/kubepods/besteffort/pod-app"));
     app.spec = crate::runtime::infer::infer_spec(&app, 4 << 30);
-    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
-    let mut p = pressure_with(d.path(), &args, None);
-    p.signals.node.meminfo = d.path().join("meminfo");
+    let mut p = under_pressure(d.path(), None);
     let (records, _) = p.pass(&Arc::new(vec![dns, app]), || 1, None).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
 }
