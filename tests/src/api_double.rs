@@ -48,6 +48,9 @@ pub struct ApiDouble {
     open: watch::Sender<bool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Holds the kubeconfig naming this double.
+    dir: tempfile::TempDir,
+    kubeconfig: String,
 }
 
 /// A port free a moment ago, for a double that starts later ("the API server is down").
@@ -77,16 +80,19 @@ impl ApiDouble {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(serve(listener, s, opened, stopped));
         });
-        ApiDouble { addr, shared, open, stop: Some(stop), thread: Some(thread) }
+        let dir = tempfile::tempdir().expect("a directory for the kubeconfig");
+        let kubeconfig = kubeconfig_for(&format!("http://{addr}"), dir.path()).display().to_string();
+        ApiDouble { addr, shared, open, stop: Some(stop), thread: Some(thread), dir, kubeconfig }
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    /// A kubeconfig naming this double (plain HTTP, no credentials), written into `dir`.
-    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        kubeconfig_for(&self.url(), dir)
+    /// A kubeconfig naming this double (plain HTTP, no credentials).
+    pub fn kubeconfig(&self) -> &str {
+        debug_assert!(self.dir.path().exists());
+        &self.kubeconfig
     }
 
     /// The next `n` requests whose path contains `path` get `code` (with a Status body); the

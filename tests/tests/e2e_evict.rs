@@ -153,18 +153,10 @@ async fn dry_run_kills_nothing() {
     pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
     // An API server is configured, yet a dry run writes nothing to it.
     let api = ApiDouble::start();
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let kubeconfig = api.kubeconfig(dir.path());
     let evictd = Evictd::start(
         &ctd,
         Some(&file),
-        &[
-            "--eviction-hard",
-            "memory.available<600Mi",
-            "--dry-run",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-        ],
+        &["--eviction-hard", "memory.available<600Mi", "--dry-run", "--kubeconfig", api.kubeconfig()],
     );
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "hog");
@@ -458,8 +450,6 @@ async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
     .await;
     let (worker, quiet) = (&pods[0], &pods[1]);
     let api = ApiDouble::start();
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let kubeconfig = api.kubeconfig(dir.path());
     let evictd = Evictd::start(
         &ctd,
         Some(&file),
@@ -467,7 +457,7 @@ async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
             "--eviction-hard",
             "memory.available<400Mi",
             "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
+            api.kubeconfig(),
             "--node-name",
             "e2e-node",
         ],
@@ -520,8 +510,6 @@ async fn an_api_server_that_never_answers_does_not_delay_the_kill() {
     let (pods, file) = make_pods(&mut ctd, &[PodDef::new("hog", "besteffort")]).await;
     let api = ApiDouble::start();
     api.hold();
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let kubeconfig = api.kubeconfig(dir.path());
     let mut evictd = Evictd::start(
         &ctd,
         Some(&file),
@@ -529,7 +517,7 @@ async fn an_api_server_that_never_answers_does_not_delay_the_kill() {
             "--eviction-hard",
             "memory.available<400Mi",
             "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
+            api.kubeconfig(),
             "--node-name",
             "e2e-node",
         ],
