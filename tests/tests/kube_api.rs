@@ -48,10 +48,10 @@ fn record() -> EvictionRecord {
     }
 }
 
-/// evictd's client and reporter for the API server at `url`, with quick retries.
-async fn reporter(url: &str, dir: &std::path::Path, retry: Retry) -> (Reporter, ReporterTask, Arc<Metrics>) {
+/// evictd's client and reporter for the API server `kubeconfig` names, with quick retries.
+async fn reporter(kubeconfig: &str, retry: Retry) -> (Reporter, ReporterTask, Arc<Metrics>) {
     let opts = ApiOptions {
-        source: ApiSource::Kubeconfig(api_double::kubeconfig_for(url, dir)),
+        source: ApiSource::kubeconfig(std::path::Path::new(kubeconfig)).expect("the double's kubeconfig"),
         node_name: "node-a".into(),
         timeout: Duration::from_secs(2),
     };
@@ -76,8 +76,7 @@ fn status_patches(r: &[Recorded]) -> Vec<&Recorded> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eviction_is_recorded_as_the_kubelet_records_it() {
     let api = ApiDouble::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (r, task, metrics) = reporter(&api.url(), dir.path(), quick()).await;
+    let (r, task, metrics) = reporter(api.kubeconfig(), quick()).await;
     r.pod_evicted(&record(), monotonic_ns());
     let seen = api.wait_for("three calls", WITHIN, |r| r.len() >= 3);
     task.flush(Duration::from_secs(1)).await;
@@ -140,8 +139,7 @@ async fn an_eviction_is_recorded_as_the_kubelet_records_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_conditions_are_patched_under_evictds_own_types() {
     let api = ApiDouble::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (r, task, _) = reporter(&api.url(), dir.path(), quick()).await;
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
     r.node_conditions(&[NodeCondition::MemoryPressure], &[NodeCondition::MemoryPressure]);
     let seen = api.wait_for("the node status patch", WITHIN, |r| !r.is_empty());
     task.flush(Duration::from_secs(1)).await;
@@ -166,8 +164,7 @@ async fn node_conditions_are_patched_under_evictds_own_types() {
 async fn a_failing_server_gets_the_report_again_with_back_off() {
     let api = ApiDouble::start();
     api.fail_next(3, 500, "/pods/web-1/status");
-    let dir = tempfile::tempdir().unwrap();
-    let (r, task, metrics) = reporter(&api.url(), dir.path(), quick()).await;
+    let (r, task, metrics) = reporter(api.kubeconfig(), quick()).await;
     r.pod_evicted(&record(), monotonic_ns());
     let seen =
         api.wait_for("the status patch answered after 3 failures, then the events", WITHIN, |r| r.len() >= 6);
@@ -197,9 +194,9 @@ async fn a_failing_server_gets_the_report_again_with_back_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_waits_for_a_server_that_is_down() {
     let port = api_double::free_port();
-    let url = format!("http://127.0.0.1:{port}");
     let dir = tempfile::tempdir().unwrap();
-    let (r, task, metrics) = reporter(&url, dir.path(), quick()).await;
+    let kubeconfig = api_double::kubeconfig_for(&format!("http://127.0.0.1:{port}"), dir.path());
+    let (r, task, metrics) = reporter(kubeconfig.to_str().unwrap(), quick()).await;
     r.pod_evicted(&record(), monotonic_ns());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let retried = metrics.encode();
@@ -218,8 +215,7 @@ async fn a_report_waits_for_a_server_that_is_down() {
 async fn a_refused_report_is_not_retried() {
     let api = ApiDouble::start();
     api.fail_next(1, 409, "/pods/web-1/status");
-    let dir = tempfile::tempdir().unwrap();
-    let (r, task, metrics) = reporter(&api.url(), dir.path(), quick()).await;
+    let (r, task, metrics) = reporter(api.kubeconfig(), quick()).await;
     r.pod_evicted(&record(), monotonic_ns());
     let seen = api.wait_for("the status patch and both events", WITHIN, |r| r.len() >= 3);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -238,8 +234,7 @@ async fn a_refused_report_is_not_retried() {
 async fn queuing_a_report_never_waits_for_the_server() {
     let api = ApiDouble::start();
     api.hold();
-    let dir = tempfile::tempdir().unwrap();
-    let (r, task, _) = reporter(&api.url(), dir.path(), quick()).await;
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
     for _ in 0..5 {
         r.pod_evicted(&record(), monotonic_ns());
     }
@@ -256,8 +251,7 @@ async fn queuing_a_report_never_waits_for_the_server() {
 async fn the_flush_at_shutdown_is_bounded() {
     let api = ApiDouble::start();
     api.hold();
-    let dir = tempfile::tempdir().unwrap();
-    let (r, task, _) = reporter(&api.url(), dir.path(), quick()).await;
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
     r.pod_evicted(&record(), monotonic_ns());
     api.wait_for("the held status patch", WITHIN, |r| !r.is_empty());
     let t = std::time::Instant::now();

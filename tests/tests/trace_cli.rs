@@ -77,8 +77,7 @@ fn charge_anywhere_on_the_node_wakes_evictd() {
         "60s",
     ]));
     // The first summary: the programs are loaded and armed (seconds under the VMs' TCG).
-    let first = rx.recv_timeout(Duration::from_secs(60)).expect("evictd printed nothing");
-    assert_eq!(first["type"], "summary", "{first}");
+    wait_first_summary(&rx, Duration::from_secs(60));
     hog.alloc(128);
     let until = std::time::Instant::now() + Duration::from_secs(10);
     let mut ours = None;
@@ -154,6 +153,12 @@ fn evictd_on(node: &TestCgroup, args: &[&str]) -> Traced {
 type Traced =
     (std::process::Child, std::sync::mpsc::Receiver<serde_json::Value>, std::thread::JoinHandle<()>);
 
+/// Waits for evictd's first line, which must be its first summary (it is loaded and armed).
+fn wait_first_summary(rx: &std::sync::mpsc::Receiver<serde_json::Value>, within: Duration) {
+    let first = rx.recv_timeout(within).expect("evictd printed nothing");
+    assert_eq!(first["type"], "summary", "{first}");
+}
+
 /// `cmd` (an evictd command) with `--trace --json` and no runtime, started as the harness's
 /// child; its stdout read line by line on a thread of its own.
 fn evictd_traced(cmd: &mut Command) -> Traced {
@@ -200,8 +205,7 @@ fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
         got
     };
     // Armed after the first pass: the level is half of the ~924 MiB to the threshold away.
-    let first = rx.recv_timeout(Duration::from_secs(10)).expect("evictd printed nothing");
-    assert_eq!(first["type"], "summary", "{first}");
+    wait_first_summary(&rx, Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(300));
     let _ = polls_within(Duration::from_millis(100));
     hog.alloc(128);
@@ -262,8 +266,7 @@ fn charge_probes_are_attached_only_near_a_threshold() {
         ],
     );
     // The first summary: evictd has loaded its programs (seconds in the VM matrix's TCG).
-    let first = rx.recv_timeout(Duration::from_secs(60)).expect("evictd printed nothing");
-    assert_eq!(first["type"], "summary", "{first}");
+    wait_first_summary(&rx, Duration::from_secs(60));
     // Lines for `d`: the charge events, and the last summary's attached state.
     let lines_for = |d: Duration| -> (usize, Option<bool>) {
         let until = std::time::Instant::now() + d;

@@ -254,12 +254,7 @@ impl RunArgs {
     fn api_options(&self) -> anyhow::Result<Option<ApiOptions>> {
         let source = match &self.kubeconfig {
             _ if self.no_kube_api => return Ok(None),
-            Some(path) => {
-                // Read now, so that a bad file stops the start naming the flag.
-                kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("--kubeconfig {}", path.display()))?;
-                ApiSource::Kubeconfig(path.clone())
-            }
+            Some(path) => ApiSource::kubeconfig(path)?,
             None if connect::in_cluster() => ApiSource::InCluster,
             None => return Ok(None),
         };
@@ -502,7 +497,11 @@ mod tests {
             Cli::try_parse_from(full).map_err(anyhow::Error::from).and_then(|c| c.run.api_options())
         };
         let o = api(&["--kubeconfig", k, "--node-name", "Node-A "]).unwrap().expect("an API");
-        assert_eq!(o.source, ApiSource::Kubeconfig(kubeconfig.clone()));
+        assert!(
+            matches!(&o.source, ApiSource::Kubeconfig { path, .. } if *path == kubeconfig),
+            "{:?}",
+            o.source
+        );
         assert_eq!(o.node_name, "Node-A", "as given, trimmed");
         let err = api(&["--kubeconfig", k, "--node-name", " "]).unwrap_err();
         assert!(format!("{err:#}").contains("--node-name"), "{err:#}");

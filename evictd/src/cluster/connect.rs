@@ -1,7 +1,10 @@
 //! The API client: from a kubeconfig file, or, inside a pod, from its service account. No
 //! request is made here, so an API server that is down does not hold up the start.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use kube::{
     Client, Config,
@@ -9,10 +12,10 @@ use kube::{
 };
 
 /// Where the API server and credentials come from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum ApiSource {
-    /// `--kubeconfig FILE`.
-    Kubeconfig(PathBuf),
+    /// `--kubeconfig FILE`, read once (`ApiSource::kubeconfig`).
+    Kubeconfig { path: PathBuf, file: Box<Kubeconfig> },
     /// The pod's service account (`KUBERNETES_SERVICE_HOST`, the mounted token and CA).
     InCluster,
 }
@@ -36,6 +39,15 @@ pub enum ConnectError {
     Client(#[from] kube::Error),
 }
 
+impl ApiSource {
+    /// Reads the kubeconfig at `path`, so that a bad file stops the start naming it.
+    pub fn kubeconfig(path: &Path) -> Result<Self, ConnectError> {
+        let file = Kubeconfig::read_from(path)
+            .map_err(|source| ConnectError::Kubeconfig { path: path.to_owned(), source })?;
+        Ok(ApiSource::Kubeconfig { path: path.to_owned(), file: Box::new(file) })
+    }
+}
+
 /// Whether this process runs in a pod whose service account can reach the API server.
 pub fn in_cluster() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
@@ -43,10 +55,10 @@ pub fn in_cluster() -> bool {
 
 pub async fn client(opts: &ApiOptions) -> Result<Client, ConnectError> {
     let mut config = match &opts.source {
-        ApiSource::Kubeconfig(path) => {
-            let kerr = |source| ConnectError::Kubeconfig { path: path.clone(), source };
-            let file = Kubeconfig::read_from(path).map_err(kerr)?;
-            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default()).await.map_err(kerr)?
+        ApiSource::Kubeconfig { path, file } => {
+            Config::from_custom_kubeconfig((**file).clone(), &KubeConfigOptions::default())
+                .await
+                .map_err(|source| ConnectError::Kubeconfig { path: path.clone(), source })?
         }
         ApiSource::InCluster => Config::incluster()?,
     };

@@ -25,7 +25,7 @@ use kube::{
 use serde_json::Value;
 use tokio::{
     sync::{mpsc, watch},
-    task::JoinHandle,
+    task::JoinSet,
 };
 
 use super::records::{self, Involved};
@@ -113,7 +113,7 @@ pub struct Reporter {
 /// The tasks behind the reporters, for a bounded flush at shutdown.
 pub struct ReporterTask {
     closing: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: JoinSet<()>,
 }
 
 impl Reporter {
@@ -125,7 +125,7 @@ impl Reporter {
     ) -> (Reporter, ReporterTask) {
         let (closing, closed) = watch::channel(false);
         let node: Arc<str> = node.into();
-        let mut tasks = Vec::new();
+        let mut tasks = JoinSet::new();
         let mut lane = || {
             let (tx, rx) = mpsc::channel(QUEUE);
             let worker = Worker {
@@ -135,7 +135,7 @@ impl Reporter {
                 metrics: metrics.clone(),
                 closing: closed.clone(),
             };
-            tasks.push(tokio::spawn(worker.run(rx)));
+            tasks.spawn(worker.run(rx));
             tx
         };
         let (pods, node_calls) = (lane(), lane());
@@ -189,18 +189,12 @@ impl Reporter {
 impl ReporterTask {
     /// At shutdown: whatever is queued is tried once more, without back-off, for at most
     /// `within`; what is left then is logged.
-    pub async fn flush(self, within: Duration) {
+    pub async fn flush(mut self, within: Duration) {
         self.closing.send_replace(true);
-        let all = futures_join_all(self.tasks);
+        let all = async { while self.tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(within, all).await.is_err() {
             tracing::warn!("Kubernetes API: reports still queued after {within:?} at shutdown are lost");
         }
-    }
-}
-
-async fn futures_join_all(tasks: Vec<JoinHandle<()>>) {
-    for t in tasks {
-        let _ = t.await;
     }
 }
 

@@ -121,7 +121,6 @@ fn memory_view(thresholds: &[Threshold], obs: &Observations) -> MemoryView {
 /// What a pass hands back when it ends: the pressure state, and what it did and saw.
 struct PassDone {
     pressure: Pressure,
-    conditions: Vec<NodeCondition>,
     wakes: Vec<Wake>,
     evictions: Vec<EvictionRecord>,
     obs: Observations,
@@ -305,16 +304,15 @@ impl Daemon {
         let first = wakes.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
         self.pass = Some(tokio::spawn(async move {
             let (evictions, obs) = pressure.pass(&pods, engine_ns, first).await;
-            let conditions = pressure.conditions.clone();
-            PassDone { pressure, conditions, wakes, evictions, obs }
+            PassDone { pressure, wakes, evictions, obs }
         }));
     }
 
     /// A pass ended: report it, re-arm every source, and run the next one if wakes came
     /// meanwhile.
     fn pass_done(&mut self, done: PassDone) -> anyhow::Result<()> {
+        self.report_conditions(&done.pressure.conditions);
         self.pressure = Some(done.pressure);
-        self.report_conditions(done.conditions);
         if !done.evictions.is_empty() {
             self.kick.notify_one();
         }
@@ -327,17 +325,16 @@ impl Daemon {
     }
 
     /// evictd's node conditions go to the API server when they change (and once at start).
-    fn report_conditions(&mut self, now: Vec<NodeCondition>) {
+    fn report_conditions(&mut self, now: &[NodeCondition]) {
         let Some((api, _)) = &self.api else { return };
-        let changed: Vec<NodeCondition> = match &self.reported_conditions {
-            None => NodeCondition::ALL.to_vec(),
-            Some(before) => {
-                NodeCondition::ALL.into_iter().filter(|c| before.contains(c) != now.contains(c)).collect()
-            }
-        };
+        let before = self.reported_conditions.as_deref();
+        let changed: Vec<NodeCondition> = NodeCondition::ALL
+            .into_iter()
+            .filter(|c| before.is_none_or(|b| b.contains(c) != now.contains(c)))
+            .collect();
         if !changed.is_empty() {
-            api.node_conditions(&now, &changed);
-            self.reported_conditions = Some(now);
+            api.node_conditions(now, &changed);
+            self.reported_conditions = Some(now.to_vec());
         }
     }
 
