@@ -335,7 +335,7 @@ fn evict_for_reclaimable_threshold(input: &Input, mut decision: Decision, state:
                 });
                 return decision;
             }
-            None => "every candidate pod is critical or protected",
+            None => "every candidate pod is critical, protected, or opted out",
         }
     };
     decision.no_eviction_reason = Some(reason.into());
@@ -343,9 +343,13 @@ fn evict_for_reclaimable_threshold(input: &Input, mut decision: Decision, state:
 }
 
 /// The kubelet skips critical pods (`kubelettypes.IsCriticalPod`); evictd also skips the
-/// pods the caller protects (itself, and candidates whose kill already failed).
+/// pods the caller protects (itself, and candidates whose kill already failed) and the pods
+/// that opted out (`evictd.io/eviction: never`).
 fn first_evictable(ranking: &[usize], pods: &[PodEntry]) -> Option<usize> {
-    ranking.iter().copied().find(|&p| !pods[p].pod.is_critical() && !pods[p].protected)
+    ranking.iter().copied().find(|&p| {
+        let e = &pods[p];
+        !e.pod.is_critical() && !e.protected && !e.pod.opts_out()
+    })
 }
 
 /// The kubelet's `evictionMessage`, to the letter: the message, and the annotations of the

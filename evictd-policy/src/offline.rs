@@ -163,7 +163,13 @@ impl<'a> Session<'a> {
             writeln!(out, "ranking:")?;
             for (n, &i) in d.ranking.iter().enumerate() {
                 let p = &self.pods[i];
-                let note = if p.is_critical() { "  (critical: never evicted)" } else { "" };
+                let note = if p.is_critical() {
+                    "  (critical: never evicted)"
+                } else if p.opts_out() {
+                    "  (opted out: evictd.io/eviction=never)"
+                } else {
+                    ""
+                };
                 writeln!(out, "  {:>2}. {}/{}{note}", n + 1, p.metadata.namespace, p.metadata.name)?;
             }
         }

@@ -7,13 +7,13 @@ use serde::Deserialize;
 
 use crate::quantity::Quantity;
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct PodList {
     #[serde(default)]
     pub items: Vec<Pod>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct Pod {
     #[serde(default)]
     pub metadata: ObjectMeta,
@@ -23,7 +23,7 @@ pub struct Pod {
     pub status: PodStatus,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct ObjectMeta {
     #[serde(default)]
     pub name: String,
@@ -35,9 +35,20 @@ pub struct ObjectMeta {
     pub annotations: BTreeMap<String, String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    #[serde(default, rename = "ownerReferences")]
+    pub owner_references: Vec<OwnerReference>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct OwnerReference {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+    pub controller: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
     #[serde(default)]
@@ -54,12 +65,12 @@ pub struct PodSpec {
     pub volumes: Vec<Volume>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct PodStatus {
     pub phase: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Container {
     pub name: String,
@@ -69,7 +80,7 @@ pub struct Container {
     pub restart_policy: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct Resources {
     #[serde(default)]
     pub requests: BTreeMap<String, Quantity>,
@@ -77,7 +88,7 @@ pub struct Resources {
     pub limits: BTreeMap<String, Quantity>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
     pub name: String,
@@ -89,7 +100,7 @@ pub struct Volume {
     pub git_repo: Option<serde_json::Value>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EmptyDir {
     pub medium: Option<String>,
@@ -125,6 +136,13 @@ pub fn read_pod_list(path: &Path) -> Result<Vec<Pod>, PodListError> {
     Ok(list.items)
 }
 
+/// A pod's own say in evictd's order (beyond the kubelet): `never` takes it out of the
+/// candidates; critical pods are never evicted whatever they say.
+pub const EVICTION_ANNOTATION: &str = "evictd.io/eviction";
+/// An integer: among pods the kubelet's keys rank equal, a lower order goes first. Unset or
+/// not an integer: 0.
+pub const EVICTION_ORDER_ANNOTATION: &str = "evictd.io/eviction-order";
+
 /// The kubelet's `SystemCriticalPriority`: 2 × the highest user-definable priority.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
@@ -139,6 +157,26 @@ impl Pod {
         let is_static = a.get("kubernetes.io/config.source").is_some_and(|s| s != "api");
         let is_mirror = a.contains_key("kubernetes.io/config.mirror");
         is_static || is_mirror || self.spec.priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+    }
+
+    /// The pod asked evictd never to evict it (`evictd.io/eviction: never`).
+    pub fn opts_out(&self) -> bool {
+        self.metadata.annotations.get(EVICTION_ANNOTATION).is_some_and(|v| v.trim() == "never")
+    }
+
+    /// The pod's place among pods the kubelet's keys rank equal (`evictd.io/eviction-order`).
+    pub fn eviction_order(&self) -> i64 {
+        self.metadata
+            .annotations
+            .get(EVICTION_ORDER_ANNOTATION)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Controlled by a DaemonSet: evicting it frees nothing for long, since the DaemonSet
+    /// re-creates it on this same node.
+    pub fn is_daemonset_pod(&self) -> bool {
+        self.metadata.owner_references.iter().any(|o| o.controller == Some(true) && o.kind == "DaemonSet")
     }
 
     /// Still running as far as eviction cares (not Succeeded or Failed).

@@ -117,9 +117,20 @@ fn by_priority(a: &PodEntry, b: &PodEntry) -> Ordering {
     a.pod.priority().cmp(&b.pod.priority())
 }
 
+/// evictd's keys after the kubelet's class keys (exceeding requests, priority) and before
+/// usage: DaemonSet pods last in their class (their controller brings them back on this node,
+/// so evicting one frees nothing for long), then the pods' own `evictd.io/eviction-order`.
+fn by_evictd_order(a: &PodEntry, b: &PodEntry) -> Ordering {
+    a.pod
+        .is_daemonset_pod()
+        .cmp(&b.pod.is_daemonset_pod())
+        .then_with(|| a.pod.eviction_order().cmp(&b.pod.eviction_order()))
+}
+
 /// The kubelet's `orderedBy(exceedRequests, priority, usage)`, the chain memory and disk
 /// ranking share: pods without stats first, then pods using more than `exceeds` says they
-/// may, then lower priority, then the most `above` their request.
+/// may, then lower priority, then (evictd) `by_evictd_order`, then the most `above` their
+/// request.
 fn exceeds_then_priority_then_usage(
     a: &PodEntry,
     b: &PodEntry,
@@ -129,6 +140,7 @@ fn exceeds_then_priority_then_usage(
     without_stats_first(a, b)
         .unwrap_or_else(|| true_first(exceeds(a), exceeds(b)))
         .then_with(|| by_priority(a, b))
+        .then_with(|| by_evictd_order(a, b))
         .then_with(|| without_stats_first(a, b).unwrap_or_else(|| above(b).cmp(&above(a))))
 }
 
@@ -139,6 +151,7 @@ fn compare(a: &PodEntry, b: &PodEntry, signal: Signal, layout: FsLayout) -> Orde
             exceeds_then_priority_then_usage(a, b, |e| above(e) > 0, above)
         }
         Resource::Pids => by_priority(a, b)
+            .then_with(|| by_evictd_order(a, b))
             .then_with(|| without_stats_first(a, b).unwrap_or_else(|| processes(b).cmp(&processes(a)))),
         Resource::EphemeralStorage | Resource::Inodes => {
             let inodes = signal.resource() == Resource::Inodes;

@@ -1,17 +1,20 @@
 //! A stand-in for the Kubernetes API server. No API server can run on these machines, so
-//! the tests of what evictd writes to Kubernetes use this: a local HTTP server that speaks
-//! the API's JSON for the calls evictd makes (pod and node status patches, events), records
-//! every request, and can be told to fail, to hold its answers, or to be down. It checks
-//! nothing itself; the tests read what it recorded.
+//! the tests of what evictd reads from and writes to Kubernetes use this: a local HTTP server
+//! that speaks the API's JSON for the calls evictd makes (the list and watch of a node's
+//! pods, pod and node status patches, events), records every request, and can be told to
+//! fail, to hold its answers, or to be down. It checks nothing itself; the tests read what
+//! it recorded.
 
 use std::{
+    collections::BTreeMap,
+    convert::Infallible,
     net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, channel::Channel, combinators::BoxBody};
 use hyper::{Request, Response, body::Bytes, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
@@ -34,10 +37,24 @@ struct Behaviour {
     fail: Option<(usize, u16, String)>,
 }
 
+/// The pods the double serves, with the history a watch replays from a resource version.
+#[derive(Default)]
+struct PodStore {
+    /// The last resource version handed out.
+    rv: u64,
+    /// By uid.
+    pods: BTreeMap<String, Value>,
+    /// (resource version, watch event type, object), oldest first.
+    events: Vec<(u64, &'static str, Value)>,
+}
+
 struct Shared {
     requests: Mutex<Vec<Recorded>>,
     behaviour: Mutex<Behaviour>,
     answered: Mutex<usize>,
+    pods: Mutex<PodStore>,
+    /// The store's resource version, for the watches waiting on it.
+    pods_rv: watch::Sender<u64>,
 }
 
 /// The double, serving on 127.0.0.1 from a thread of its own until dropped.
@@ -72,6 +89,8 @@ impl ApiDouble {
             requests: Mutex::new(Vec::new()),
             behaviour: Mutex::new(Behaviour::default()),
             answered: Mutex::new(0),
+            pods: Mutex::new(PodStore::default()),
+            pods_rv: watch::channel(0).0,
         });
         let (open, opened) = watch::channel(true);
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -108,6 +127,32 @@ impl ApiDouble {
 
     pub fn release(&self) {
         self.open.send_replace(true);
+    }
+
+    /// Adds or replaces a pod (by `metadata.uid`) in what the double serves; open watches see
+    /// it at once. The pod needs `metadata.uid` and, to be seen by a node, `spec.nodeName`.
+    pub fn put_pod(&self, mut pod: Value) {
+        let mut store = self.shared.pods.lock().expect("pods");
+        store.rv += 1;
+        let rv = store.rv;
+        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let uid = pod["metadata"]["uid"].as_str().expect("a pod with metadata.uid").to_owned();
+        let kind = if store.pods.insert(uid, pod.clone()).is_some() { "MODIFIED" } else { "ADDED" };
+        store.events.push((rv, kind, pod));
+        drop(store);
+        self.shared.pods_rv.send_replace(rv);
+    }
+
+    /// Removes the pod with `uid`; open watches see it deleted.
+    pub fn delete_pod(&self, uid: &str) {
+        let mut store = self.shared.pods.lock().expect("pods");
+        let Some(mut pod) = store.pods.remove(uid) else { return };
+        store.rv += 1;
+        let rv = store.rv;
+        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+        store.events.push((rv, "DELETED", pod));
+        drop(store);
+        self.shared.pods_rv.send_replace(rv);
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -193,7 +238,7 @@ async fn answer(
     req: Request<hyper::body::Incoming>,
     shared: Arc<Shared>,
     mut opened: watch::Receiver<bool>,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
+) -> Result<Response<BoxBody<Bytes, Infallible>>, hyper::Error> {
     let method = req.method().to_string();
     let path = req.uri().path_and_query().map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
     let content_type =
@@ -228,13 +273,76 @@ async fn answer(
             json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                    "message": "injected by the test's API double", "reason": "InternalError", "code": code}),
         ),
+        None if path.starts_with("/api/v1/pods?") && query(&path, "watch").is_some() => {
+            return Ok(json_response(200, watch_pods(&shared, &path)));
+        }
+        None if path.starts_with("/api/v1/pods?") => (200, list_pods(&shared, &path)),
         None => (200, object_for(&path, body)),
     };
-    Ok(Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(out.to_string())))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+    Ok(json_response(code, Full::new(Bytes::from(out.to_string())).boxed()))
+}
+
+fn json_response(code: u16, body: BoxBody<Bytes, Infallible>) -> Response<BoxBody<Bytes, Infallible>> {
+    let mut r = Response::new(body);
+    r.headers_mut().insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    *r.status_mut() = hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    r
+}
+
+/// A query parameter's value, percent-decoded as far as the API's selectors need.
+fn query(path: &str, key: &str) -> Option<String> {
+    let q = path.split_once('?')?.1;
+    q.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == key).then(|| v.replace("%3D", "=").replace("%2C", ","))
+    })
+}
+
+/// The pods a `fieldSelector=spec.nodeName=<node>` selects (all, without a selector).
+fn selected(path: &str, pod: &Value) -> bool {
+    match query(path, "fieldSelector").as_deref().and_then(|f| f.strip_prefix("spec.nodeName=")) {
+        Some(node) => pod["spec"]["nodeName"] == node,
+        None => true,
+    }
+}
+
+fn list_pods(shared: &Shared, path: &str) -> Value {
+    let store = shared.pods.lock().expect("pods");
+    let items: Vec<&Value> = store.pods.values().filter(|p| selected(path, p)).collect();
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": store.rv.to_string()},
+           "items": items})
+}
+
+/// A watch: the events after the requested resource version, then each new one as it comes,
+/// one JSON object per line, for as long as the client stays.
+fn watch_pods(shared: &Arc<Shared>, path: &str) -> BoxBody<Bytes, Infallible> {
+    let mut from: u64 = query(path, "resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let (mut tx, body) = Channel::<Bytes, Infallible>::new(16);
+    let (shared, path) = (shared.clone(), path.to_owned());
+    tokio::spawn(async move {
+        let mut changed = shared.pods_rv.subscribe();
+        loop {
+            let lines: Vec<(u64, String)> = {
+                let store = shared.pods.lock().expect("pods");
+                store
+                    .events
+                    .iter()
+                    .filter(|(rv, _, p)| *rv > from && selected(&path, p))
+                    .map(|(rv, kind, p)| (*rv, format!("{}\n", json!({"type": kind, "object": p}))))
+                    .collect()
+            };
+            for (rv, line) in lines {
+                if tx.send_data(Bytes::from(line)).await.is_err() {
+                    return;
+                }
+                from = rv;
+            }
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    body.boxed()
 }
 
 /// What the API server would answer a successful call with: the object, as far as the

@@ -89,7 +89,7 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
     inv.refresh(&ctd.client()).await.expect("refresh");
     let find = |uid: &str| inv.pods().find(|p| p.uid == uid).expect("pod in inventory").clone();
     let db = find(&guaranteed.uid);
-    assert!(db.spec_inferred);
+    assert!(db.spec_inferred());
     assert_eq!(
         db.spec.request_nanos("memory"),
         (128i128 << 20) * 1_000_000_000,

@@ -161,7 +161,10 @@ async fn dry_run_kills_nothing() {
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "hog");
     assert_eq!(e["dry_run"], true);
-    assert!(api.requests().is_empty(), "a dry run wrote to the API: {:?}", api.requests());
+    // It reads the node's pods (a dry run shows the real ranking), and writes nothing.
+    let calls: Vec<String> = api.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect();
+    assert!(calls.iter().any(|c| c.starts_with("GET /api/v1/pods?")), "{calls:?}");
+    assert!(calls.iter().all(|c| c.starts_with("GET ")), "a dry run wrote to the API: {calls:?}");
     std::thread::sleep(Duration::from_secs(1));
     for p in &pods {
         assert!(ctd.sandbox_ready(&p.sandbox_id).await, "{} was stopped in a dry run", p.name);
@@ -535,4 +538,70 @@ async fn an_api_server_that_never_answers_does_not_delay_the_kill() {
         .terminate(Duration::from_secs(15))
         .expect("evictd exits on SIGTERM with the API server silent");
     assert!(took < Duration::from_secs(10), "exit took {took:?}");
+}
+
+/// (m) Issue 9, item 1: pod specs from the API server drive the ranking. No pods file: the
+/// double serves this node's pods (and one of another node's). Inferred from the node, the
+/// two burstable pods would both be priority 0 and the bigger one would go first (as in (a));
+/// the API says the bigger one has priority 1000, so the smaller one is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_specs_from_the_api_server_drive_the_ranking() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("pod_specs_from_the_api_server_drive_the_ranking") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(
+        &mut ctd,
+        &[
+            PodDef { priority: 1000, request_mib: Some(100), ..PodDef::new("big", "burstable") },
+            PodDef { request_mib: Some(100), ..PodDef::new("small", "burstable") },
+        ],
+    )
+    .await;
+    let (big, small) = (&pods[0], &pods[1]);
+    let api = ApiDouble::start();
+    let list: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    for mut pod in list["items"].as_array().unwrap().iter().cloned() {
+        pod["spec"]["nodeName"] = "e2e-node".into();
+        api.put_pod(pod);
+    }
+    let mut stranger = list["items"][0].clone();
+    stranger["metadata"]["uid"] = "not-on-this-node".into();
+    stranger["spec"]["nodeName"] = "another-node".into();
+    api.put_pod(stranger);
+    big.set_mib(200);
+    small.set_mib(200);
+    for p in [big, small] {
+        p.wait_usage_at_least(200 * MI, Duration::from_secs(10));
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let evictd = Evictd::start(
+        &ctd,
+        None,
+        &[
+            "--eviction-hard",
+            "memory.available<400Mi",
+            "--kubeconfig",
+            api.kubeconfig(),
+            "--node-name",
+            "e2e-node",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    // Both pods have their specs from the API before the pressure comes.
+    let t = Instant::now();
+    while !http_get(&addr, "/metrics").contains("evictd_pods{spec_source=\"api\"} 2") {
+        assert!(t.elapsed() < Duration::from_secs(15), "{}\n{}", http_get(&addr, "/metrics"), evictd.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(http_get(&addr, "/metrics").contains("evictd_pods{spec_source=\"inferred\"} 0"));
+    big.set_mib(450);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "small", "the API's priority 1000 protects the bigger pod: {e}");
+    assert!(e["error"].is_null(), "{e}");
+    assert!(ctd.sandbox_ready(&big.sandbox_id).await);
+    let list = api.requests().into_iter().find(|r| r.method == "GET").expect("the list");
+    assert!(list.path.contains("fieldSelector=spec.nodeName%3De2e-node"), "{}", list.path);
 }

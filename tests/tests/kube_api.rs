@@ -1,14 +1,16 @@
-//! What evictd writes to the Kubernetes API, checked against the test's API double (no API
-//! server can run on these machines; see `evictd_tests::api_double`): the exact bodies, the
-//! order, retries with back-off while the server fails or is down, calls it refuses for
-//! good, and that queuing a report never waits for the server. evictd's real client (kube-rs,
-//! from a kubeconfig) talks to the double over HTTP.
+//! What evictd reads from and writes to the Kubernetes API, checked against the test's API
+//! double (no API server can run on these machines; see `evictd_tests::api_double`): the
+//! watch on the node's pods, the exact bodies written, the order, retries with back-off while
+//! the server fails or is down, calls it refuses for good, and that queuing a report never
+//! waits for the server. evictd's real client (kube-rs, from a kubeconfig) talks to the
+//! double over HTTP.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use evictd::{
     cluster::{
         connect::{self, ApiOptions, ApiSource},
+        pods::{ApiPodsReceiver, spawn_pod_watch},
         reporter::{Reporter, ReporterTask, Retry},
     },
     report::{metrics::Metrics, record::EvictionRecord},
@@ -48,13 +50,17 @@ fn record() -> EvictionRecord {
     }
 }
 
-/// evictd's client and reporter for the API server `kubeconfig` names, with quick retries.
-async fn reporter(kubeconfig: &str, retry: Retry) -> (Reporter, ReporterTask, Arc<Metrics>) {
-    let opts = ApiOptions {
+fn options(kubeconfig: &str) -> ApiOptions {
+    ApiOptions {
         source: ApiSource::kubeconfig(std::path::Path::new(kubeconfig)).expect("the double's kubeconfig"),
         node_name: "node-a".into(),
         timeout: Duration::from_secs(2),
-    };
+    }
+}
+
+/// evictd's client and reporter for the API server `kubeconfig` names, with quick retries.
+async fn reporter(kubeconfig: &str, retry: Retry) -> (Reporter, ReporterTask, Arc<Metrics>) {
+    let opts = options(kubeconfig);
     let client = connect::client(&opts).await.expect("a client for the double");
     let metrics = Arc::new(Metrics::default());
     let (r, task) = Reporter::spawn(client, opts.node_name, retry, metrics.clone());
@@ -257,4 +263,76 @@ async fn the_flush_at_shutdown_is_bounded() {
     let t = std::time::Instant::now();
     task.flush(Duration::from_millis(300)).await;
     assert!(t.elapsed() < Duration::from_secs(2), "flush took {:?}", t.elapsed());
+}
+
+fn api_pod(uid: &str, node: &str, priority: i32) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("pod-{uid}"), "namespace": "shop", "uid": uid},
+        "spec": {"nodeName": node, "priority": priority,
+                 "containers": [{"name": "app", "resources": {"requests": {"memory": "64Mi"}}}]},
+        "status": {"phase": "Running"}
+    })
+}
+
+/// Waits until the watch's snapshot satisfies `pred`.
+async fn wait_snapshot(
+    rx: &mut ApiPodsReceiver,
+    what: &str,
+    pred: impl Fn(&evictd::cluster::pods::ApiPods) -> bool,
+) {
+    let seen = tokio::time::timeout(WITHIN, rx.wait_for(|s| s.as_ref().is_some_and(&pred)))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    let uids = rx.borrow().as_ref().map(|s| s.keys().cloned().collect::<Vec<_>>());
+    assert!(seen, "the pod watch never showed {what}: {uids:?}");
+}
+
+/// Issue 9, item 1: the specs of the pods bound to this node come from a list and watch with
+/// the kubelet's field selector; a pod added, changed or deleted later reaches the snapshot
+/// the inventory reads, and pods of other nodes never do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_watch_follows_this_nodes_pods() {
+    let api = ApiDouble::start();
+    api.put_pod(api_pod("a", "node-a", 100));
+    api.put_pod(api_pod("elsewhere", "node-b", 0));
+    let opts = options(api.kubeconfig());
+    let client = connect::client(&opts).await.expect("a client for the double");
+    let mut rx = spawn_pod_watch(client, &opts.node_name, Arc::new(Metrics::default()));
+    wait_snapshot(&mut rx, "the first list", |s| s.contains_key("a")).await;
+    assert!(!rx.borrow().as_ref().unwrap().contains_key("elsewhere"), "another node's pod");
+    let list = api.requests().into_iter().find(|r| r.method == "GET").expect("a list");
+    assert!(list.path.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{}", list.path);
+
+    api.put_pod(api_pod("b", "node-a", 7));
+    wait_snapshot(&mut rx, "a pod added later", |s| s.get("b").is_some_and(|p| p.priority() == 7)).await;
+    api.put_pod(api_pod("a", "node-a", 5000));
+    wait_snapshot(&mut rx, "a changed priority", |s| s.get("a").is_some_and(|p| p.priority() == 5000)).await;
+    api.delete_pod("b");
+    wait_snapshot(&mut rx, "a deleted pod gone", |s| !s.contains_key("b") && s.contains_key("a")).await;
+    assert!(api.requests().iter().any(|r| r.path.contains("watch=true")), "a watch, not polling");
+    assert!(
+        api.requests().iter().all(|r| r.method == "GET"),
+        "the watch only reads: {:?}",
+        api.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect::<Vec<_>>()
+    );
+}
+
+/// An API server that is down at the start: no snapshot (the inventory keeps the pods file's
+/// or inferred specs), and the watch lists as soon as the server is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_watch_starts_when_the_api_server_comes_up() {
+    let port = api_double::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api_double::kubeconfig_for(&format!("http://127.0.0.1:{port}"), dir.path());
+    let opts = options(kubeconfig.to_str().unwrap());
+    let client = connect::client(&opts).await.expect("a client");
+    let metrics = Arc::new(Metrics::default());
+    let mut rx = spawn_pod_watch(client, &opts.node_name, metrics.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(rx.borrow().is_none(), "no snapshot while the server is down");
+    assert!(metrics.encode().contains("evictd_kube_api_calls_total{call=\"watch_pods\",outcome=\"error\"}"));
+    let api = ApiDouble::start_on(port);
+    api.put_pod(api_pod("a", "node-a", 1));
+    wait_snapshot(&mut rx, "the list once the server is up", |s| s.contains_key("a")).await;
 }

@@ -216,6 +216,32 @@ fn critical_pods_are_never_evicted() {
 }
 
 #[test]
+fn a_pod_that_opts_out_is_skipped_but_a_critical_pod_cannot_opt_in() {
+    let mut w = World::new(policy("memory.available<100Mi", "", "", "", |_| {}));
+    w.pods[1] = pod("hog", 0, "100Mi", serde_json::json!({"evictd.io/eviction": "never"}));
+    let d = w.step(&mem_obs(50 * MI, S), S);
+    assert_eq!(w.victim(&d).as_deref(), Some("small"), "hog opted out, small is next");
+    // Only `never` opts out; and no annotation makes a static pod evictable.
+    w.pods[0] = pod("small", 0, "100Mi", serde_json::json!({"evictd.io/eviction": "always"}));
+    w.pods[2] = pod(
+        "static",
+        0,
+        "10Mi",
+        serde_json::json!({"kubernetes.io/config.source": "file", "evictd.io/eviction-order": "-1000"}),
+    );
+    let d = w.step(&mem_obs(50 * MI, 2 * S), 2 * S);
+    assert_eq!(w.victim(&d).as_deref(), Some("small"));
+    w.pods.remove(0);
+    w.stats.remove(0);
+    let d = w.step(&mem_obs(50 * MI, 3 * S), 3 * S);
+    assert_eq!(d.eviction.map(|e| e.pod), None);
+    assert_eq!(
+        d.no_eviction_reason.as_deref(),
+        Some("every candidate pod is critical, protected, or opted out")
+    );
+}
+
+#[test]
 fn protected_pods_are_skipped_like_critical_ones() {
     let w = World::new(policy("memory.available<100Mi", "", "", "", |_| {}));
     let entries: Vec<PodEntry> = w

@@ -159,3 +159,66 @@ fn node_reclaim_per_layout() {
     assert!(node_reclaim_for(Signal::NodeFsInodesFree, FsLayout::DedicatedImageFs).is_empty());
     assert_eq!(node_reclaim_for(Signal::ImageFsAvailable, FsLayout::DedicatedImageFs).len(), 2);
 }
+
+/// evictd beyond the kubelet: `pod` with a controller owner of `kind` and annotations.
+fn owned(name: &str, mem_req: &str, kind: &str, annotations: serde_json::Value) -> Pod {
+    let mut p = pod(name, Some(0), Some(mem_req), None);
+    p.metadata.owner_references = serde_json::from_value(serde_json::json!([
+        {"apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "o", "controller": true}
+    ]))
+    .unwrap();
+    p.metadata.annotations = serde_json::from_value(annotations).unwrap();
+    p
+}
+
+#[test]
+fn daemonset_pods_go_last_in_their_class_but_not_across_classes() {
+    let pods = vec![
+        owned("ds-most-over", "10Mi", "DaemonSet", serde_json::json!({})), // 490Mi over
+        owned("rs-less-over", "10Mi", "ReplicaSet", serde_json::json!({})), // 90Mi over
+        owned("ds-within", "1Gi", "DaemonSet", serde_json::json!({})),     // within its request
+        owned("rs-within", "1Gi", "ReplicaSet", serde_json::json!({})),    // within its request
+    ];
+    let s = vec![
+        Some(stats("ds-most-over", 500, 1, 0, 0, 0)),
+        Some(stats("rs-less-over", 100, 1, 0, 0, 0)),
+        Some(stats("ds-within", 900, 1, 0, 0, 0)),
+        Some(stats("rs-within", 100, 1, 0, 0, 0)),
+    ];
+    // Exceeding the request is the kubelet's class: the DaemonSet pod over its request still
+    // goes before any pod within, and last only among those over.
+    assert_eq!(
+        names(&pods, &s, Signal::MemoryAvailable, FsLayout::SingleFs),
+        ["rs-less-over", "ds-most-over", "rs-within", "ds-within"]
+    );
+    // A pod owned by a DaemonSet but not controlled by it is an ordinary pod.
+    let mut not_controller = pods[0].clone();
+    not_controller.metadata.owner_references[0].controller = None;
+    assert!(!not_controller.is_daemonset_pod());
+    assert!(pods[0].is_daemonset_pod());
+}
+
+#[test]
+fn the_eviction_order_annotation_places_a_pod_within_its_class() {
+    let pods = vec![
+        owned("most-over", "10Mi", "ReplicaSet", serde_json::json!({"evictd.io/eviction-order": "10"})),
+        owned("volunteer", "10Mi", "ReplicaSet", serde_json::json!({"evictd.io/eviction-order": "-5"})),
+        owned("plain", "10Mi", "ReplicaSet", serde_json::json!({"evictd.io/eviction-order": "soon"})),
+        owned("within", "1Gi", "ReplicaSet", serde_json::json!({"evictd.io/eviction-order": "-100"})),
+    ];
+    let s = vec![
+        Some(stats("most-over", 500, 1, 0, 0, 0)),
+        Some(stats("volunteer", 20, 1, 0, 0, 0)),
+        Some(stats("plain", 100, 1, 0, 0, 0)),
+        Some(stats("within", 100, 1, 0, 0, 0)),
+    ];
+    // An order that is not an integer counts as 0; no order moves a pod out of its class.
+    assert_eq!(
+        names(&pods, &s, Signal::MemoryAvailable, FsLayout::SingleFs),
+        ["volunteer", "plain", "most-over", "within"]
+    );
+    assert_eq!(
+        names(&pods, &s, Signal::PidAvailable, FsLayout::SingleFs),
+        ["within", "volunteer", "plain", "most-over"]
+    );
+}

@@ -5,9 +5,11 @@
 //! API server never delays a kill.
 //!
 //! - `connect`: the client, from `--kubeconfig` or the pod's service account;
+//! - `pods`: the specs of the pods bound to this node, watched (read-only, also in a dry run);
 //! - `records`: the bodies the kubelet writes (pure);
 //! - `reporter`: the queue and the task that sends it.
 
 pub mod connect;
+pub mod pods;
 pub mod records;
 pub mod reporter;

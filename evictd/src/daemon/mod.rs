@@ -24,6 +24,7 @@ use tokio::{
 use crate::{
     cluster::{
         connect::{self, ApiOptions},
+        pods::{self, ApiPodsReceiver},
         reporter::{Reporter, ReporterTask, Retry},
     },
     node::{cgroups::CgroupMounts, growth::GrowthTracker, signals::NodeSignalSources},
@@ -219,9 +220,9 @@ impl Daemon {
             Some(ep) => Some(CriClient::new(ep, opts.pressure.cri_timeout)?),
             None => None,
         };
-        let api = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
+        let (api, api_pods) = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
         let kick = Arc::new(Notify::new());
-        let pods = spawn_inventory(client.as_ref(), &opts.pressure, kick.clone())?;
+        let pods = spawn_inventory(client.as_ref(), &opts.pressure, api_pods, kick.clone())?;
         log_sources(&opts.pressure);
         if opts.pressure.dry_run {
             tracing::info!("dry run: evictd decides and reports, and stops no pod");
@@ -340,6 +341,7 @@ impl Daemon {
 
     fn inventory_changed(&mut self) {
         let pods = self.pods.borrow_and_update().clone();
+        self.report.inventory(&pods);
         match self.pressure.as_mut() {
             Some(p) => p.inventory_updated(&pods),
             None => self.inventory_dirty = true,
@@ -379,26 +381,30 @@ impl Daemon {
     }
 }
 
-/// The Kubernetes API reporter; `None`, said once, without an API or in a dry run.
+/// The Kubernetes API: the reporter (`None`, said once, without an API or in a dry run) and
+/// the watch on this node's pods (read-only, so also in a dry run).
 async fn start_api(
     opts: Option<&ApiOptions>,
     dry_run: bool,
     metrics: &Arc<Metrics>,
-) -> anyhow::Result<Option<(Reporter, ReporterTask)>> {
-    if dry_run {
-        tracing::info!("dry run: nothing is written to the Kubernetes API");
-        return Ok(None);
-    }
+) -> anyhow::Result<(Option<(Reporter, ReporterTask)>, Option<ApiPodsReceiver>)> {
     let Some(opts) = opts else {
         tracing::warn!(
-            "no Kubernetes API (neither --kubeconfig nor a pod's service account): evictions are \
-             not recorded, and the kubelet will restart the pods evictd stops"
+            "no Kubernetes API (neither --kubeconfig nor a pod's service account): pod specs come \
+             from --pods-file or the node, evictions are not recorded, and the kubelet will \
+             restart the pods evictd stops"
         );
-        return Ok(None);
+        return Ok((None, None));
     };
     let client = connect::client(opts).await?;
+    let pods = pods::spawn_pod_watch(client.clone(), &opts.node_name, metrics.clone());
+    if dry_run {
+        tracing::info!("dry run: pod specs are read from the Kubernetes API; nothing is written to it");
+        return Ok((None, Some(pods)));
+    }
     tracing::info!(node = %opts.node_name, "recording evictions in the Kubernetes API");
-    Ok(Some(Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.clone())))
+    let reporter = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.clone());
+    Ok((Some(reporter), Some(pods)))
 }
 
 /// The inventory task, or, without a runtime, a snapshot that stays empty. The node's
@@ -407,6 +413,7 @@ async fn start_api(
 fn spawn_inventory(
     client: Option<&CriClient>,
     opts: &PressureOptions,
+    api_pods: Option<ApiPodsReceiver>,
     kick: Arc<Notify>,
 ) -> anyhow::Result<watch::Receiver<Arc<Vec<PodRecord>>>> {
     let Some(client) = client else { return Ok(watch::channel(Arc::new(Vec::new())).1) };
@@ -415,7 +422,10 @@ fn spawn_inventory(
         .read()
         .with_context(|| format!("reading the node's memory capacity from {}", node.dir.display()))?
         .capacity as i64;
-    let inventory = Inventory::new(opts.pods_file.clone(), capacity);
+    let mut inventory = Inventory::new(opts.pods_file.clone(), capacity);
+    if let Some(rx) = api_pods {
+        inventory = inventory.with_api(rx);
+    }
     Ok(inventory::spawn_refresh(client.clone(), inventory, opts.inventory_interval, kick))
 }
 
@@ -469,7 +479,7 @@ mod tests {
             evict_inferred_kube_system: false,
         };
         let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
-        let err = spawn_inventory(Some(&client), &opts, Arc::new(Notify::new())).expect_err("an error");
+        let err = spawn_inventory(Some(&client), &opts, None, Arc::new(Notify::new())).expect_err("an error");
         assert!(format!("{err:#}").contains("memory capacity"), "{err:#}");
     }
 }

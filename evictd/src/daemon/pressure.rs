@@ -286,11 +286,11 @@ impl Pressure {
     /// (its priority is unknown: it may well be a node's DNS, proxy or network agent).
     fn protects(&self, p: &PodRecord) -> bool {
         let own = self.own_pod_uid.as_deref() == Some(p.uid.as_str());
-        own || (p.spec_inferred && p.namespace == "kube-system" && !self.evict_inferred_kube_system)
+        own || (p.spec_inferred() && p.namespace == "kube-system" && !self.evict_inferred_kube_system)
     }
 
     /// `failed` candidates were tried in this decision and are protected from here on, so
-    /// the engine's reason alone ("critical or protected") would hide that they failed.
+    /// the engine's reason alone ("critical, protected, or opted out") would hide that they failed.
     fn warn_no_eviction(&mut self, d: &engine::Decision, failed: usize) {
         if let Some(why) = &d.no_eviction_reason {
             let signal = d.actionable.first().map(|&i| self.thresholds[i].signal);

@@ -10,11 +10,11 @@ use hyper::{Request, Response, body::Bytes, server::conn::http1, service::servic
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
-use crate::{report::record::EvictionRecord, wake::Wake};
+use crate::{report::record::EvictionRecord, runtime::inventory::SpecSource, wake::Wake};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabel {
@@ -30,6 +30,11 @@ struct SignalLabel {
 struct ApiCallLabel {
     call: String,
     outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SpecSourceLabel {
+    spec_source: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -52,6 +57,7 @@ pub struct Metrics {
     phases: Family<PhaseLabel, Histogram>,
     api_calls: Family<ApiCallLabel, Counter>,
     status_window: Histogram,
+    pods: Family<SpecSourceLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -95,6 +101,16 @@ impl Default for Metrics {
             "From an evicted pod's kill to its Failed/Evicted status accepted by the API server",
             status_window.clone(),
         );
+        let pods = Family::<SpecSourceLabel, Gauge>::default();
+        registry.register(
+            "pods",
+            "Pods on the node, by where their spec comes from (api, pods_file, inferred: priority unknown)",
+            pods.clone(),
+        );
+        // Every label value present from the start, so a dashboard sees 0 rather than nothing.
+        for source in SpecSource::ALL {
+            pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(0);
+        }
         Metrics {
             registry,
             wakes,
@@ -105,6 +121,7 @@ impl Default for Metrics {
             phases,
             api_calls,
             status_window,
+            pods,
         }
     }
 }
@@ -148,6 +165,13 @@ impl Metrics {
 
     pub fn api_call(&self, call: &str, outcome: &str) {
         self.api_calls.get_or_create(&ApiCallLabel { call: call.into(), outcome: outcome.into() }).inc();
+    }
+
+    /// The inventory's pods, counted by spec source.
+    pub fn pods_by_spec_source(&self, counts: &[(&str, i64)]) {
+        for (source, n) in counts {
+            self.pods.get_or_create(&SpecSourceLabel { spec_source: (*source).into() }).set(*n);
+        }
     }
 
     pub fn status_recorded(&self, after_kill: Duration) {

@@ -13,6 +13,7 @@ use evictd_common::KernelError;
 use crate::{
     kernel::ebpf::Counters,
     node::{cgroup_names::CgroupNames, cgroups::CgroupMounts, growth::Growth},
+    runtime::inventory::{PodRecord, SpecSource},
     wake::{Wake, WakeCause, WakeSource, WakeStats},
 };
 
@@ -64,6 +65,13 @@ impl Report {
             }
         }
         self.flush()
+    }
+
+    /// A new inventory: its pods counted by where their specs come from.
+    pub fn inventory(&self, pods: &[PodRecord]) {
+        let count = |source: SpecSource| pods.iter().filter(|p| p.spec_source == source).count() as i64;
+        let counts = SpecSource::ALL.map(|s| (s.as_str(), count(s)));
+        self.metrics.pods_by_spec_source(&counts);
     }
 
     /// The node as first observed, before any wake.

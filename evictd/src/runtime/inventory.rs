@@ -3,21 +3,50 @@
 //! containers it has not seen yet, so when pressure wakes the daemon, ranking reads the
 //! cached inventory and a few cgroup files, never a full CRI listing.
 //!
-//! Specs come from a PodList file (`--pods-file`, re-read when it changes) or, for pods not
-//! in it, are inferred from what the node shows (`infer`).
+//! Specs come from the API server's watch on this node's pods (`cluster::pods`), else from
+//! a PodList file (`--pods-file`, re-read when it changes), else are inferred from what the
+//! node shows (`infer`).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use evictd_policy::podspec::Pod;
 use tokio::sync::{Notify, watch};
 
 use super::infer::{infer_spec, with_trusted_annotations};
-use crate::runtime::cri::{CriClient, CriError, api as cri};
+use crate::{
+    cluster::pods::{ApiPods, ApiPodsReceiver},
+    runtime::cri::{CriClient, CriError, api as cri},
+};
+
+/// Where a pod's spec came from, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecSource {
+    Api,
+    PodsFile,
+    /// From the node: priority unknown (0 unless node-critical), requests approximate.
+    Inferred,
+}
+
+impl SpecSource {
+    pub const ALL: [SpecSource; 3] = [SpecSource::Api, SpecSource::PodsFile, SpecSource::Inferred];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpecSource::Api => "api",
+            SpecSource::PodsFile => "pods_file",
+            SpecSource::Inferred => "inferred",
+        }
+    }
+}
+
+/// How long the log waits for the API server's first list before it names the pods whose
+/// specs are inferred: a list still on its way is not a reason to call them so.
+const API_LIST_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug)]
 pub struct ContainerRecord {
@@ -48,31 +77,75 @@ pub struct PodRecord {
     pub sandbox_image: Option<String>,
     pub containers: Vec<ContainerRecord>,
     pub spec: Pod,
-    pub spec_inferred: bool,
+    pub spec_source: SpecSource,
 }
 
-#[derive(Default)]
+impl PodRecord {
+    pub fn spec_inferred(&self) -> bool {
+        self.spec_source == SpecSource::Inferred
+    }
+}
+
 pub struct Inventory {
     pods: BTreeMap<String, PodRecord>,
     pods_file: Option<(PathBuf, Option<SystemTime>)>,
     specs: HashMap<String, Pod>,
+    /// The API server's pods, when evictd has an API: the receiver, and the last snapshot.
+    api: Option<(ApiPodsReceiver, Option<ApiPods>)>,
     /// Node memory capacity, to turn oom_score_adj back into a request.
     capacity: i64,
+    /// Pods already named in the log as having inferred specs.
+    named_inferred: BTreeSet<String>,
+    started: Instant,
 }
 
 impl Inventory {
     pub fn new(pods_file: Option<PathBuf>, node_capacity: i64) -> Self {
-        Inventory { pods_file: pods_file.map(|p| (p, None)), capacity: node_capacity, ..Default::default() }
+        Inventory {
+            pods: BTreeMap::new(),
+            pods_file: pods_file.map(|p| (p, None)),
+            specs: HashMap::new(),
+            api: None,
+            capacity: node_capacity,
+            named_inferred: BTreeSet::new(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Specs from the API server's watch, ahead of the pods file.
+    pub fn with_api(mut self, pods: ApiPodsReceiver) -> Self {
+        self.api = Some((pods, None));
+        self
     }
 
     pub fn pods(&self) -> impl Iterator<Item = &PodRecord> {
         self.pods.values()
     }
 
-    /// Re-reads the pods file when it changed, and applies its specs to the known pods. A
-    /// file that cannot be read or parsed keeps the previous specs and is reported: a
+    /// Re-reads the pods file when it changed, and takes the API server's latest snapshot. A
+    /// pods file that cannot be read or parsed keeps the previous specs and is reported: a
     /// half-written file must not erase what is known.
     fn refresh_specs(&mut self) -> Result<(), SpecsError> {
+        let file = self.reread_pods_file();
+        self.take_api_snapshot();
+        file
+    }
+
+    fn take_api_snapshot(&mut self) {
+        if let Some((rx, latest)) = self.api.as_mut() {
+            *latest = rx.borrow_and_update().clone();
+        }
+    }
+
+    /// Every pod with its best spec; the pods whose specs are inferred named once.
+    fn give_best_specs(&mut self) {
+        let pods = std::mem::take(&mut self.pods);
+        self.pods =
+            pods.into_values().map(|rec| (rec.sandbox_id.clone(), self.with_best_spec(rec))).collect();
+        self.name_inferred();
+    }
+
+    fn reread_pods_file(&mut self) -> Result<(), SpecsError> {
         let Some((path, seen)) = &self.pods_file else { return Ok(()) };
         let mtime = std::fs::metadata(path)
             .and_then(|m| m.modified())
@@ -86,13 +159,73 @@ impl Inventory {
         self.pods_file = Some((path.clone(), Some(mtime)));
         let pods = evictd_policy::podspec::read_pod_list(&path)?;
         self.specs = pods.into_iter().map(|p| (p.metadata.uid.clone(), p)).collect();
-        for rec in self.pods.values_mut() {
-            if let Some(spec) = self.specs.get(&rec.uid) {
+        Ok(())
+    }
+
+    /// `rec` with the best spec known for it: the API server's, the pods file's, or one
+    /// inferred from the node (re-inferred each time: containers come and go).
+    fn with_best_spec(&self, mut rec: PodRecord) -> PodRecord {
+        let api = self.api.as_ref().and_then(|(_, latest)| latest.as_ref()).and_then(|m| m.get(&rec.uid));
+        let known = match (api, self.specs.get(&rec.uid)) {
+            (Some(spec), _) => Some((spec, SpecSource::Api)),
+            (None, Some(spec)) => Some((spec, SpecSource::PodsFile)),
+            (None, None) => None,
+        };
+        match known {
+            Some((spec, source)) => {
                 rec.spec = with_trusted_annotations(spec.clone(), &rec.annotations);
-                rec.spec_inferred = false;
+                rec.spec_source = source;
+            }
+            None => {
+                rec.spec = infer_spec(&rec, self.capacity);
+                rec.spec_source = SpecSource::Inferred;
             }
         }
-        Ok(())
+        rec
+    }
+
+    /// Names, once each, the pods whose specs are inferred — after the API server's first
+    /// list, or once it has had `API_LIST_GRACE` to send one.
+    fn name_inferred(&mut self) {
+        let api_pending = self.api.as_ref().is_some_and(|(_, latest)| latest.is_none())
+            && self.started.elapsed() < API_LIST_GRACE;
+        if api_pending {
+            return;
+        }
+        let new: Vec<String> = self
+            .pods
+            .values()
+            .filter(|r| r.spec_inferred() && !self.named_inferred.contains(&r.uid))
+            .map(|r| format!("{}/{}", r.namespace, r.name))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        self.named_inferred.extend(self.pods.values().filter(|r| r.spec_inferred()).map(|r| r.uid.clone()));
+        let from = match (&self.api, &self.pods_file) {
+            (Some(_), _) => "not in the API server's list",
+            (None, Some(_)) => "not in the pods file",
+            (None, None) => "no API server and no pods file",
+        };
+        tracing::info!(
+            pods = %new.join(", "),
+            "pod specs inferred from the node ({from}): priority 0 unless node-critical, requests from limits and oom_score_adj"
+        );
+    }
+
+    /// A new snapshot from the API server (never, without an API).
+    async fn api_changed(&mut self) {
+        let Some((rx, _)) = self.api.as_mut() else { return std::future::pending().await };
+        if rx.changed().await.is_err() {
+            // The watch task ended (only at shutdown): nothing more will come.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// A new snapshot from the API server: specs only, no runtime call.
+    pub fn apply_api_specs(&mut self) {
+        self.take_api_snapshot();
+        self.give_best_specs();
     }
 
     /// Brings the inventory up to date with the runtime: new sandboxes and containers are
@@ -122,10 +255,8 @@ impl Inventory {
             let mine: Vec<&cri::Container> =
                 containers.iter().filter(|c| c.pod_sandbox_id == sb.id).collect();
             refresh_containers(client, rec, &mine).await?;
-            if rec.spec_inferred {
-                rec.spec = infer_spec(rec, self.capacity);
-            }
         }
+        self.give_best_specs();
         self.refresh_writable_layers(client).await;
         Ok(spec_warning)
     }
@@ -168,7 +299,7 @@ impl Inventory {
         let sandbox_image =
             info.as_ref().and_then(|i| i.get("image")).and_then(|v| v.as_str()).map(str::to_owned);
         let annotations: BTreeMap<String, String> = sb.annotations.clone().into_iter().collect();
-        let mut rec = PodRecord {
+        Ok(PodRecord {
             sandbox_id: sb.id.clone(),
             uid: meta.uid.clone(),
             namespace: meta.namespace.clone(),
@@ -178,23 +309,10 @@ impl Inventory {
             log_directory,
             sandbox_image,
             containers: Vec::new(),
+            // Given its best spec once its containers are known (`with_best_spec`).
             spec: Pod::default(),
-            spec_inferred: true,
-        };
-        match self.specs.get(&rec.uid) {
-            Some(spec) => {
-                rec.spec = with_trusted_annotations(spec.clone(), &rec.annotations);
-                rec.spec_inferred = false;
-            }
-            None => {
-                rec.spec = infer_spec(&rec, self.capacity);
-                tracing::info!(
-                    pod = %format!("{}/{}", rec.namespace, rec.name),
-                    "no spec in the pods file: priority, requests and grace period are inferred from the node"
-                );
-            }
-        }
-        Ok(rec)
+            spec_source: SpecSource::Inferred,
+        })
     }
 }
 
@@ -271,9 +389,12 @@ async fn refresh_containers(
     Ok(())
 }
 
+/// Changes from the API server that come together are applied together.
+const API_COALESCE: Duration = Duration::from_millis(100);
+
 /// Keeps the inventory current off the pressure path: refreshes every `every`, or at once
-/// when `kick` is notified (after an eviction), and publishes each snapshot. The pressure
-/// path only ever reads the latest one.
+/// when `kick` is notified (after an eviction), applies new specs from the API server as
+/// they come, and publishes each snapshot. The pressure path only ever reads the latest one.
 pub fn spawn_refresh(
     client: CriClient,
     mut inventory: Inventory,
@@ -284,6 +405,7 @@ pub fn spawn_refresh(
     tokio::spawn(async move {
         let mut up: Option<bool> = None;
         loop {
+            let next = tokio::time::Instant::now() + every;
             match inventory.refresh(&client).await {
                 Ok(spec_warning) => {
                     if up != Some(true) {
@@ -306,9 +428,18 @@ pub fn spawn_refresh(
                     up = Some(false);
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(every) => {}
-                _ = kick.notified() => {}
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => break,
+                    _ = kick.notified() => break,
+                    _ = inventory.api_changed() => {
+                        tokio::time::sleep(API_COALESCE).await;
+                        inventory.apply_api_specs();
+                        if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
+                            return;
+                        }
+                    }
+                }
             }
         }
     });
@@ -354,7 +485,7 @@ pub(crate) mod tests {
             sandbox_image: None,
             containers,
             spec: Pod::default(),
-            spec_inferred: true,
+            spec_source: SpecSource::Inferred,
         }
     }
 

@@ -139,7 +139,7 @@ async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
     let mut dns = pod("coredns", Some("/kubepods/pod-dns"));
     dns.namespace = "kube-system".into();
     let app = pod("app", Some("/kubepods/pod-app"));
-    assert!(dns.spec_inferred && app.spec_inferred);
+    assert!(dns.spec_inferred() && app.spec_inferred());
     let pods = Arc::new(vec![dns, app]);
     for (allowed, victim) in [(false, "app"), (true, "coredns")] {
         let mut p = under_pressure(d.path(), None);

@@ -1,0 +1,206 @@
+//! Pod specs from the API server: a watch on the pods bound to this node (field selector
+//! `spec.nodeName=<node>`, the kubelet's own), kept as a map from UID to the spec eviction
+//! needs. The watch runs on a task of its own; the inventory reads the latest published map,
+//! so a slow or absent API server never holds up a pass.
+//!
+//! kube-runtime's `watcher` does the list-then-watch, the resource versions, re-lists after
+//! a 410, and the back-off; this module only turns its events into snapshots.
+
+use std::{collections::HashMap, sync::Arc};
+
+use evictd_policy::podspec::Pod;
+use futures::StreamExt as _;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use tokio::sync::watch;
+
+use crate::report::metrics::Metrics;
+
+/// The pods bound to this node, by UID, as last listed and watched.
+pub type ApiPods = Arc<HashMap<String, Pod>>;
+
+/// The latest snapshot, `None` until the first list has completed.
+pub type ApiPodsReceiver = watch::Receiver<Option<ApiPods>>;
+
+/// Starts the watch on `node`'s pods; the receiver sees a new map after the first complete
+/// list and after every change.
+pub fn spawn_pod_watch(client: Client, node: &str, metrics: Arc<Metrics>) -> ApiPodsReceiver {
+    let (tx, rx) = watch::channel(None);
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client);
+    // `any_semantic`: the first list is served from the API server's watch cache
+    // (resourceVersion=0), as the kubelet's informer does — one DaemonSet pod per node lists.
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}")).any_semantic();
+    let node = node.to_owned();
+    tokio::spawn(async move {
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut mirror = PodMirror::default();
+        let mut healthy: Option<bool> = None;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => {
+                    if healthy != Some(true) && matches!(event, watcher::Event::InitDone) {
+                        tracing::info!(node = %node, pods = mirror.len_after_init(), "pod specs from the Kubernetes API");
+                        healthy = Some(true);
+                    }
+                    if let Some(snapshot) = mirror.apply(event)
+                        && tx.send(Some(snapshot)).is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    metrics.api_call("watch_pods", "error");
+                    if healthy != Some(false) {
+                        tracing::warn!(
+                            "watching this node's pods in the Kubernetes API: {e}; specs stay as last \
+                             seen, retrying with back-off"
+                        );
+                    }
+                    healthy = Some(false);
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The watcher's events folded into a map; a re-list replaces the map only once complete,
+/// so a pass never sees half a list.
+#[derive(Default)]
+struct PodMirror {
+    pods: HashMap<String, Pod>,
+    /// Filled between `Init` and `InitDone`.
+    relist: Option<HashMap<String, Pod>>,
+    published: bool,
+}
+
+impl PodMirror {
+    /// The new snapshot, when the event changed what a pass should see.
+    fn apply(&mut self, event: watcher::Event<k8s_openapi::api::core::v1::Pod>) -> Option<ApiPods> {
+        use watcher::Event::*;
+        match event {
+            Init => {
+                self.relist = Some(HashMap::new());
+                None
+            }
+            InitApply(p) => {
+                if let (Some(relist), Some((uid, spec))) = (self.relist.as_mut(), spec_of(&p)) {
+                    relist.insert(uid, spec);
+                }
+                None
+            }
+            InitDone => {
+                self.pods = self.relist.take().unwrap_or_default();
+                self.published = true;
+                Some(self.snapshot())
+            }
+            Apply(p) => {
+                let (uid, spec) = spec_of(&p)?;
+                // Most updates are to the status (conditions, container states): nothing
+                // eviction reads, nothing to publish.
+                if self.pods.get(&uid) == Some(&spec) {
+                    return None;
+                }
+                self.pods.insert(uid, spec);
+                self.published.then(|| self.snapshot())
+            }
+            Delete(p) => {
+                let uid = p.metadata.uid?;
+                self.pods.remove(&uid);
+                self.published.then(|| self.snapshot())
+            }
+        }
+    }
+
+    fn snapshot(&self) -> ApiPods {
+        Arc::new(self.pods.clone())
+    }
+
+    fn len_after_init(&self) -> usize {
+        self.relist.as_ref().map_or(self.pods.len(), HashMap::len)
+    }
+}
+
+/// The spec eviction needs, through the same JSON reading as `--pods-file`: one parser for
+/// both sources, so they cannot disagree on what a field means. A pod that does not read
+/// (never seen from a conforming server) is left out, logged.
+fn spec_of(p: &k8s_openapi::api::core::v1::Pod) -> Option<(String, Pod)> {
+    let uid = p.metadata.uid.clone()?;
+    match serde_json::to_value(p).and_then(serde_json::from_value::<Pod>) {
+        Ok(spec) => Some((uid, spec)),
+        Err(e) => {
+            let name = p.metadata.name.as_deref().unwrap_or("?");
+            tracing::warn!(pod = name, uid = %uid, "a pod from the API server does not read as a pod spec: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use watcher::Event;
+
+    use super::*;
+
+    fn api_pod(uid: &str, json: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
+        let mut v = json;
+        v["metadata"]["uid"] = uid.into();
+        v["metadata"]["name"] = format!("pod-{uid}").into();
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn an_api_pod_reads_as_the_spec_eviction_needs() {
+        let p = api_pod(
+            "u1",
+            serde_json::json!({
+                "metadata": {"namespace": "web", "annotations": {"evictd.io/eviction-order": "3"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent",
+                        "uid": "d", "controller": true}]},
+                "spec": {"priority": 100, "terminationGracePeriodSeconds": 20,
+                    "overhead": {"memory": "1Mi"},
+                    "containers": [{"name": "a", "resources": {"requests": {"memory": "100Mi"}}}],
+                    "initContainers": [{"name": "side", "restartPolicy": "Always",
+                        "resources": {"requests": {"memory": "10Mi"}}}]},
+                "status": {"phase": "Running"}
+            }),
+        );
+        let (uid, spec) = spec_of(&p).unwrap();
+        assert_eq!(uid, "u1");
+        assert_eq!(spec.priority(), 100);
+        assert_eq!(spec.spec.termination_grace_period_seconds, Some(20));
+        assert_eq!(spec.request_nanos("memory"), (111i128 << 20) * 1_000_000_000);
+        assert!(spec.is_daemonset_pod());
+        assert_eq!(spec.eviction_order(), 3);
+        assert!(spec.is_active());
+    }
+
+    #[test]
+    fn a_relist_is_published_only_when_complete() {
+        let mut m = PodMirror::default();
+        assert!(m.apply(Event::Init).is_none());
+        assert!(m.apply(Event::InitApply(api_pod("a", serde_json::json!({})))).is_none());
+        // Before the first complete list, single changes are not published either.
+        assert!(m.apply(Event::Apply(api_pod("x", serde_json::json!({})))).is_none());
+        assert!(m.apply(Event::InitApply(api_pod("b", serde_json::json!({})))).is_none());
+        let s = m.apply(Event::InitDone).unwrap();
+        let mut uids: Vec<&String> = s.keys().collect();
+        uids.sort();
+        assert_eq!(uids, ["a", "b"], "the relist replaces what came before it");
+        let s = m.apply(Event::Apply(api_pod("c", serde_json::json!({})))).unwrap();
+        assert_eq!(s.len(), 3);
+        let ready = serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        assert!(m.apply(Event::Apply(api_pod("c", ready))).is_none(), "a status update eviction ignores");
+        let failed = serde_json::json!({"status": {"phase": "Failed"}});
+        assert!(m.apply(Event::Apply(api_pod("c", failed))).is_some(), "the phase it does not");
+        let s = m.apply(Event::Delete(api_pod("a", serde_json::json!({})))).unwrap();
+        assert!(!s.contains_key("a"));
+        // A relist after a broken watch: the old map stays visible until it completes.
+        assert!(m.apply(Event::Init).is_none());
+        assert!(m.apply(Event::InitApply(api_pod("d", serde_json::json!({})))).is_none());
+        let s = m.apply(Event::InitDone).unwrap();
+        assert_eq!(s.keys().collect::<Vec<_>>(), ["d"]);
+    }
+}
