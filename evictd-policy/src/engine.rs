@@ -103,6 +103,30 @@ pub fn thresholds_for_layout(policy: &Policy, layout: FsLayout) -> Vec<Threshold
     out
 }
 
+/// The engine's state for `new` thresholds, from the state kept for `old` ones (a policy
+/// re-read on SIGHUP; the kubelet has no equivalent, it restarts). A threshold of the same
+/// signal and kind (hard or soft) is the same threshold, whatever its new value: a soft
+/// grace period that was running keeps running, and a met threshold keeps its min-reclaim
+/// hysteresis. One that is gone takes its state with it; a new one starts afresh. The node
+/// conditions' times and the last observations stay.
+pub fn carry_over(state: &EngineState, old: &[Threshold], new: &[Threshold]) -> EngineState {
+    let same = |o: &Threshold, n: &Threshold| o.signal == n.signal && o.is_hard() == n.is_hard();
+    let new_index = |i: usize| old.get(i).and_then(|o| new.iter().position(|n| same(o, n)));
+    let mut thresholds_met: Vec<usize> = state.thresholds_met.iter().filter_map(|&i| new_index(i)).collect();
+    thresholds_met.sort_unstable();
+    thresholds_met.dedup();
+    EngineState {
+        thresholds_met,
+        first_observed_ns: state
+            .first_observed_ns
+            .iter()
+            .filter_map(|(&i, &t)| Some((new_index(i)?, t)))
+            .collect(),
+        condition_last_observed_ns: state.condition_last_observed_ns.clone(),
+        last_observations: state.last_observations.clone(),
+    }
+}
+
 /// Whether any threshold is met: after node-level reclaim the kubelet checks this with
 /// min-reclaim enforced, and evicts only if something still is.
 pub fn any_met(thresholds: &[Threshold], obs: &Observations, enforce_min_reclaim: bool) -> bool {

@@ -366,3 +366,36 @@ fn object_for(path: &str, body: Value) -> Value {
         _ => json!({}),
     }
 }
+
+/// An eviction of `shop/web-1` for memory, as the act step hands it to the reporter.
+pub fn eviction_record() -> evictd::report::record::EvictionRecord {
+    use std::collections::BTreeMap;
+
+    use evictd_policy::policy::Signal;
+
+    evictd::report::record::EvictionRecord {
+        namespace: "shop".into(),
+        name: "web-1".into(),
+        uid: "6f1d7c1e-0000-4000-8000-000000000001".into(),
+        signal: Signal::MemoryAvailable,
+        available: 50 << 20,
+        threshold: 100 << 20,
+        grace_period_seconds: 1,
+        message: "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. ".into(),
+        annotations: BTreeMap::from([
+            ("offending_containers".into(), "app".into()),
+            ("offending_containers_usage".into(), "600Mi".into()),
+            ("starved_resource".into(), "memory".into()),
+        ]),
+        dry_run: false,
+        error: None,
+        decide_us: 10,
+        phases: None,
+        wake_cause: None,
+        wake_kernel_ts_ns: None,
+        wake_received_ns: None,
+        observed_ns: 0,
+        decided_ns: 0,
+        released_ns: None,
+    }
+}

@@ -213,6 +213,17 @@ fn sibling_binary(name: &str) -> PathBuf {
     bin
 }
 
+/// A plain HTTP/1.1 GET of `path` from `addr` (evictd's metrics endpoint), the whole response
+/// returned: status line, headers and body.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::Read as _;
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::ExitStatusExt as _;

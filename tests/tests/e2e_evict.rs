@@ -8,33 +8,16 @@
 use std::time::{Duration, Instant};
 
 use evictd_tests::{
-    api_double::ApiDouble,
+    api_double::{ApiDouble, free_port},
     containerd::{self, Containerd, TestPod},
     dies_with_harness,
     evictd_proc::Evictd,
+    http_get,
     scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods, node_usage},
 };
 
 const MI: u64 = 1 << 20;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A port that was free a moment ago (the test then binds evictd to it).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// A plain HTTP/1.1 GET, body returned.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("response");
-    out
-}
 
 /// (a) Three pods of different QoS and priority; one grows past its request until the
 /// node-level threshold is crossed: exactly the pod the engine ranks first is evicted, no
@@ -597,6 +580,11 @@ async fn pod_specs_from_the_api_server_drive_the_ranking() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(http_get(&addr, "/metrics").contains("evictd_pods{spec_source=\"inferred\"} 0"));
+    // The DaemonSet's probes: alive, and ready once the inventory is in.
+    for probe in ["/healthz", "/readyz"] {
+        let answer = http_get(&addr, probe);
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("\r\n\r\nok\n"), "{probe}: {answer}");
+    }
     big.set_mib(450);
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "small", "the API's priority 1000 protects the bigger pod: {e}");

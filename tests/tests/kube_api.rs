@@ -13,42 +13,14 @@ use evictd::{
         pods::{ApiPodsReceiver, spawn_pod_watch},
         reporter::{Reporter, ReporterTask, Retry},
     },
-    report::{metrics::Metrics, record::EvictionRecord},
+    report::metrics::Metrics,
     wake::monotonic_ns,
 };
-use evictd_policy::policy::{NodeCondition, Signal};
-use evictd_tests::api_double::{self, ApiDouble, Recorded};
+use evictd_policy::policy::NodeCondition;
+use evictd_tests::api_double::{self, ApiDouble, Recorded, eviction_record};
 use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(10);
-
-fn record() -> EvictionRecord {
-    EvictionRecord {
-        namespace: "shop".into(),
-        name: "web-1".into(),
-        uid: "6f1d7c1e-0000-4000-8000-000000000001".into(),
-        signal: Signal::MemoryAvailable,
-        available: 50 << 20,
-        threshold: 100 << 20,
-        grace_period_seconds: 1,
-        message: "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. ".into(),
-        annotations: BTreeMap::from([
-            ("offending_containers".into(), "app".into()),
-            ("offending_containers_usage".into(), "600Mi".into()),
-            ("starved_resource".into(), "memory".into()),
-        ]),
-        dry_run: false,
-        error: None,
-        decide_us: 10,
-        phases: None,
-        wake_cause: None,
-        wake_kernel_ts_ns: None,
-        wake_received_ns: None,
-        observed_ns: 0,
-        decided_ns: 0,
-        released_ns: None,
-    }
-}
 
 fn options(kubeconfig: &str) -> ApiOptions {
     ApiOptions {
@@ -83,7 +55,7 @@ fn status_patches(r: &[Recorded]) -> Vec<&Recorded> {
 async fn an_eviction_is_recorded_as_the_kubelet_records_it() {
     let api = ApiDouble::start();
     let (r, task, metrics) = reporter(api.kubeconfig(), quick()).await;
-    r.pod_evicted(&record(), monotonic_ns());
+    r.pod_evicted(&eviction_record(), monotonic_ns());
     let seen = api.wait_for("three calls", WITHIN, |r| r.len() >= 3);
     task.flush(Duration::from_secs(1)).await;
     let pod_calls: Vec<&Recorded> = seen.iter().filter(|r| r.path.contains("/namespaces/shop/")).collect();
@@ -94,7 +66,7 @@ async fn an_eviction_is_recorded_as_the_kubelet_records_it() {
     assert_eq!(patch.method, "PATCH");
     assert_eq!(patch.path.split('?').next(), Some("/api/v1/namespaces/shop/pods/web-1/status"));
     assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
-    let msg = record().message;
+    let msg = eviction_record().message;
     let mut body = patch.body.clone();
     let when = body["status"]["conditions"][0]
         .as_object_mut()
@@ -171,7 +143,7 @@ async fn a_failing_server_gets_the_report_again_with_back_off() {
     let api = ApiDouble::start();
     api.fail_next(3, 500, "/pods/web-1/status");
     let (r, task, metrics) = reporter(api.kubeconfig(), quick()).await;
-    r.pod_evicted(&record(), monotonic_ns());
+    r.pod_evicted(&eviction_record(), monotonic_ns());
     let seen =
         api.wait_for("the status patch answered after 3 failures, then the events", WITHIN, |r| r.len() >= 6);
     task.flush(Duration::from_secs(1)).await;
@@ -203,7 +175,7 @@ async fn a_report_waits_for_a_server_that_is_down() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api_double::kubeconfig_for(&format!("http://127.0.0.1:{port}"), dir.path());
     let (r, task, metrics) = reporter(kubeconfig.to_str().unwrap(), quick()).await;
-    r.pod_evicted(&record(), monotonic_ns());
+    r.pod_evicted(&eviction_record(), monotonic_ns());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let retried = metrics.encode();
     assert!(retried.contains("call=\"pod_status\",outcome=\"retried\""), "{retried}");
@@ -222,7 +194,7 @@ async fn a_refused_report_is_not_retried() {
     let api = ApiDouble::start();
     api.fail_next(1, 409, "/pods/web-1/status");
     let (r, task, metrics) = reporter(api.kubeconfig(), quick()).await;
-    r.pod_evicted(&record(), monotonic_ns());
+    r.pod_evicted(&eviction_record(), monotonic_ns());
     let seen = api.wait_for("the status patch and both events", WITHIN, |r| r.len() >= 3);
     tokio::time::sleep(Duration::from_millis(300)).await;
     task.flush(Duration::from_secs(1)).await;
@@ -242,7 +214,7 @@ async fn queuing_a_report_never_waits_for_the_server() {
     api.hold();
     let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
     for _ in 0..5 {
-        r.pod_evicted(&record(), monotonic_ns());
+        r.pod_evicted(&eviction_record(), monotonic_ns());
     }
     api.wait_for("the first status patch, held", WITHIN, |r| !r.is_empty());
     assert_eq!(api.answered(), 0, "every call returned before the server answered one");
@@ -258,7 +230,7 @@ async fn the_flush_at_shutdown_is_bounded() {
     let api = ApiDouble::start();
     api.hold();
     let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
-    r.pod_evicted(&record(), monotonic_ns());
+    r.pod_evicted(&eviction_record(), monotonic_ns());
     api.wait_for("the held status patch", WITHIN, |r| !r.is_empty());
     let t = std::time::Instant::now();
     task.flush(Duration::from_millis(300)).await;

@@ -7,7 +7,9 @@ use std::{
     time::Duration,
 };
 
-use evictd_tests::{MemHog, TestCgroup, dies_with_harness, evictd_binary, privileged};
+use evictd_tests::{
+    MemHog, TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, http_get, privileged,
+};
 
 #[test]
 fn trace_json_reports_charge_in_the_node_cgroup() {
@@ -299,4 +301,85 @@ fn charge_probes_are_attached_only_near_a_threshold() {
     let _ = evictd.wait();
     let _ = reader.join();
     assert_eq!(after, Some(false), "memory back far away, the charge programs must be detached again");
+}
+
+/// Issue 9, item 8: SIGHUP reads the `--config` file again. A new threshold is in force at
+/// once (the metrics show it); a file that no longer reads leaves the policy in force and
+/// says why; the daemon keeps running throughout.
+#[test]
+fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
+    if !privileged("sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad") {
+        return;
+    }
+    let cg = TestCgroup::new(Some(1 << 30));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kubelet-config.yaml");
+    let write = |hard: &str| {
+        let text = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard:\n  memory.available: \"{hard}\"\n"
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+    write("100Mi");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
+        .args(["--dry-run", "--cri-endpoint", "none", "--duration", "120s", "--metrics-addr", &addr])
+        .arg("--config")
+        .arg(&config)
+        .arg("--node-cgroup")
+        .arg(&cg.dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting evictd");
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = evictd.stderr.take().expect("stderr");
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let threshold = |bytes: u64| {
+        format!(
+            "evictd_eviction_threshold_bytes{{eviction_signal=\"memory.available\",threshold=\"hard\"}} {bytes}\n"
+        )
+    };
+    let wait_metrics = |want: &str| {
+        let t = std::time::Instant::now();
+        loop {
+            let m = std::net::TcpStream::connect(&addr).is_ok().then(|| http_get(&addr, "/metrics"));
+            if m.as_deref().is_some_and(|m| m.contains(want)) {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "never saw {want}: {m:?}\n{}",
+                log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let hup = || {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(evictd.id() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .unwrap()
+    };
+    wait_metrics(&threshold(100 << 20));
+    write("300Mi");
+    hup();
+    wait_metrics(&threshold(300 << 20));
+    std::fs::write(&config, "evictionHard: [not, a, map\n").unwrap();
+    hup();
+    let t = std::time::Instant::now();
+    while !log.lock().unwrap().contains("the policy does not read") {
+        assert!(t.elapsed() < Duration::from_secs(30), "no word of the bad file:\n{}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(http_get(&addr, "/metrics").contains(&threshold(300 << 20)), "the policy in force stays");
+    assert!(evictd.try_wait().unwrap().is_none(), "evictd keeps running:\n{}", log.lock().unwrap());
+    let _ = evictd.kill();
+    let _ = evictd.wait();
 }

@@ -374,3 +374,34 @@ fn no_thresholds_no_state_change() {
     assert!(d.eviction.is_none());
     assert_eq!(w.state, EngineState::default());
 }
+
+/// A policy re-read (SIGHUP): a soft threshold whose value changed keeps its running grace
+/// period, a removed one's state goes, a new one starts afresh.
+#[test]
+fn a_reloaded_policy_keeps_the_grace_periods_of_the_thresholds_it_keeps() {
+    let mut w = World::new(policy(
+        "",
+        "memory.available<300Mi,nodefs.available<10%",
+        "memory.available=10s,nodefs.available=10s",
+        "",
+        |_| {},
+    ));
+    let mut obs = mem_obs(50 * MI, S);
+    obs.insert(Signal::NodeFsAvailable, Observation { available: 1, capacity: 100, time_ns: Some(S) });
+    assert!(w.step(&obs, S).eviction.is_none(), "soft: the grace periods start");
+    let old = w.thresholds.clone();
+    // The memory threshold moves (and comes first now); the disk one is dropped; a hard one is new.
+    let reloaded =
+        policy("memory.available<50Mi", "memory.available<400Mi", "memory.available=10s", "", |_| {});
+    w.thresholds = thresholds_for_layout(&reloaded, FsLayout::SingleFs);
+    w.state = carry_over(&w.state, &old, &w.thresholds);
+    let soft_mem =
+        w.thresholds.iter().position(|t| t.signal == Signal::MemoryAvailable && !t.is_hard()).unwrap();
+    assert_eq!(w.state.first_observed_ns.keys().copied().collect::<Vec<_>>(), [soft_mem], "{:?}", w.state);
+    assert_eq!(w.state.first_observed_ns[&soft_mem], S, "the grace period keeps running");
+    // 9 s after it started: not yet; at 11 s it is over, and the soft threshold evicts.
+    let obs = mem_obs(60 * MI, 10 * S);
+    assert!(w.step(&obs, 10 * S).eviction.is_none());
+    let d = w.step(&mem_obs(60 * MI, 12 * S), 12 * S);
+    assert_eq!(d.eviction.map(|e| e.threshold), Some(soft_mem));
+}

@@ -12,7 +12,7 @@ use crate::{daemon, kernel::probe};
 
 mod run;
 
-pub use run::RunArgs;
+pub use run::{HostPath, KUBELET_POD_LOGS, RunArgs};
 
 #[derive(Parser, Debug)]
 #[command(

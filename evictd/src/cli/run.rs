@@ -10,7 +10,7 @@ use evictd_policy::{flags::PolicyArgs, policy::Policy, quantity::Quantity, rank:
 use crate::{
     cluster::connect::{self, ApiOptions, ApiSource},
     daemon::{KillOptions, PressureOptions, RunOptions, protect::SelfProtection, urgency::EmergencyLevel},
-    kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items},
+    kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items, tracefs},
     node::{cgroups::CgroupMounts, memory::MemoryCgroup, own_pod, signals::NodeSignalSources},
     report::trace::TraceFormat,
     runtime::cri,
@@ -185,7 +185,49 @@ fn parse_period(s: &str) -> Result<Duration, DurationFlagError> {
     Ok(d)
 }
 
+/// A path on the host evictd opens, and what for.
+#[derive(Clone, Debug)]
+pub struct HostPath {
+    pub path: PathBuf,
+    pub why: &'static str,
+}
+
+/// Where the kubelet writes pods' logs (the CRI's `log_directory` is under it): disk ranking
+/// reads their usage.
+pub const KUBELET_POD_LOGS: &str = "/var/log/pods";
+
 impl RunArgs {
+    /// The host paths evictd opens with these flags: what a container running it must see
+    /// at the same paths (`deploy/daemonset.yaml` mounts them; `tests/tests/deploy.rs`
+    /// checks that it does).
+    pub fn host_paths(&self) -> Vec<HostPath> {
+        let hp = |path: &str, why| HostPath { path: PathBuf::from(path), why };
+        let mut paths = vec![
+            hp("/sys/fs/cgroup", "the cgroup hierarchies: node and pod memory, PIDs, thresholds, kills"),
+            hp(stat_items::VMLINUX_BTF, "the kernel's BTF: stat item numbers, the batched charge hook"),
+            hp(tracefs::CANDIDATES[0], "tracefs: the tracepoints' record layouts"),
+            hp(KUBELET_POD_LOGS, "pods' logs: disk usage for ranking"),
+            HostPath {
+                path: self.nodefs_path.clone(),
+                why: "nodefs: the kubelet's root directory (--nodefs-path)",
+            },
+            HostPath {
+                path: self.imagefs_path.clone(),
+                why: "imagefs: the runtime's root directory (--imagefs-path)",
+            },
+        ];
+        if let Ok(socket) = cri::socket_path(&self.cri_endpoint) {
+            paths.push(HostPath { path: socket, why: "the container runtime's CRI socket (--cri-endpoint)" });
+        }
+        if let Some(f) = &self.pods_file {
+            paths.push(HostPath { path: f.clone(), why: "--pods-file" });
+        }
+        if let Some(f) = &self.kubeconfig {
+            paths.push(HostPath { path: f.clone(), why: "--kubeconfig" });
+        }
+        paths
+    }
+
     /// Validates every flag and resolves the node; errors name the flag at fault.
     pub fn into_options(self) -> anyhow::Result<RunOptions> {
         let (policy, warnings) = self.policy.policy()?;
@@ -215,6 +257,7 @@ impl RunArgs {
         let protection = self.self_protection()?;
         Ok(RunOptions {
             policy,
+            policy_args: self.policy.clone(),
             pressure: PressureOptions {
                 signals,
                 fs_layout,

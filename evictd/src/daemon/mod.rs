@@ -7,11 +7,19 @@
 //! The pod inventory is kept current by a task of its own (`runtime::inventory`), so a wake
 //! never waits on the CRI.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use evictd_policy::{
     distance::nearest_memory_threshold,
+    flags::PolicyArgs,
     observations::Observations,
     policy::{NodeCondition, Policy, Signal, Threshold},
     rank::FsLayout,
@@ -30,6 +38,7 @@ use crate::{
     node::{cgroups::CgroupMounts, growth::GrowthTracker, signals::NodeSignalSources},
     report::{
         Report,
+        endpoint::{self, Health},
         metrics::Metrics,
         record::EvictionRecord,
         trace::{MemoryView, TraceFormat},
@@ -58,6 +67,8 @@ const WAKE_BATCH: usize = 4096;
 
 pub struct RunOptions {
     pub policy: Policy,
+    /// Where the policy came from (flags, `--config`): read again on SIGHUP.
+    pub policy_args: PolicyArgs,
     pub pressure: PressureOptions,
     pub wake: WakeOptions,
     pub trace: Option<TraceFormat>,
@@ -155,6 +166,13 @@ struct Daemon {
     /// The Kubernetes API reporter, and the node conditions it was last given.
     api: Option<(Reporter, ReporterTask)>,
     reported_conditions: Option<Vec<NodeCondition>>,
+    /// What /healthz and /readyz answer from.
+    health: Arc<Health>,
+    /// SIGHUP: where the policy comes from, a re-read policy waiting for the running pass to
+    /// end, and the inventory's cue to read the pods file again.
+    policy_args: PolicyArgs,
+    pending_policy: Option<Policy>,
+    reread_pods_file: Arc<AtomicBool>,
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
@@ -166,11 +184,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     summary_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     let mut batch = Vec::with_capacity(1024);
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
+            _ = sighup.recv() => daemon.reload(),
             _ = sleep_until(deadline) => break,
             Ok(()) = daemon.pods.changed() => daemon.inventory_changed(),
             done = pass_end(&mut daemon.pass) => daemon.pass_done(done?)?,
@@ -211,21 +232,34 @@ impl Daemon {
         let sources = wake::start(&opts.wake, &opts.pressure.signals, &tx, &stats)?;
         drop(tx);
         let metrics = Arc::new(Metrics::default());
+        let health = Arc::new(Health::new(endpoint::DEFAULT_STALL));
+        health.beat();
         if let Some(addr) = opts.metrics_addr {
-            let bound = crate::report::metrics::serve(addr, metrics.clone(), Default::default())
+            let bound = endpoint::serve(addr, metrics.clone(), health.clone(), Default::default())
                 .with_context(|| format!("--metrics-addr: cannot listen on {addr}"))?;
-            tracing::info!("metrics on http://{bound}/metrics");
+            tracing::info!("metrics on http://{bound}/metrics, probes on /healthz and /readyz");
         }
         let client = match &opts.pressure.cri_endpoint {
-            Some(ep) => Some(CriClient::new(ep, opts.pressure.cri_timeout)?),
+            Some(ep) => Some(CriClient::new(ep, opts.pressure.cri_timeout)?.with_metrics(metrics.clone())),
             None => None,
         };
         let (api, api_pods) = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
         let kick = Arc::new(Notify::new());
-        let pods = spawn_inventory(client.as_ref(), &opts.pressure, api_pods, kick.clone())?;
+        let reread_pods_file = Arc::new(AtomicBool::new(false));
+        let pods = spawn_inventory(
+            client.as_ref(),
+            &opts.pressure,
+            api_pods,
+            kick.clone(),
+            reread_pods_file.clone(),
+        )?;
         log_sources(&opts.pressure);
         if opts.pressure.dry_run {
             tracing::info!("dry run: evictd decides and reports, and stops no pod");
+        }
+        if client.is_none() {
+            // No runtime: the inventory stays empty, and there is nothing to wait for.
+            health.set_ready();
         }
         let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
         let signals = opts.pressure.signals.clone();
@@ -255,7 +289,14 @@ impl Daemon {
             kick,
             api,
             reported_conditions: None,
+            health,
+            policy_args: opts.policy_args,
+            pending_policy: None,
+            reread_pods_file,
         };
+        daemon.report.configured(&daemon.thresholds);
+        daemon.report.signals(&daemon.thresholds, &obs);
+        daemon.report.wake_sources(&daemon.sources);
         daemon.report.observed(&memory_view(&daemon.thresholds, &obs));
         daemon.rearm(&obs);
         if let Some((rss, locked)) = protect::resident_and_locked() {
@@ -312,8 +353,12 @@ impl Daemon {
     /// A pass ended: report it, re-arm every source, and run the next one if wakes came
     /// meanwhile.
     fn pass_done(&mut self, done: PassDone) -> anyhow::Result<()> {
-        self.report_conditions(&done.pressure.conditions);
+        self.report.conditions(&done.pressure.conditions);
+        self.send_conditions_to_api(&done.pressure.conditions);
         self.pressure = Some(done.pressure);
+        if let Some(policy) = self.pending_policy.take() {
+            self.apply_policy(policy);
+        }
         if !done.evictions.is_empty() {
             self.kick.notify_one();
         }
@@ -325,8 +370,47 @@ impl Daemon {
         Ok(())
     }
 
+    /// SIGHUP: the pods file is read again at the inventory's next refresh (now), and the
+    /// policy from its flags and `--config` file; a policy that does not read leaves the one
+    /// in force, said why. A pass under way finishes with the old policy.
+    fn reload(&mut self) {
+        tracing::info!("SIGHUP: reading the policy and the pods file again");
+        self.reread_pods_file.store(true, Ordering::Relaxed);
+        self.kick.notify_one();
+        let policy = match self.policy_args.policy() {
+            Ok((policy, warnings)) => {
+                for w in warnings {
+                    tracing::warn!("{w}");
+                }
+                policy
+            }
+            Err(e) => {
+                tracing::error!("SIGHUP: the policy does not read ({e}); the policy in force stays");
+                return;
+            }
+        };
+        match self.pressure.is_some() {
+            true => self.apply_policy(policy),
+            false => self.pending_policy = Some(policy),
+        }
+    }
+
+    /// The new policy's thresholds everywhere they are used: the pass (with the engine's
+    /// state carried over), the urgency checks, the wake sources' levels, the metrics.
+    fn apply_policy(&mut self, policy: Policy) {
+        let Some(pressure) = self.pressure.as_mut() else { return };
+        pressure.set_policy(policy);
+        self.thresholds = pressure.thresholds.clone();
+        self.report.configured(&self.thresholds);
+        let obs = self.signals.observe(engine_ns(), &mut Vec::new());
+        self.report.signals(&self.thresholds, &obs);
+        self.rearm(&obs);
+        let list: Vec<String> = self.thresholds.iter().map(|t| t.to_string()).collect();
+        tracing::info!(thresholds = %list.join(", "), "policy in force");
+    }
+
     /// evictd's node conditions go to the API server when they change (and once at start).
-    fn report_conditions(&mut self, now: &[NodeCondition]) {
+    fn send_conditions_to_api(&mut self, now: &[NodeCondition]) {
         let Some((api, _)) = &self.api else { return };
         let before = self.reported_conditions.as_deref();
         let changed: Vec<NodeCondition> = NodeCondition::ALL
@@ -342,6 +426,7 @@ impl Daemon {
     fn inventory_changed(&mut self) {
         let pods = self.pods.borrow_and_update().clone();
         self.report.inventory(&pods);
+        self.health.set_ready();
         match self.pressure.as_mut() {
             Some(p) => p.inventory_updated(&pods),
             None => self.inventory_dirty = true,
@@ -352,6 +437,7 @@ impl Daemon {
     /// The summary shows memory.available as read now, not as the last wake saw it: on a
     /// node far from any threshold there may be no wake for a long time.
     fn each_second(&mut self) -> anyhow::Result<()> {
+        self.health.beat();
         self.cgroups_changed();
         self.sources.retain_mut(|s| {
             s.supervise().inspect_err(|e| tracing::error!("{e}; disabling this wake source")).is_ok()
@@ -359,7 +445,10 @@ impl Daemon {
         if self.sources.is_empty() {
             anyhow::bail!("every wake source has stopped");
         }
-        let available = self.signals.node.read().ok().map(|m| m.available());
+        self.report.wake_sources(&self.sources);
+        let obs = self.signals.observe(engine_ns(), &mut Vec::new());
+        self.report.signals(&self.thresholds, &obs);
+        let available = obs.get(&Signal::MemoryAvailable).map(|o| o.available);
         let top_growth = if self.report.traced() { self.growth.sample() } else { Vec::new() };
         self.report.summary(&self.sources, &self.stats, available, top_growth)?;
         Ok(())
@@ -415,6 +504,7 @@ fn spawn_inventory(
     opts: &PressureOptions,
     api_pods: Option<ApiPodsReceiver>,
     kick: Arc<Notify>,
+    reread_pods_file: Arc<AtomicBool>,
 ) -> anyhow::Result<watch::Receiver<Arc<Vec<PodRecord>>>> {
     let Some(client) = client else { return Ok(watch::channel(Arc::new(Vec::new())).1) };
     let node = &opts.signals.node;
@@ -422,7 +512,7 @@ fn spawn_inventory(
         .read()
         .with_context(|| format!("reading the node's memory capacity from {}", node.dir.display()))?
         .capacity as i64;
-    let mut inventory = Inventory::new(opts.pods_file.clone(), capacity);
+    let mut inventory = Inventory::new(opts.pods_file.clone(), capacity).reread_on(reread_pods_file);
     if let Some(rx) = api_pods {
         inventory = inventory.with_api(rx);
     }
@@ -479,7 +569,8 @@ mod tests {
             evict_inferred_kube_system: false,
         };
         let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
-        let err = spawn_inventory(Some(&client), &opts, None, Arc::new(Notify::new())).expect_err("an error");
+        let err = spawn_inventory(Some(&client), &opts, None, Arc::new(Notify::new()), Default::default())
+            .expect_err("an error");
         assert!(format!("{err:#}").contains("memory capacity"), "{err:#}");
     }
 }

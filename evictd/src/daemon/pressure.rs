@@ -96,6 +96,15 @@ impl Pressure {
         }
     }
 
+    /// A re-read policy (SIGHUP): its thresholds for this node's disk layout, with the
+    /// engine's state carried over (`engine::carry_over`).
+    pub fn set_policy(&mut self, policy: Policy) {
+        let thresholds = engine::thresholds_for_layout(&policy, self.layout);
+        self.state = engine::carry_over(&self.state, &self.thresholds, &thresholds);
+        self.thresholds = thresholds;
+        self.policy = policy;
+    }
+
     pub fn observe(&self, now_ns: i64) -> Observations {
         let mut missing = Vec::new();
         let obs = self.signals.observe(now_ns, &mut missing);

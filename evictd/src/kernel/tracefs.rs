@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use evictd_common::tracepoints::{Field, LocatedField};
 
-const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+pub const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {

@@ -9,14 +9,19 @@ use std::{
 };
 
 use evictd_common::KernelError;
+use evictd_policy::{
+    observations::Observations,
+    policy::{NodeCondition, Threshold},
+};
 
 use crate::{
     kernel::ebpf::Counters,
     node::{cgroup_names::CgroupNames, cgroups::CgroupMounts, growth::Growth},
     runtime::inventory::{PodRecord, SpecSource},
-    wake::{Wake, WakeCause, WakeSource, WakeStats},
+    wake::{SourceKind, Wake, WakeCause, WakeSource, WakeStats},
 };
 
+pub mod endpoint;
 pub mod metrics;
 pub mod record;
 pub mod trace;
@@ -74,6 +79,30 @@ impl Report {
         self.metrics.pods_by_spec_source(&counts);
     }
 
+    /// The thresholds evictd acts on, for the metrics' series present from the start.
+    pub fn configured(&self, thresholds: &[Threshold]) {
+        self.metrics.configured(thresholds);
+    }
+
+    /// The node's signals and thresholds as just read, for the metrics.
+    pub fn signals(&self, thresholds: &[Threshold], obs: &Observations) {
+        self.metrics.observed(thresholds, obs);
+    }
+
+    pub fn conditions(&self, now: &[NodeCondition]) {
+        self.metrics.conditions(now);
+    }
+
+    /// The wake sources still running, and the fastest charge tier among them.
+    pub fn wake_sources(&self, sources: &[Box<dyn WakeSource>]) {
+        let running: Vec<SourceKind> = sources.iter().map(|s| s.kind()).collect();
+        let tier = sources
+            .iter()
+            .filter_map(|s| s.charge_tier())
+            .min_by_key(|t| metrics::CHARGE_TIERS.iter().position(|c| c == t));
+        self.metrics.wake_sources(&running, tier);
+    }
+
     /// The node as first observed, before any wake.
     pub fn observed(&mut self, view: &MemoryView) {
         self.counts.available = view.available;
@@ -89,7 +118,7 @@ impl Report {
         top_growth: Vec<Growth>,
     ) -> io::Result<()> {
         self.counts.available = available;
-        let mut summary = self.counts.summary(sources, stats);
+        let mut summary = self.counts.summary(sources, stats, &self.metrics);
         summary.top_growth = top_growth;
         match self.sink.as_mut() {
             Some(s) => s.summary(&summary),
@@ -114,12 +143,18 @@ struct WakeCounts {
     at_last_summary: [u64; WakeCause::ALL.len()],
     last_summary: Option<Instant>,
     last_drops: u64,
+    last_errors: [u64; KernelError::ALL.len()],
     last_kernel_errors: u64,
     available: Option<i64>,
 }
 
 impl WakeCounts {
-    fn summary(&mut self, sources: &[Box<dyn WakeSource>], stats: &WakeStats) -> TraceSummary {
+    fn summary(
+        &mut self,
+        sources: &[Box<dyn WakeSource>],
+        stats: &WakeStats,
+        metrics: &Metrics,
+    ) -> TraceSummary {
         let now = Instant::now();
         let secs = self.last_summary.map_or(1.0, |t| now.duration_since(t).as_secs_f64()).max(1e-3);
         self.last_summary = Some(now);
@@ -132,10 +167,14 @@ impl WakeCounts {
         self.at_last_summary = self.by_cause;
         let kernel = sources.iter().find_map(|s| s.kernel_counters());
         if let Some(k) = &kernel {
-            s.ring_drops = k.ring_drops - self.last_drops;
+            s.ring_drops = k.ring_drops.saturating_sub(self.last_drops);
             s.ring_drops_total = k.ring_drops;
             self.last_drops = k.ring_drops;
+            let errors = KernelError::ALL
+                .map(|e| (e, k.errors[e as usize].saturating_sub(self.last_errors[e as usize])));
+            metrics.kernel(s.ring_drops, &errors);
             self.warn_kernel_errors(k);
+            self.last_errors = k.errors;
         }
         s.kernel = kernel;
         s.channel_full_total = stats.channel_full.load(Ordering::Relaxed);

@@ -2,7 +2,7 @@
 //! way the kubelet does. Every call has a deadline; the channel reconnects by itself when the
 //! runtime restarts; every error names the endpoint and the call.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use hyper_util::rt::TokioIo;
 pub use k8s_cri::v1 as api;
@@ -10,6 +10,8 @@ use k8s_cri::v1::{
     self as cri, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::report::metrics::Metrics;
 
 /// containerd's CRI socket, the kubelet's default too.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
@@ -66,6 +68,8 @@ pub struct CriClient {
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     timeout: Duration,
+    /// Failed calls are counted here (`evictd_cri_errors_total`), when set.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// `unix:///run/x.sock` or a bare `/run/x.sock`.
@@ -81,6 +85,24 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
 /// a node whose sandboxes carry large annotations (any tenant can add them) exceeds, failing
 /// every inventory refresh.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Every call evictd makes, by its CRI name (the metrics' label values).
+pub const CALLS: [&str; 14] = [
+    "Version",
+    "ListPodSandbox",
+    "PodSandboxStatus",
+    "ListContainers",
+    "ContainerStatus",
+    "ListPodSandboxStats",
+    "ListContainerStats",
+    "StopContainer",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "RemoveContainer",
+    "ImageFsInfo",
+    "ListImages",
+    "RemoveImage",
+];
 
 /// `msg` as a request whose deadline the runtime sees.
 fn deadline<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
@@ -109,7 +131,13 @@ impl CriClient {
             runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES),
             images: ImageServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES),
             timeout,
+            metrics: None,
         })
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn endpoint(&self) -> &str {
@@ -123,13 +151,17 @@ impl CriClient {
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        match tokio::time::timeout(timeout, fut).await {
-            Ok(Ok(r)) => Ok(r.into_inner()),
+        let result = match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(r)) => return Ok(r.into_inner()),
             Ok(Err(status)) => {
-                Err(CriError::Call { endpoint: self.endpoint.clone(), call, status: Box::new(status) })
+                CriError::Call { endpoint: self.endpoint.clone(), call, status: Box::new(status) }
             }
-            Err(_) => Err(CriError::Timeout { endpoint: self.endpoint.clone(), call, timeout }),
+            Err(_) => CriError::Timeout { endpoint: self.endpoint.clone(), call, timeout },
+        };
+        if let Some(m) = &self.metrics {
+            m.cri_error(call);
         }
+        Err(result)
     }
 
     pub async fn version(&self) -> Result<cri::VersionResponse, CriError> {

@@ -10,7 +10,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -97,6 +100,8 @@ pub struct Inventory {
     /// Pods already named in the log as having inferred specs.
     named_inferred: BTreeSet<String>,
     started: Instant,
+    /// Set on SIGHUP: read the pods file at the next refresh even if it looks unchanged.
+    reread: Arc<AtomicBool>,
 }
 
 impl Inventory {
@@ -109,7 +114,14 @@ impl Inventory {
             capacity: node_capacity,
             named_inferred: BTreeSet::new(),
             started: Instant::now(),
+            reread: Arc::default(),
         }
+    }
+
+    /// The pods file is read again, changed or not, at the refresh after `flag` is set.
+    pub fn reread_on(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.reread = flag;
+        self
     }
 
     /// Specs from the API server's watch, ahead of the pods file.
@@ -146,11 +158,12 @@ impl Inventory {
     }
 
     fn reread_pods_file(&mut self) -> Result<(), SpecsError> {
+        let forced = self.reread.swap(false, Ordering::Relaxed);
         let Some((path, seen)) = &self.pods_file else { return Ok(()) };
         let mtime = std::fs::metadata(path)
             .and_then(|m| m.modified())
             .map_err(|error| SpecsError::Stat { path: path.display().to_string(), error })?;
-        if *seen == Some(mtime) {
+        if *seen == Some(mtime) && !forced {
             return Ok(());
         }
         // Seen, good or bad: a broken file is reported once, not on every refresh, and
@@ -471,6 +484,36 @@ pub(crate) mod tests {
             timeout: Duration::from_secs(1),
         };
         assert!(skip_object(timeout, "sandbox", "s1").is_err());
+    }
+
+    /// SIGHUP: the pods file is read again even when its mtime says it has not changed (a
+    /// file replaced within the mtime's granularity, or restored with its old time).
+    #[test]
+    fn a_sighup_reads_the_pods_file_even_when_its_time_is_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pods.json");
+        let list = |priority: i32| {
+            serde_json::json!({"items": [{"metadata": {"uid": "u1", "name": "a", "namespace": "n"},
+                "spec": {"priority": priority}}]})
+            .to_string()
+        };
+        let write = |priority| {
+            std::fs::write(&path, list(priority)).unwrap();
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000)).unwrap();
+        };
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut inv = Inventory::new(Some(path.clone()), 1 << 30).reread_on(flag.clone());
+        write(1);
+        inv.refresh_specs().unwrap();
+        assert_eq!(inv.specs["u1"].priority(), 1);
+        write(2);
+        inv.refresh_specs().unwrap();
+        assert_eq!(inv.specs["u1"].priority(), 1, "same mtime: not read again");
+        flag.store(true, Ordering::Relaxed);
+        inv.refresh_specs().unwrap();
+        assert_eq!(inv.specs["u1"].priority(), 2, "read again on SIGHUP");
+        assert!(!flag.load(Ordering::Relaxed), "once");
     }
 
     pub(crate) fn record(parent: &str, containers: Vec<ContainerRecord>) -> PodRecord {

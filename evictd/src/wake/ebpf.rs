@@ -178,6 +178,17 @@ impl WakeSource for EbpfWake {
         self.probes.has_charge_programs().then(|| self.probes.charge_attached())
     }
 
+    /// The names `evictd probe` gives the tiers.
+    fn charge_tier(&self) -> Option<&'static str> {
+        if self.probes.has_batch_hook() {
+            Some("batched-charge-hook")
+        } else if self.probes.has_charge_programs() {
+            Some("memcg-tracepoints")
+        } else {
+            None
+        }
+    }
+
     /// New pods mean new cgroups whose charge must count at once.
     fn cgroups_changed(&mut self) -> Result<(), WakeError> {
         match &self.scope {

@@ -123,6 +123,11 @@ pub trait WakeSource {
         None
     }
     /// Whether the charge programs are attached now (the eBPF source).
+    /// The charge tier this source wakes evictd through on memory growth, if any.
+    fn charge_tier(&self) -> Option<&'static str> {
+        None
+    }
+
     fn charge_probes_attached(&self) -> Option<bool> {
         None
     }

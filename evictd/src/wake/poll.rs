@@ -105,6 +105,10 @@ impl WakeSource for PollWake {
         SourceKind::Poll
     }
 
+    fn charge_tier(&self) -> Option<&'static str> {
+        Some("adaptive-poll")
+    }
+
     /// The next level is the usage now plus half the distance to the nearest memory
     /// threshold. A usage that cannot be read arms level 0: the next read that works wakes
     /// a pass at once.

@@ -1,0 +1,288 @@
+//! The HTTP endpoint on `--metrics-addr`: Prometheus metrics at /metrics, and the probes a
+//! DaemonSet points at — /healthz (the daemon's loop is alive) and /readyz (the first
+//! observation of the node and the first pod inventory are done).
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use http_body_util::Full;
+use hyper::{Request, Response, body::Bytes, server::conn::http1, service::service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use super::metrics::Metrics;
+
+/// What the probes answer from: the loop's heartbeat and whether the daemon is ready.
+pub struct Health {
+    start: Instant,
+    /// ms since `start` of the loop's last beat (once a second).
+    last_beat_ms: AtomicU64,
+    ready: AtomicBool,
+    /// A loop silent this long is not alive.
+    stall: Duration,
+}
+
+/// The loop beats every second; ten missed beats mean it is stuck (a liveness probe then
+/// restarts the pod, which is the right thing for a daemon that can no longer act).
+pub const DEFAULT_STALL: Duration = Duration::from_secs(10);
+
+impl Health {
+    pub fn new(stall: Duration) -> Self {
+        Health {
+            start: Instant::now(),
+            last_beat_ms: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            stall,
+        }
+    }
+
+    /// The daemon's loop is alive.
+    pub fn beat(&self) {
+        self.last_beat_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The node has been observed and the pods listed once.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn alive(&self) -> Result<(), String> {
+        let since = self
+            .start
+            .elapsed()
+            .saturating_sub(Duration::from_millis(self.last_beat_ms.load(Ordering::Relaxed)));
+        if since > self.stall {
+            return Err(format!("the daemon's loop has not run for {} ms", since.as_millis()));
+        }
+        Ok(())
+    }
+
+    pub fn ready(&self) -> Result<(), String> {
+        self.alive()?;
+        if !self.ready.load(Ordering::Relaxed) {
+            return Err(
+                "starting: the first observation of the node or the first pod inventory is not done".into()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// How much the metrics endpoint gives any client.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerLimits {
+    /// Connections served at once; more are closed at once (a scraper retries).
+    pub max_connections: usize,
+    /// A client must send its request headers within this.
+    pub header_timeout: Duration,
+    /// No connection lives longer than this.
+    pub connection_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 16,
+            header_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves /metrics, /healthz and /readyz on `addr` until the process ends, on a thread and
+/// runtime of its own, so that no client — slow, many, or broken — can delay the pressure
+/// path. Binding errors are returned; errors on one connection are logged at debug level and
+/// end only that one.
+pub fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    limits: ServerLimits,
+) -> std::io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("evictd-metrics".into()).spawn(move || {
+        rt.block_on(async move {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => accept_loop(listener, metrics, health, limits).await,
+                Err(e) => tracing::warn!("metrics endpoint stopped: {e}"),
+            }
+        })
+    })?;
+    Ok(bound)
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    limits: ServerLimits,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: back off instead of spinning on accept.
+                tracing::warn!("metrics endpoint: accept failed: {e}; retrying in 100 ms");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Over the cap the connection is dropped, i.e. closed, at once.
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        tokio::spawn(serve_connection(stream, metrics.clone(), health.clone(), limits, slot));
+    }
+}
+
+fn route(
+    path: &str,
+    metrics: &Metrics,
+    health: &Health,
+) -> Result<Response<Full<Bytes>>, hyper::http::Error> {
+    let text = |code: u16, body: String| {
+        Response::builder()
+            .status(code)
+            .header("content-type", "text/plain; charset=utf-8")
+            .body(Full::new(Bytes::from(body)))
+    };
+    match path {
+        "/metrics" => Response::builder()
+            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .body(Full::new(Bytes::from(metrics.encode()))),
+        "/healthz" => match health.alive() {
+            Ok(()) => text(200, "ok\n".into()),
+            Err(why) => text(503, format!("{why}\n")),
+        },
+        "/readyz" => match health.ready() {
+            Ok(()) => text(200, "ok\n".into()),
+            Err(why) => text(503, format!("{why}\n")),
+        },
+        _ => text(404, "not found: try /metrics, /healthz or /readyz\n".into()),
+    }
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    limits: ServerLimits,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+        let (metrics, health) = (metrics.clone(), health.clone());
+        async move { route(req.uri().path(), &metrics, &health) }
+    });
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let conn = http.serve_connection(TokioIo::new(stream), svc);
+    match tokio::time::timeout(limits.connection_timeout, conn).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!("metrics connection: {e}"),
+        Err(_) => tracing::debug!("metrics connection closed after {:?}", limits.connection_timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_with(limits: ServerLimits) -> SocketAddr {
+        let health = Arc::new(Health::new(DEFAULT_STALL));
+        health.beat();
+        serve("127.0.0.1:0".parse().unwrap(), Arc::new(Metrics::default()), health, limits).unwrap()
+    }
+
+    fn get(addr: SocketAddr) -> std::io::Result<String> {
+        get_path(addr, "/metrics")
+    }
+
+    fn get_path(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    /// Issue 12, defect 7: the endpoint runs off the daemon's thread, so a pressure pass that
+    /// holds that thread does not stop scrapes (and slow scrapes cannot hold a pass).
+    #[tokio::test(flavor = "current_thread")]
+    #[expect(clippy::disallowed_methods, reason = "blocks the runtime's thread on purpose")]
+    async fn scrapes_are_served_while_the_daemon_thread_is_busy() {
+        let addr = serve_with(ServerLimits::default());
+        let scrape = std::thread::spawn(move || get(addr));
+        // Hold this (the daemon's) thread: a server task on it could not answer.
+        std::thread::sleep(Duration::from_millis(500));
+        let body = scrape.join().unwrap().expect("scrape answered");
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    }
+
+    /// Slow clients are cut off after the header timeout, and past the cap new connections
+    /// are closed at once instead of piling up.
+    #[test]
+    #[expect(clippy::disallowed_methods, reason = "a plain test thread, no runtime on it")]
+    fn slow_and_surplus_clients_are_bounded() {
+        use std::io::Read as _;
+        let limits = ServerLimits {
+            max_connections: 2,
+            header_timeout: Duration::from_millis(300),
+            connection_timeout: Duration::from_secs(5),
+        };
+        let addr = serve_with(limits);
+        let idle: Vec<std::net::TcpStream> =
+            (0..2).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        // Both slots are taken by clients that send nothing: a third is closed at once.
+        let mut surplus = std::net::TcpStream::connect(addr).unwrap();
+        surplus.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert_eq!(surplus.read(&mut [0u8; 16]).unwrap_or(0), 0, "closed without an answer");
+        // The idle ones are cut off after the header timeout, which frees the slots.
+        for mut c in idle {
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut buf = Vec::new();
+            c.read_to_end(&mut buf).expect("the server closes a client that sends no headers");
+        }
+        assert!(get(addr).expect("scrape after the slow clients are gone").starts_with("HTTP/1.1 200"));
+    }
+
+    /// /healthz follows the loop's heartbeat; /readyz also waits for the first inventory.
+    #[test]
+    #[expect(clippy::disallowed_methods, reason = "a plain test thread, no runtime on it")]
+    fn the_probes_follow_the_heartbeat_and_readiness() {
+        let health = Arc::new(Health::new(Duration::from_millis(300)));
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Metrics::default()),
+            health.clone(),
+            ServerLimits::default(),
+        )
+        .unwrap();
+        health.beat();
+        assert!(get_path(addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
+        let not_ready = get_path(addr, "/readyz").unwrap();
+        assert!(
+            not_ready.starts_with("HTTP/1.1 503") && not_ready.contains("first pod inventory"),
+            "{not_ready}"
+        );
+        health.set_ready();
+        assert!(get_path(addr, "/readyz").unwrap().starts_with("HTTP/1.1 200"));
+        // The loop stops beating: neither alive nor ready.
+        std::thread::sleep(Duration::from_millis(500));
+        let dead = get_path(addr, "/healthz").unwrap();
+        assert!(dead.starts_with("HTTP/1.1 503") && dead.contains("has not run for"), "{dead}");
+        assert!(get_path(addr, "/readyz").unwrap().starts_with("HTTP/1.1 503"));
+        health.beat();
+        assert!(get_path(addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
+        assert!(get_path(addr, "/nothing").unwrap().starts_with("HTTP/1.1 404"));
+    }
+}
