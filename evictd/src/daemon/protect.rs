@@ -1,8 +1,10 @@
 //! The daemon keeps itself alive when the node is starved, which is when it is needed: the
 //! kernel's OOM killer should pick anything but evictd (`oom_score_adj` −999, as the kubelet
-//! sets for itself), and none of its pages may be reclaimed from under it (a page fault on
-//! the decision path in a node short of memory waits for reclaim: `mlockall`). Each is said
-//! once when the node does not permit it, and evictd runs on.
+//! sets for itself), none of its pages may be reclaimed from under it (a page fault on the
+//! decision path in a node short of memory waits for reclaim: `mlockall`), and the memory the
+//! pressure path allocates is already there: a heap reserve and the daemon thread's stack are
+//! faulted in (and locked) at start, and kept. Each is said once when the node does not
+//! permit it, and evictd runs on.
 
 use std::io;
 
@@ -13,6 +15,14 @@ pub struct SelfProtection {
     pub oom_score_adj: Option<i16>,
     pub lock_memory: bool,
 }
+
+/// Heap kept faulted in for the pressure path: a pass's allocations (the ranking, the
+/// records, the CRI's messages, the trace lines) are far smaller.
+pub const HEAP_RESERVE: usize = 4 << 20;
+/// The daemon thread's stack faulted in at start.
+const STACK_RESERVE: usize = 256 << 10;
+/// The reserve is made of chunks malloc serves from its heap (below `M_MMAP_THRESHOLD`).
+const CHUNK: usize = 64 << 10;
 
 pub fn protect(p: SelfProtection) {
     if let Some(adj) = p.oom_score_adj {
@@ -33,6 +43,40 @@ pub fn protect(p: SelfProtection) {
             ),
         }
     }
+    // After the lock: the pages faulted in here are locked as they are touched.
+    reserve_heap(HEAP_RESERVE);
+    prefault_stack();
+}
+
+/// Faults in `bytes` of this thread's malloc heap and keeps them there, so that the pressure
+/// path's allocations reuse resident (and locked) pages instead of faulting on a node that has
+/// none to give. glibc would return the freed reserve to the kernel (free memory at the top of
+/// the heap past `M_TRIM_THRESHOLD`) and serve large requests with fresh mappings (past
+/// `M_MMAP_THRESHOLD`, which also adapts upwards); both are fixed here, which also stops the
+/// adaptation.
+pub fn reserve_heap(bytes: usize) {
+    // SAFETY: mallopt sets malloc's tunables; it touches no memory of ours. Values fit i32.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, (1 << 20) as libc::c_int);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, (2 * bytes) as libc::c_int);
+    }
+    let chunks: Vec<Vec<u8>> = (0..bytes / CHUNK)
+        .map(|_| {
+            // Written, not zeroed: calloc may skip zeroing fresh pages, and so never fault them.
+            let mut c = Vec::with_capacity(CHUNK);
+            c.resize(CHUNK, 1u8);
+            std::hint::black_box(c)
+        })
+        .collect();
+    drop(chunks);
+}
+
+/// Faults in the top `STACK_RESERVE` of this thread's stack: the pass's deepest calls (the
+/// CRI client, the JSON encoder) then never grow it by a fault.
+#[inline(never)]
+fn prefault_stack() {
+    let mut frame = [0u8; STACK_RESERVE];
+    std::hint::black_box(&mut frame);
 }
 
 /// Locks every page evictd has and will have, as each is first touched (`MCL_ONFAULT`):
@@ -47,4 +91,44 @@ fn lock_memory() -> io::Result<()> {
 pub fn resident_and_locked() -> Option<(u64, u64)> {
     let status = procfs::process::Process::myself().ok()?.status().ok()?;
     Some((status.vmrss? * 1024, status.vmlck? * 1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Minor page faults of this thread so far.
+    fn faults() -> i64 {
+        let mut u = std::mem::MaybeUninit::<libc::rusage>::uninit();
+        // SAFETY: getrusage fills the struct it is given.
+        let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, u.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        // SAFETY: filled by the successful call above.
+        unsafe { u.assume_init() }.ru_minflt
+    }
+
+    fn allocate(bytes: usize) -> Vec<Vec<u8>> {
+        (0..bytes / CHUNK).map(|_| std::hint::black_box(vec![1u8; CHUNK])).collect()
+    }
+
+    /// Allocations within the reserve reuse its pages: no faults. Past it, the same
+    /// allocations fault page by page (which shows the count would see them).
+    #[test]
+    fn allocations_within_the_reserve_do_not_fault() {
+        std::thread::spawn(|| {
+            reserve_heap(HEAP_RESERVE);
+            let before = faults();
+            let within = allocate(HEAP_RESERVE / 2);
+            let in_reserve = faults() - before;
+            let before = faults();
+            let beyond = allocate(8 * HEAP_RESERVE);
+            let past_reserve = faults() - before;
+            drop((within, beyond));
+            let pages = (HEAP_RESERVE / 2 / 4096) as i64;
+            assert!(in_reserve < pages / 8, "{in_reserve} faults for {pages} pages within the reserve");
+            assert!(past_reserve > pages, "{past_reserve} faults for {} pages past it", 16 * pages);
+        })
+        .join()
+        .unwrap();
+    }
 }
