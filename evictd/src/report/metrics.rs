@@ -280,8 +280,13 @@ impl Metrics {
         }
     }
 
-    /// The signals evictd acts on, created at 0 so that evictions read 0 before the first.
+    /// The thresholds in force (at start, and after a SIGHUP): the signals evictd acts on are
+    /// created at 0 so that evictions read 0 before the first, and the threshold gauges of a
+    /// previous policy go (`observed` sets the current ones).
     pub fn configured(&self, thresholds: &[Threshold]) {
+        for family in &self.thresholds {
+            family.clear();
+        }
         for t in thresholds {
             self.evictions
                 .get_or_create(&SignalLabel { eviction_signal: t.signal.as_str().into() })
@@ -569,6 +574,14 @@ mod tests {
         );
         assert!(
             !text.contains("evictd_eviction_threshold_bytes{eviction_signal=\"nodefs.available\""),
+            "{text}"
+        );
+        // A policy re-read without the memory threshold: its gauge goes with it.
+        m.configured(&thresholds[1..]);
+        m.observed(&thresholds[1..], &obs);
+        let text = m.encode();
+        assert!(
+            !text.contains("evictd_eviction_threshold_bytes{eviction_signal=\"memory.available\""),
             "{text}"
         );
         m.conditions(&[NodeCondition::DiskPressure]);
