@@ -199,6 +199,17 @@ impl Drop for ApiDouble {
     }
 }
 
+/// evictd's API options for the server `kubeconfig` names, as node `node-a`, with a 2 s
+/// request deadline.
+pub fn api_options(kubeconfig: &str) -> evictd::cluster::connect::ApiOptions {
+    evictd::cluster::connect::ApiOptions {
+        source: evictd::cluster::connect::ApiSource::kubeconfig(Path::new(kubeconfig))
+            .expect("the double's kubeconfig"),
+        node_name: "node-a".into(),
+        timeout: Duration::from_secs(2),
+    }
+}
+
 /// A kubeconfig for a plain-HTTP API server at `url`, written into `dir`.
 pub fn kubeconfig_for(url: &str, dir: &Path) -> PathBuf {
     let path = dir.join("kubeconfig");

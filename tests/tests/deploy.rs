@@ -11,7 +11,7 @@ use clap::Parser as _;
 use evictd::{
     cli::Cli,
     cluster::{
-        connect::{self, ApiOptions, ApiSource},
+        connect,
         pods::spawn_pod_watch,
         reporter::{Reporter, Retry},
     },
@@ -19,7 +19,7 @@ use evictd::{
     wake::monotonic_ns,
 };
 use evictd_policy::policy::NodeCondition;
-use evictd_tests::api_double::{ApiDouble, Recorded, eviction_record};
+use evictd_tests::api_double::{ApiDouble, Recorded, api_options, eviction_record};
 use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
@@ -197,11 +197,7 @@ fn access(r: &Recorded) -> (String, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_role_grants_exactly_the_calls_evictd_makes() {
     let api = ApiDouble::start();
-    let opts = ApiOptions {
-        source: ApiSource::kubeconfig(Path::new(api.kubeconfig())).unwrap(),
-        node_name: "node-a".into(),
-        timeout: Duration::from_secs(2),
-    };
+    let opts = api_options(api.kubeconfig());
     let client = connect::client(&opts).await.unwrap();
     let metrics = Arc::new(Metrics::default());
     let mut pods = spawn_pod_watch(client.clone(), &opts.node_name, metrics.clone());

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use evictd::{
     cluster::{
-        connect::{self, ApiOptions, ApiSource},
+        connect,
         pods::{ApiPodsReceiver, spawn_pod_watch},
         reporter::{Reporter, ReporterTask, Retry},
     },
@@ -17,22 +17,14 @@ use evictd::{
     wake::monotonic_ns,
 };
 use evictd_policy::policy::NodeCondition;
-use evictd_tests::api_double::{self, ApiDouble, Recorded, eviction_record};
+use evictd_tests::api_double::{self, ApiDouble, Recorded, api_options, eviction_record};
 use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(10);
 
-fn options(kubeconfig: &str) -> ApiOptions {
-    ApiOptions {
-        source: ApiSource::kubeconfig(std::path::Path::new(kubeconfig)).expect("the double's kubeconfig"),
-        node_name: "node-a".into(),
-        timeout: Duration::from_secs(2),
-    }
-}
-
 /// evictd's client and reporter for the API server `kubeconfig` names, with quick retries.
 async fn reporter(kubeconfig: &str, retry: Retry) -> (Reporter, ReporterTask, Arc<Metrics>) {
-    let opts = options(kubeconfig);
+    let opts = api_options(kubeconfig);
     let client = connect::client(&opts).await.expect("a client for the double");
     let metrics = Arc::new(Metrics::default());
     let (r, task) = Reporter::spawn(client, opts.node_name, retry, metrics.clone());
@@ -268,7 +260,7 @@ async fn the_pod_watch_follows_this_nodes_pods() {
     let api = ApiDouble::start();
     api.put_pod(api_pod("a", "node-a", 100));
     api.put_pod(api_pod("elsewhere", "node-b", 0));
-    let opts = options(api.kubeconfig());
+    let opts = api_options(api.kubeconfig());
     let client = connect::client(&opts).await.expect("a client for the double");
     let mut rx = spawn_pod_watch(client, &opts.node_name, Arc::new(Metrics::default()));
     wait_snapshot(&mut rx, "the first list", |s| s.contains_key("a")).await;
@@ -297,7 +289,7 @@ async fn the_pod_watch_starts_when_the_api_server_comes_up() {
     let port = api_double::free_port();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api_double::kubeconfig_for(&format!("http://127.0.0.1:{port}"), dir.path());
-    let opts = options(kubeconfig.to_str().unwrap());
+    let opts = api_options(kubeconfig.to_str().unwrap());
     let client = connect::client(&opts).await.expect("a client");
     let metrics = Arc::new(Metrics::default());
     let mut rx = spawn_pod_watch(client, &opts.node_name, metrics.clone());

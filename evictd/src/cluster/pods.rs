@@ -40,13 +40,13 @@ pub fn spawn_pod_watch(client: Client, node: &str, metrics: Arc<Metrics>) -> Api
         while let Some(event) = stream.next().await {
             match event {
                 Ok(event) => {
-                    if healthy != Some(true) && matches!(event, watcher::Event::InitDone) {
-                        tracing::info!(node = %node, pods = mirror.len_after_init(), "pod specs from the Kubernetes API");
+                    let listed = matches!(event, watcher::Event::InitDone);
+                    let Some(snapshot) = mirror.apply(event) else { continue };
+                    if listed && healthy != Some(true) {
+                        tracing::info!(node = %node, pods = snapshot.len(), "pod specs from the Kubernetes API");
                         healthy = Some(true);
                     }
-                    if let Some(snapshot) = mirror.apply(event)
-                        && tx.send(Some(snapshot)).is_err()
-                    {
+                    if tx.send(Some(snapshot)).is_err() {
                         return;
                     }
                 }
@@ -116,10 +116,6 @@ impl PodMirror {
 
     fn snapshot(&self) -> ApiPods {
         Arc::new(self.pods.clone())
-    }
-
-    fn len_after_init(&self) -> usize {
-        self.relist.as_ref().map_or(self.pods.len(), HashMap::len)
     }
 }
 

@@ -402,9 +402,9 @@ impl Metrics {
     }
 
     /// The inventory's pods, counted by spec source.
-    pub fn pods_by_spec_source(&self, counts: &[(&str, i64)]) {
+    pub fn pods_by_spec_source(&self, counts: impl IntoIterator<Item = (SpecSource, i64)>) {
         for (source, n) in counts {
-            self.pods.get_or_create(&SpecSourceLabel { spec_source: (*source).into() }).set(*n);
+            self.pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(n);
         }
     }
 

@@ -75,8 +75,7 @@ impl Report {
     /// A new inventory: its pods counted by where their specs come from.
     pub fn inventory(&self, pods: &[PodRecord]) {
         let count = |source: SpecSource| pods.iter().filter(|p| p.spec_source == source).count() as i64;
-        let counts = SpecSource::ALL.map(|s| (s.as_str(), count(s)));
-        self.metrics.pods_by_spec_source(&counts);
+        self.metrics.pods_by_spec_source(SpecSource::ALL.map(|s| (s, count(s))));
     }
 
     /// The thresholds evictd acts on, for the metrics' series present from the start.
