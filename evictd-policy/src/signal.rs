@@ -35,6 +35,11 @@ pub enum Resource {
 }
 
 impl Resource {
+    /// Bytes or inodes on a filesystem.
+    pub fn is_disk(self) -> bool {
+        matches!(self, Resource::EphemeralStorage | Resource::Inodes)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Resource::Memory => "memory",

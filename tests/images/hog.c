@@ -12,7 +12,12 @@
  *     it is killed, appending "<CLOCK_MONOTONIC ns> <MiB allocated>" to <log-file> after
  *     every MiB (the held MiB included): the benchmark's independent record of when the node
  *     crossed its threshold and of the last allocation before the kill. It ends on SIGTERM
- *     at once, unless "ignore-term" says to wait for SIGKILL. */
+ *     at once, unless "ignore-term" says to wait for SIGKILL.
+ *
+ *   hog fill <control-file> <path>
+ *     Disk instead of memory: keeps the file <path> (in the container's writable layer, or
+ *     in a volume) grown to the number of MiB in <control-file>, written and fsync'd 1 MiB
+ *     at a time; it only grows. Ends on SIGTERM. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,11 +61,32 @@ static int rate_mode(long mib_per_s, const char *go, const char *log, long hold,
     }
 }
 
+static int fill_mode(const char *control, const char *path) {
+    static char chunk[1 << 20];
+    signal(SIGTERM, stop);
+    memset(chunk, 7, sizeof chunk);
+    FILE *out = fopen(path, "w");
+    if (!out) { perror(path); return 1; }
+    long have = 0;
+    for (;;) {
+        FILE *f = fopen(control, "r");
+        long want = 0;
+        if (f) { if (fscanf(f, "%ld", &want) != 1) want = 0; fclose(f); }
+        for (; have < want; have++) {
+            /* A full filesystem is the point of some tests: keep trying, never exit. */
+            if (fwrite(chunk, 1, sizeof chunk, out) != sizeof chunk || fflush(out) != 0) { clearerr(out); break; }
+            fsync(fileno(out));
+        }
+        usleep(10000);
+    }
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 4 && strcmp(argv[1], "fill") == 0) return fill_mode(argv[2], argv[3]);
     if (argc >= 5 && strcmp(argv[1], "rate") == 0)
         return rate_mode(atol(argv[2]), argv[3], argv[4], argc >= 6 ? atol(argv[5]) : 0,
                          argc >= 7 && strcmp(argv[6], "ignore-term") == 0);
-    if (argc < 2) { fprintf(stderr, "usage: hog <control-file> [ignore-term] | hog rate <MiB/s> <go> <log> [hold-MiB [ignore-term]]\n"); return 2; }
+    if (argc < 2) { fprintf(stderr, "usage: hog <control-file> [ignore-term] | hog rate <MiB/s> <go> <log> [hold-MiB [ignore-term]] | hog fill <control-file> <path>\n"); return 2; }
     signal(SIGTERM, argc > 2 && strcmp(argv[2], "ignore-term") == 0 ? SIG_IGN : stop);
     long have = 0;
     for (;;) {

@@ -66,6 +66,11 @@ pub struct Containerd {
     pub node_cgroup: String,
     pub memory_root: PathBuf,
     pub sandboxes: Vec<String>,
+    /// containerd's root directory (images and writable layers: imagefs).
+    pub root: PathBuf,
+    /// A size-limited filesystem of the test's own holding `root` and a kubelet root
+    /// directory (`start_on_nodefs`): nodefs and imagefs in one, the kubelet's usual layout.
+    pub nodefs: Option<PathBuf>,
 }
 
 /// A pod as the test wants it.
@@ -109,6 +114,10 @@ pub struct TestPod {
     pub ctl_dir: PathBuf,
     /// Its pod cgroup in the memory hierarchy.
     pub cgroup: PathBuf,
+    /// The pod's log directory (the CRI's `log_directory`; the hog logs to `hog/<attempt>.log`).
+    pub log_dir: PathBuf,
+    sandbox_config: cri::PodSandboxConfig,
+    container_config: cri::ContainerConfig,
 }
 
 impl TestPod {
@@ -141,6 +150,16 @@ impl TestPod {
 impl Containerd {
     /// Starts containerd with a node cgroup of `node_limit` bytes under the memory root.
     pub fn start(node_limit: u64) -> Self {
+        Self::start_in(node_limit, None)
+    }
+
+    /// As `start`, with containerd's root on a tmpfs of `nodefs_bytes` mounted for this test
+    /// (unmounted at teardown): a small disk that a test fills on purpose.
+    pub fn start_on_nodefs(node_limit: u64, nodefs_bytes: u64) -> Self {
+        Self::start_in(node_limit, Some(nodefs_bytes))
+    }
+
+    fn start_in(node_limit: u64, nodefs_bytes: Option<u64>) -> Self {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("evictd-e2e-{}-{n}", std::process::id());
         let tmp = std::env::temp_dir().join(&name);
@@ -149,7 +168,11 @@ impl Containerd {
             std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
         }
         let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
+        let nodefs = nodefs_bytes.map(|_| tmp.join("nodefs"));
+        let root = nodefs.as_ref().map_or_else(|| tmp.join("root"), |d| d.join("containerd"));
         let mut c = Containerd {
+            root,
+            nodefs,
             socket: run.join("containerd.sock"),
             name: name.clone(),
             tmp,
@@ -159,6 +182,20 @@ impl Containerd {
             memory_root: layout.memory_root,
             sandboxes: Vec::new(),
         };
+        // Mounted once `c` exists: its teardown unmounts it, also when a step below fails.
+        if let (Some(dir), Some(size)) = (&c.nodefs, nodefs_bytes) {
+            std::fs::create_dir_all(dir).expect("nodefs mount point");
+            let opts = format!("size={size},mode=0755");
+            nix::mount::mount(
+                Some("tmpfs"),
+                dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(opts.as_str()),
+            )
+            .unwrap_or_else(|e| panic!("mounting a {size}-byte tmpfs at {}: {e}", dir.display()));
+            std::fs::create_dir_all(dir.join("kubelet")).expect("kubelet root");
+        }
         let node = c.node_dir();
         std::fs::create_dir_all(node.join("kubepods/burstable")).expect("node cgroup");
         std::fs::create_dir_all(node.join("kubepods/besteffort")).expect("node cgroup");
@@ -167,6 +204,13 @@ impl Containerd {
         c.spawn();
         c.import_image();
         c
+    }
+
+    /// Bytes available on the test's nodefs (`start_on_nodefs`), as statvfs says.
+    pub fn nodefs_available(&self) -> u64 {
+        let dir = self.nodefs.as_ref().expect("a containerd started on a nodefs of its own");
+        let s = nix::sys::statvfs::statvfs(dir).expect("statvfs nodefs");
+        s.blocks_available() as u64 * s.fragment_size() as u64
     }
 
     /// The node cgroup's directory in the memory hierarchy.
@@ -183,10 +227,10 @@ impl Containerd {
     }
 
     fn write_config(&self) {
-        let (t, r) = (self.tmp.display(), self.run.display());
+        let (t, r, root) = (self.tmp.display(), self.run.display(), self.root.display());
         let config = format!(
             r#"version = 2
-root = "{t}/root"
+root = "{root}"
 state = "{r}/state"
 [grpc]
   address = "{r}/containerd.sock"
@@ -382,7 +426,9 @@ state = "{r}/state"
                 host_path: ctl_dir.display().to_string(),
                 ..Default::default()
             }],
-            log_path: "hog.log".into(),
+            // The kubelet's layout: `<pod log dir>/<container>/<attempt>.log`, the directory
+            // made by the kubelet before CreateContainer.
+            log_path: "hog/0.log".into(),
             linux: Some(cri::LinuxContainerConfig {
                 resources: Some(cri::LinuxContainerResources {
                     memory_limit_in_bytes: spec.memory_limit.unwrap_or(0) as i64,
@@ -393,19 +439,8 @@ state = "{r}/state"
             }),
             ..Default::default()
         };
-        let container_id = rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox_id.clone(),
-                config: Some(container),
-                sandbox_config: Some(sandbox_config),
-            })
-            .await
-            .expect("CreateContainer")
-            .into_inner()
-            .container_id;
-        rt.start_container(cri::StartContainerRequest { container_id: container_id.clone() })
-            .await
-            .expect("StartContainer");
+        std::fs::create_dir_all(log_dir.join("hog")).expect("container log dir");
+        let container_id = self.create_and_start(&sandbox_id, &container, &sandbox_config).await;
         TestPod {
             uid,
             name: spec.name.into(),
@@ -414,7 +449,45 @@ state = "{r}/state"
             control,
             ctl_dir,
             cgroup: pod_cgroup,
+            log_dir,
+            sandbox_config,
+            container_config: container,
         }
+    }
+
+    async fn create_and_start(
+        &self,
+        sandbox_id: &str,
+        config: &cri::ContainerConfig,
+        sandbox_config: &cri::PodSandboxConfig,
+    ) -> String {
+        let mut rt = self.client().runtime();
+        let container_id = rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.into(),
+                config: Some(config.clone()),
+                sandbox_config: Some(sandbox_config.clone()),
+            })
+            .await
+            .expect("CreateContainer")
+            .into_inner()
+            .container_id;
+        rt.start_container(cri::StartContainerRequest { container_id: container_id.clone() })
+            .await
+            .expect("StartContainer");
+        container_id
+    }
+
+    /// Restarts the pod's container as the kubelet does after it exited: a new instance in
+    /// the same sandbox with the next attempt number, logging to `hog/<attempt>.log`. The
+    /// running instance, if any, is stopped first.
+    pub async fn restart_container(&self, pod: &mut TestPod) {
+        self.client().stop_container(&pod.container_id, 0).await.expect("StopContainer");
+        let meta = pod.container_config.metadata.get_or_insert_with(Default::default);
+        meta.attempt += 1;
+        pod.container_config.log_path = format!("hog/{}.log", meta.attempt);
+        pod.container_id =
+            self.create_and_start(&pod.sandbox_id, &pod.container_config, &pod.sandbox_config).await;
     }
 
     /// Whether the runtime still has a ready sandbox with this id.

@@ -102,6 +102,15 @@ impl Evictd {
         }
     }
 
+    /// Waits until evictd's log (stderr) satisfies `pred`.
+    pub fn wait_for_log(&self, what: &str, within: Duration, pred: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + within;
+        while !pred(&self.log()) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; evictd log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM (by PID, ours) and the time evictd took to exit; `None` if it did not within
     /// `within` (it is killed then).
     pub fn terminate(&mut self, within: Duration) -> Option<Duration> {

@@ -111,13 +111,17 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
     burstable.set_mib(16);
     burstable.wait_usage_at_least(16 << 20, Duration::from_secs(10));
     let cg = evictd::runtime::usage::pod_cgroups(&web, &layout).expect("cgroups");
-    let stats = evictd::runtime::usage::pod_stats(&web, Some(&cg), &layout).expect("stats");
+    let stats = evictd::runtime::usage::pod_stats(&web, Some(&cg), &layout, None).expect("stats");
     let ws = stats.memory.and_then(|m| m.working_set_bytes).unwrap();
     assert!(ws >= 16 << 20, "working set {ws}");
     // The pause container has its own cgroup under the pod too: pause + hog.
     assert_eq!(stats.process_stats.and_then(|p| p.process_count), Some(2));
 }
 
+/// Issue 13, item 4: node-level reclaim is the kubelet's container GC, then image GC. In a
+/// running pod the newest dead instance of a container stays (restart count, `logs
+/// --previous`) and older ones go; a pod whose sandbox is stopped loses every dead container;
+/// images no container or sandbox uses go, images in use stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     if !containerd::available("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
@@ -127,9 +131,15 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     use evictd_policy::rank::NodeReclaim;
     let mut ctd = Containerd::start(2 << 30);
     ctd.import("evictd.test/unused:1", &[("marker", b"not used by anything".to_vec())]);
-    let p = ctd.run_pod(pod("app")).await;
+    let mut app = ctd.run_pod(pod("app")).await;
+    let first = app.container_id.clone();
+    ctd.restart_container(&mut app).await;
+    let second = app.container_id.clone();
+    ctd.restart_container(&mut app).await;
+    let gone = ctd.run_pod(pod("gone")).await;
     let c = ctd.client();
-    c.stop_container(&p.container_id, 1).await.expect("StopContainer");
+    c.stop_container(&gone.container_id, 0).await.expect("StopContainer");
+    c.stop_pod_sandbox(&gone.sandbox_id).await.expect("StopPodSandbox");
     let mut inv = evictd::runtime::inventory::Inventory::new(None, 1 << 30);
     inv.refresh(&c).await.expect("refresh");
     let sandbox_images = inv.pods().filter_map(|p| p.sandbox_image.clone()).collect();
@@ -137,12 +147,17 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
         reclaim::reclaim(&c, &[NodeReclaim::UnusedContainers, NodeReclaim::UnusedImages], &sandbox_images)
             .await;
     assert_eq!(report.errors, Vec::<String>::new());
-    assert_eq!(report.containers_removed, 1, "{report:?}");
+    let ids: Vec<String> = c.list_containers().await.unwrap().into_iter().map(|c| c.id).collect();
+    assert!(!ids.contains(&first), "the older dead instance is removed: {ids:?}");
+    assert!(ids.contains(&second), "the newest dead instance of a running pod stays: {ids:?}");
+    assert!(ids.contains(&app.container_id), "the running instance stays: {ids:?}");
+    assert!(!ids.contains(&gone.container_id), "a stopped pod's dead container is removed: {ids:?}");
+    assert_eq!(report.containers_removed, 2, "{report:?}");
     assert_eq!(report.images_removed, 1, "{report:?}");
     let tags: Vec<String> = c.list_images().await.unwrap().into_iter().flat_map(|i| i.repo_tags).collect();
     assert!(tags.iter().any(|t| t.contains("evictd.test/tools")), "the sandbox's image stays: {tags:?}");
     assert!(!tags.iter().any(|t| t.contains("evictd.test/unused")), "{tags:?}");
-    assert!(ctd.sandbox_ready(&p.sandbox_id).await, "reclaim never touches running pods");
+    assert!(ctd.sandbox_ready(&app.sandbox_id).await, "reclaim never touches running pods");
 }
 
 /// Issue 12, defect 2: a node whose sandboxes carry large annotations (any tenant can add

@@ -23,6 +23,14 @@ fn stdout_json_lines(o: &Output) -> Vec<Value> {
     String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect()
 }
 
+/// `simulate --output json` on the committed example node and pods, with `extra` flags.
+fn simulate_example_json(extra: &[&str]) -> Value {
+    let (summary, pods) = (example("summary.json"), example("pods.json"));
+    let mut args = vec!["simulate", "--summary", &summary, "--pods", &pods, "--output", "json"];
+    args.extend(extra);
+    stdout_json_lines(&evictd(&args)).remove(0)
+}
+
 #[test]
 fn check_config_prints_the_policy_contract() {
     let o = evictd(&[
@@ -46,6 +54,35 @@ fn check_config_prints_the_policy_contract() {
     assert!(t.iter().any(|t| t["signal"] == "allocatableMemory.available"));
 }
 
+/// Issue 13, item 6: a percentage is the kubelet's float32 (`parsePercentage`: the number
+/// parsed as float32, divided by 100 in float32), printed as the shortest decimal that reads
+/// back as that float32; `check-config` and `simulate`'s `thresholds_met` print the same
+/// number for the same threshold (0.7% is 0.0069999998, not 0.007: that is the kubelet's).
+#[test]
+fn percentages_print_as_the_kubelets_float32_in_every_command() {
+    for pct in ["20%", "20.3%", "10.1%", "0.7%", "33.333%", "99.99%"] {
+        let flag = format!("memory.available<{pct}");
+        let o = evictd(&["check-config", "--eviction-hard", &flag, "--output", "json"]);
+        let checked = stdout_json_lines(&o)[0]["thresholds"][0]["value"]["percentage"].clone();
+        // 99.99% is met on the example node (80 MiB available of 8 GiB), and so is every other.
+        let v = &simulate_example_json(&["--eviction-hard", &flag]);
+        let met = v["thresholds_met"].as_array().unwrap();
+        let simulated =
+            met.iter().find(|t| t["signal"] == "memory.available").map(|t| t["value"]["percentage"].clone());
+        let kubelet: f32 = pct.trim_end_matches('%').parse::<f32>().unwrap() / 100.0;
+        if simulated.is_none() {
+            assert_eq!(pct, "0.7%", "only 0.7% (57 MiB) is not met by 80 MiB available: {v}");
+            continue;
+        }
+        assert_eq!(simulated.as_ref(), Some(&checked), "{pct}");
+        let printed = checked.as_f64().unwrap();
+        assert_eq!(printed as f32, kubelet, "{pct}: {printed} reads back as the kubelet's float32");
+        assert!(printed.to_string().len() <= 12, "{pct}: shortest form, not {printed}");
+    }
+    let o = evictd(&["check-config", "--eviction-hard", "memory.available<0.7%", "--output", "json"]);
+    assert_eq!(stdout_json_lines(&o)[0]["thresholds"][0]["value"]["percentage"], 0.0069999998);
+}
+
 #[test]
 fn invalid_policy_is_one_line_on_stderr_and_nothing_on_stdout() {
     for args in [
@@ -64,16 +101,7 @@ fn invalid_policy_is_one_line_on_stderr_and_nothing_on_stdout() {
 
 #[test]
 fn simulate_prints_the_decision_contract() {
-    let o = evictd(&[
-        "simulate",
-        "--summary",
-        &example("summary.json"),
-        "--pods",
-        &example("pods.json"),
-        "--output",
-        "json",
-    ]);
-    let v = &stdout_json_lines(&o)[0];
+    let v = &simulate_example_json(&[]);
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["eviction", "node_conditions", "node_reclaim", "ranking", "signals", "thresholds_met"]);
     assert_eq!(

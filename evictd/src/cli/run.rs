@@ -11,7 +11,12 @@ use crate::{
     cluster::connect::{self, ApiOptions, ApiSource},
     daemon::{KillOptions, PressureOptions, RunOptions, protect::SelfProtection, urgency::EmergencyLevel},
     kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items, tracefs},
-    node::{cgroups::CgroupMounts, memory::MemoryCgroup, own_pod, signals::NodeSignalSources},
+    node::{
+        cgroups::CgroupMounts,
+        memory::MemoryCgroup,
+        own_pod,
+        signals::{NodeSignalSources, PidSources},
+    },
     report::trace::TraceFormat,
     runtime::cri,
     wake::{SourceKind, WakeOptions, Watermark},
@@ -53,7 +58,8 @@ pub struct RunArgs {
     /// Default: `kubepods` or `kubepods.slice`, whichever exists.
     #[arg(long, value_name = "NAME")]
     pub kubepods_cgroup: Option<String>,
-    /// The directory whose filesystem is nodefs.
+    /// The kubelet's root directory (its `--root-dir`): its filesystem is nodefs, and pods'
+    /// local volumes are measured under `<DIR>/pods/<uid>/volumes`.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
     pub nodefs_path: PathBuf,
     /// The directory whose filesystem is imagefs (a different filesystem from nodefs makes
@@ -417,6 +423,7 @@ impl RunArgs {
             kubepods,
             nodefs: existing("--nodefs-path", &self.nodefs_path),
             imagefs: existing("--imagefs-path", &self.imagefs_path),
+            pids: PidSources::default(),
         })
     }
 }

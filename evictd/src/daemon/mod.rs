@@ -556,6 +556,7 @@ mod tests {
                 kubepods: None,
                 nodefs: "/".into(),
                 imagefs: "/".into(),
+                pids: crate::node::signals::PidSources::default(),
             },
             fs_layout: FsLayout::SingleFs,
             cri_endpoint: None,

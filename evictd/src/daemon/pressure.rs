@@ -39,6 +39,13 @@ use crate::{
 const MAX_CANDIDATES: usize = 5;
 /// Evictions in one pass before yielding to the loop again.
 const MAX_EVICTIONS_PER_PASS: usize = 16;
+
+/// How long disk evictions wait after node-level reclaim removed something or a pod was
+/// evicted for disk: the runtime releases the space asynchronously (containerd deletes
+/// snapshots in its garbage collector, and an evicted pod's writable layers only go when
+/// the next reclaim removes its dead containers), so statvfs right afterwards would make
+/// evictd evict a second pod for space that is already on its way back.
+const DISK_SETTLE: Duration = Duration::from_secs(2);
 /// How often a repeated warning may be logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -64,6 +71,23 @@ pub struct Pressure {
     /// Sandboxes evicted until the inventory stops listing them.
     gone: BTreeSet<String>,
     last_warning: Option<(String, Instant)>,
+    /// Set by node-level reclaim that removed something, or a disk eviction: for
+    /// `DISK_SETTLE` no pod is evicted for a disk signal.
+    disk_settle: Option<DiskSettle>,
+}
+
+/// Space on its way back to a filesystem, and since when.
+#[derive(Clone, Copy, Debug)]
+struct DiskSettle {
+    since: Instant,
+    /// What released it: node-level reclaim, or an eviction.
+    after: &'static str,
+}
+
+impl DiskSettle {
+    fn after(after: &'static str) -> Self {
+        DiskSettle { since: Instant::now(), after }
+    }
 }
 
 impl Pressure {
@@ -93,6 +117,7 @@ impl Pressure {
             state: EngineState::default(),
             gone: BTreeSet::new(),
             last_warning: None,
+            disk_settle: None,
         }
     }
 
@@ -135,6 +160,9 @@ impl Pressure {
             let mut decided = self.decide_and_act(pods, &obs, now_ns()).await;
             let Some(last) = decided.last() else { break };
             let succeeded = last.error.is_none() && !last.dry_run;
+            // A disk eviction frees nothing until the runtime removes the pod's layers: the
+            // next pass, after the settle, sees what it freed.
+            let disk = last.signal.resource().is_disk();
             for rec in &mut decided {
                 rec.observed_ns = observed_ns;
             }
@@ -147,7 +175,7 @@ impl Pressure {
                 first.wake_received_ns = Some(w.received_ns);
             }
             records.extend(decided);
-            if !succeeded {
+            if !succeeded || disk {
                 break;
             }
             // The node after the eviction: what the next decision (and the caller) sees.
@@ -169,13 +197,57 @@ impl Pressure {
         let t0 = Instant::now();
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         self.conditions.clone_from(&first.node_conditions);
-        if first.actionable.is_empty() || self.node_level_reclaim_resolves(&first, pods, now).await {
+        if first.actionable.is_empty() {
+            self.disk_settled();
+            self.state = state;
+            return Vec::new();
+        }
+        if self.disk_settling(&first) || self.node_level_reclaim_resolves(&first, pods, now).await {
             self.state = state;
             return Vec::new();
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
-        let candidates = self.candidates(pods).await;
-        self.evict_one(&candidates, obs, now, t0).await
+        let disk = self.drives_on_disk(&first);
+        let candidates = self.candidates(pods, disk).await;
+        let records = self.evict_one(&candidates, obs, now, t0).await;
+        if disk && records.iter().any(|r| r.error.is_none() && !r.dry_run) {
+            self.disk_settle = Some(DiskSettle::after("the eviction"));
+        }
+        records
+    }
+
+    /// Whether the decision's most urgent signal is a disk signal.
+    fn drives_on_disk(&self, d: &engine::Decision) -> bool {
+        d.actionable.first().is_some_and(|&i| self.thresholds[i].signal.resource().is_disk())
+    }
+
+    /// True while space released by reclaim or a disk eviction may still be on its way: a
+    /// decision driven by disk waits (memory and PIDs never do).
+    fn disk_settling(&mut self, d: &engine::Decision) -> bool {
+        let Some(settle) = &self.disk_settle else { return false };
+        if !self.drives_on_disk(d) {
+            return false;
+        }
+        if settle.since.elapsed() < DISK_SETTLE {
+            return true;
+        }
+        tracing::info!(
+            after = settle.after,
+            "disk pressure remains {DISK_SETTLE:?} after reclaim or an eviction"
+        );
+        self.disk_settle = None;
+        false
+    }
+
+    /// No threshold met any more: if space was on its way back, say that it came.
+    fn disk_settled(&mut self) {
+        if let Some(settle) = self.disk_settle.take() {
+            tracing::info!(
+                after = settle.after,
+                released_ms = settle.since.elapsed().as_millis() as u64,
+                "disk pressure resolved: the runtime released the space (no further pod evicted)"
+            );
+        }
     }
 
     fn input<'a>(&'a self, obs: &'a Observations, pods: &'a [PodEntry<'a>], now: i64) -> engine::Input<'a> {
@@ -191,7 +263,12 @@ impl Pressure {
 
     /// The kubelet's `reclaimNodeLevelResources`: for disk pressure, dead containers and
     /// unused images go first; true when no threshold is met any more afterwards.
-    async fn node_level_reclaim_resolves(&self, d: &engine::Decision, pods: &[PodRecord], now: i64) -> bool {
+    async fn node_level_reclaim_resolves(
+        &mut self,
+        d: &engine::Decision,
+        pods: &[PodRecord],
+        now: i64,
+    ) -> bool {
         let Some(client) = self.client.as_ref().filter(|_| !d.node_reclaim.is_empty() && !self.dry_run)
         else {
             return false;
@@ -205,22 +282,33 @@ impl Pressure {
             "node-level reclaim for {:?}",
             d.actionable.first().map(|&i| self.thresholds[i].signal)
         );
-        let resolved = !engine::any_met(&self.thresholds, &self.observe(now), true);
-        if resolved {
+        if !engine::any_met(&self.thresholds, &self.observe(now), true) {
             tracing::info!("node-level reclaim resolved the pressure: no pod evicted");
+            return true;
         }
-        resolved
+        if report.containers_removed + report.images_removed > 0 {
+            // Removed, but not yet released (see DISK_SETTLE): no eviction until it had time.
+            self.disk_settle = Some(DiskSettle::after("node-level reclaim"));
+            return true;
+        }
+        false
     }
 
     /// The pods that can be ranked, with their usage read from their cgroups. A pod whose
     /// cgroup is gone is terminating, not a candidate; one evicted already is skipped until
     /// the inventory stops listing it; one whose usage cannot be read is left out and
     /// logged: ranked "without stats" it would go first, on data evictd could not read.
-    /// The reads (cgroup files, log directories walked) run on the blocking pool: the
-    /// daemon's one thread keeps serving wakes meanwhile.
-    async fn candidates<'a>(&mut self, pods: &'a Arc<Vec<PodRecord>>) -> Vec<(&'a PodRecord, PodStats)> {
+    /// The reads (cgroup files, and for a disk signal log and volume directories walked)
+    /// run on the blocking pool: the daemon's one thread keeps serving wakes meanwhile.
+    async fn candidates<'a>(
+        &mut self,
+        pods: &'a Arc<Vec<PodRecord>>,
+        disk: bool,
+    ) -> Vec<(&'a PodRecord, PodStats)> {
         let (all, gone, cgroups) = (pods.clone(), self.gone.clone(), self.cgroups.clone());
-        let read = tokio::task::spawn_blocking(move || read_usage(&all, &gone, &cgroups)).await;
+        let disk = disk.then(|| usage::DiskSources { kubelet_root: self.signals.nodefs.clone() });
+        let read =
+            tokio::task::spawn_blocking(move || read_usage(&all, &gone, &cgroups, disk.as_ref())).await;
         let usage = match read {
             Ok(usage) => usage,
             Err(e) => {
@@ -447,6 +535,7 @@ fn read_usage(
     pods: &[PodRecord],
     gone: &BTreeSet<String>,
     cgroups: &CgroupMounts,
+    disk: Option<&usage::DiskSources>,
 ) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
     pods.iter()
         .enumerate()
@@ -456,7 +545,7 @@ fn read_usage(
             if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
                 return None;
             }
-            Some((i, usage::pod_stats(p, cg.as_ref(), cgroups)))
+            Some((i, usage::pod_stats(p, cg.as_ref(), cgroups, disk)))
         })
         .collect()
 }

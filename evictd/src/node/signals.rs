@@ -3,7 +3,10 @@
 //! configurable directories) and pid.available. A signal that cannot be read is left out and
 //! logged: no decision is ever taken on a number evictd could not read.
 
-use std::{os::unix::fs::MetadataExt as _, path::PathBuf};
+use std::{
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
 
 use evictd_policy::{
     observations::{Observation, Observations},
@@ -20,6 +23,7 @@ pub struct NodeSignalSources {
     pub kubepods: Option<MemoryCgroup>,
     pub nodefs: PathBuf,
     pub imagefs: PathBuf,
+    pub pids: PidSources,
 }
 
 /// Why a signal is missing, for the log.
@@ -42,7 +46,7 @@ impl NodeSignalSources {
         let at = Some(now_ns);
         self.observe_memory(at, &mut out, missing);
         self.observe_filesystems(at, &mut out, missing);
-        match pids() {
+        match self.pids.read() {
             Ok((max, cur)) => {
                 out.insert(
                     Signal::PidAvailable,
@@ -157,19 +161,53 @@ struct PidsError {
     reason: String,
 }
 
-/// (max PIDs, current tasks): max is the smaller of pid_max and threads-max, as the kubelet's
-/// rlimit stats take it.
-fn pids() -> Result<(i64, i64), PidsError> {
-    let read = |p: &str| -> Result<i64, PidsError> {
-        let err = |reason: String| PidsError { what: p.into(), reason };
-        let s = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
-        s.trim().parse().map_err(|_| err(format!("cannot parse {:?}", s.trim())))
-    };
-    let max = read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?);
-    let cur = nix::sys::sysinfo::sysinfo()
-        .map_err(|e| PidsError { what: "sysinfo".into(), reason: e.to_string() })?
-        .process_count();
-    Ok((max, i64::from(cur)))
+/// The /proc files behind pid.available; a test points them at fixtures.
+#[derive(Clone, Debug)]
+pub struct PidSources {
+    pub pid_max: PathBuf,
+    pub threads_max: PathBuf,
+    pub loadavg: PathBuf,
+}
+
+impl Default for PidSources {
+    fn default() -> Self {
+        PidSources {
+            pid_max: "/proc/sys/kernel/pid_max".into(),
+            threads_max: "/proc/sys/kernel/threads-max".into(),
+            loadavg: "/proc/loadavg".into(),
+        }
+    }
+}
+
+impl PidSources {
+    /// (max tasks, tasks now), as the kubelet's `pidlimit.Stats`: the smaller of pid_max and
+    /// threads-max, and the task count from /proc/loadavg. Not sysinfo(2): its process count
+    /// is a u16 that wraps above 65,535 tasks, so a fork bomb would read as a quiet node.
+    fn read(&self) -> Result<(i64, i64), PidsError> {
+        let read = |p: &Path| -> Result<String, PidsError> {
+            std::fs::read_to_string(p)
+                .map_err(|e| PidsError { what: p.display().to_string(), reason: e.to_string() })
+        };
+        let number = |p: &Path| -> Result<i64, PidsError> {
+            let s = read(p)?;
+            s.trim().parse().map_err(|_| PidsError {
+                what: p.display().to_string(),
+                reason: format!("cannot parse {:?}", s.trim()),
+            })
+        };
+        let max = number(&self.pid_max)?.min(number(&self.threads_max)?);
+        let tasks = loadavg_tasks(&read(&self.loadavg)?).ok_or_else(|| PidsError {
+            what: self.loadavg.display().to_string(),
+            reason: "no runnable/total task field (\"1.36 3.49 4.53 2/3518 3715089\")".into(),
+        })?;
+        Ok((max, tasks))
+    }
+}
+
+/// The total task count, the number after `/` in /proc/loadavg's fourth field.
+fn loadavg_tasks(text: &str) -> Option<i64> {
+    let field = text.split_whitespace().nth(3)?;
+    field.split_once('/')?.1.parse().ok()
 }
 
 #[cfg(test)]
@@ -185,6 +223,7 @@ mod tests {
             kubepods: None,
             nodefs: "/".into(),
             imagefs: "/".into(),
+            pids: PidSources::default(),
         };
         let mut missing = Vec::new();
         let o = src.observe(1, &mut missing);
@@ -228,7 +267,13 @@ mod tests {
         let node =
             MemoryCgroup { meminfo: d.path().join("meminfo"), ..MemoryCgroup::new(d.path(), version, true) };
         let kubepods = NodeSignalSources::kubepods_for(&node, "kubepods");
-        let src = NodeSignalSources { node, kubepods, nodefs: "/".into(), imagefs: "/".into() };
+        let src = NodeSignalSources {
+            node,
+            kubepods,
+            nodefs: "/".into(),
+            imagefs: "/".into(),
+            pids: PidSources::default(),
+        };
         (d, src)
     }
 
@@ -262,6 +307,7 @@ mod tests {
             kubepods: None,
             nodefs: "/nonexistent/nodefs".into(),
             imagefs: "/nonexistent/imagefs".into(),
+            pids: PidSources::default(),
         };
         let mut missing = Vec::new();
         let o = src.observe(1, &mut missing);
@@ -273,5 +319,45 @@ mod tests {
                 .any(|m| m.signal == Signal::NodeFsAvailable && m.reason.contains("/nonexistent/nodefs"))
         );
         assert!(o.contains_key(&Signal::PidAvailable));
+    }
+
+    /// Issue 13, item 3: 70,000 tasks (a fork bomb past sysinfo's u16) read as 70,000, and
+    /// pid_max/threads-max give the smaller limit, as the kubelet's pidlimit does.
+    #[test]
+    fn pid_available_counts_tasks_past_65535_from_loadavg() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |name: &str, text: &str| {
+            let p = d.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let pids = PidSources {
+            pid_max: w("pid_max", "4194304\n"),
+            threads_max: w("threads-max", "96000\n"),
+            loadavg: w("loadavg", "12.50 8.10 3.02 131/70000 4021337\n"),
+        };
+        assert_eq!(pids.read().unwrap(), (96000, 70000));
+        w("loadavg", "0.00 0.01\n");
+        let e = pids.read().unwrap_err().to_string();
+        assert!(e.contains("loadavg") && e.contains("task field"), "{e}");
+        w("loadavg", "0.00 0.01 0.05 1/70000 1\n");
+        w("threads-max", "lots\n");
+        let e = pids.read().unwrap_err().to_string();
+        assert!(e.contains("threads-max") && e.contains("lots"), "{e}");
+    }
+
+    /// On this machine: the task count from /proc/loadavg is within reach of the number of
+    /// threads /proc shows (tasks come and go between the two reads).
+    #[test]
+    fn pid_available_on_this_node_matches_proc() {
+        let (max, tasks) = PidSources::default().read().unwrap();
+        let threads: i64 = procfs::process::all_processes()
+            .unwrap()
+            .flatten()
+            .filter_map(|p| p.stat().ok())
+            .map(|s| s.num_threads)
+            .sum();
+        assert!(max > 0 && tasks > 0 && tasks <= max, "max {max}, tasks {tasks}");
+        assert!((tasks - threads).abs() <= threads / 4 + 8, "loadavg {tasks} vs /proc threads {threads}");
     }
 }

@@ -1,8 +1,9 @@
 //! Node-level reclaim before evicting for disk pressure, as the kubelet does: remove dead
-//! containers, then images no container or sandbox uses. Errors are logged and the rest goes
-//! on; afterwards the caller re-observes and evicts only if a threshold is still met.
+//! containers (its container GC), then images no container or sandbox uses. Errors are
+//! logged and the rest goes on; afterwards the caller re-observes and evicts only if a
+//! threshold is still met.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use evictd_policy::rank::NodeReclaim;
 
@@ -23,7 +24,8 @@ pub async fn reclaim(
     sandbox_images: &BTreeSet<String>,
 ) -> ReclaimReport {
     let mut report = ReclaimReport::default();
-    let containers = match client.list_containers().await {
+    let listed = tokio::try_join!(client.list_containers(), client.list_pod_sandboxes());
+    let (containers, sandboxes) = match listed {
         Ok(c) => c,
         Err(e) => {
             report.errors.push(e.to_string());
@@ -31,7 +33,12 @@ pub async fn reclaim(
         }
     };
     if what.contains(&NodeReclaim::UnusedContainers) {
-        for c in containers.iter().filter(|c| c.state == cri::ContainerState::ContainerExited as i32) {
+        let ready: BTreeSet<&str> = sandboxes
+            .iter()
+            .filter(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+            .map(|s| s.id.as_str())
+            .collect();
+        for c in dead_containers_to_remove(&containers, &ready) {
             match client.remove_container(&c.id).await {
                 Ok(()) => report.containers_removed += 1,
                 Err(e) => report.errors.push(e.to_string()),
@@ -44,6 +51,30 @@ pub async fn reclaim(
         report.errors.push(e.to_string());
     }
     report
+}
+
+/// The kubelet's container GC as eviction runs it (`DeleteAllUnusedContainers`, with the
+/// default `--maximum-dead-containers-per-container=1` and no minimum age): in a pod whose
+/// sandbox is ready, the newest exited instance of each container stays (it carries the
+/// restart count and `kubectl logs --previous`) and older ones go; a pod whose sandbox is
+/// not ready (terminated, or gone) loses every exited container.
+pub fn dead_containers_to_remove<'a>(
+    containers: &'a [cri::Container],
+    ready_sandboxes: &BTreeSet<&str>,
+) -> Vec<&'a cri::Container> {
+    let mut units: BTreeMap<(&str, &str), Vec<&cri::Container>> = BTreeMap::new();
+    for c in containers.iter().filter(|c| c.state == cri::ContainerState::ContainerExited as i32) {
+        let name = c.metadata.as_ref().map_or("", |m| m.name.as_str());
+        units.entry((c.pod_sandbox_id.as_str(), name)).or_default().push(c);
+    }
+    let mut remove = Vec::new();
+    for ((sandbox, _), mut unit) in units {
+        let keep = usize::from(ready_sandboxes.contains(sandbox));
+        // Newest first, by creation time; the attempt breaks ties of the clock.
+        unit.sort_by_key(|c| std::cmp::Reverse((c.created_at, c.metadata.as_ref().map_or(0, |m| m.attempt))));
+        remove.extend(unit.into_iter().skip(keep));
+    }
+    remove
 }
 
 async fn remove_unused_images(
@@ -81,4 +112,45 @@ async fn remove_unused_images(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited(id: &str, sandbox: &str, name: &str, attempt: u32, created_at: i64) -> cri::Container {
+        cri::Container {
+            id: id.into(),
+            pod_sandbox_id: sandbox.into(),
+            metadata: Some(cri::ContainerMetadata { name: name.into(), attempt }),
+            created_at,
+            state: cri::ContainerState::ContainerExited as i32,
+            ..Default::default()
+        }
+    }
+
+    /// Issue 13, item 4: the newest exited instance of each container of a running pod
+    /// stays; older instances, and every dead container of a pod that is gone, are removed;
+    /// running containers are never touched.
+    #[test]
+    fn container_gc_keeps_the_newest_dead_instance_of_running_pods() {
+        let running = cri::Container {
+            state: cri::ContainerState::ContainerRunning as i32,
+            ..exited("app-3", "a", "app", 3, 40)
+        };
+        let containers = vec![
+            exited("app-0", "a", "app", 0, 10),
+            exited("app-2", "a", "app", 2, 30),
+            exited("app-1", "a", "app", 1, 20),
+            running,
+            exited("init-0", "a", "init", 0, 5),
+            exited("web-0", "gone", "web", 0, 10),
+            exited("web-1", "gone", "web", 1, 20),
+        ];
+        let ready = BTreeSet::from(["a"]);
+        let mut removed: Vec<&str> =
+            dead_containers_to_remove(&containers, &ready).iter().map(|c| c.id.as_str()).collect();
+        removed.sort();
+        assert_eq!(removed, ["app-0", "app-1", "web-0", "web-1"]);
+    }
 }

@@ -5,7 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use evictd_policy::summary::{ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats};
+use evictd_policy::summary::{
+    ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats, VolumeStats,
+};
 
 use super::inventory::PodRecord;
 use crate::node::{
@@ -58,14 +60,25 @@ pub enum UsageError {
     Memory(#[from] MemoryError),
 }
 
-/// The pod's stats for ranking and messages, read now from its cgroups (memory, processes)
-/// and from the last refresh (disk). An error when its memory cgroup cannot be read: the
-/// caller must not rank such a pod "without stats" (first), since that would evict on data
-/// evictd could not read.
+/// Where a pod's disk usage is measured, read only when a disk signal drives the decision:
+/// walking log and volume directories is the costly part of reading usage.
+#[derive(Clone, Debug)]
+pub struct DiskSources {
+    /// The kubelet's root directory: local volumes live in `pods/<uid>/volumes/<plugin>/<name>`.
+    pub kubelet_root: PathBuf,
+}
+
+/// The pod's stats for ranking and messages, as the kubelet's CRI stats provider counts
+/// them: memory and processes read now from its cgroups; per running container (exited
+/// instances use no memory and the kubelet leaves them out) the writable layer from the
+/// last refresh and, with `disk`, its own log directory once; with `disk`, the pod's local
+/// volumes. An error when its memory cgroup cannot be read: the caller must not rank such a
+/// pod "without stats" (first), since that would evict on data evictd could not read.
 pub fn pod_stats(
     rec: &PodRecord,
     cgroups: Option<&PodCgroups>,
     layout: &CgroupMounts,
+    disk: Option<&DiskSources>,
 ) -> Result<PodStats, UsageError> {
     let cg = cgroups.ok_or(UsageError::NoCgroup)?;
     let mem = cg.memory.read()?;
@@ -77,34 +90,53 @@ pub fn pod_stats(
     let containers = rec
         .containers
         .iter()
-        .map(|c| {
-            let dir = container_dir(&cg.memory.dir, &c.id);
-            let ws = dir
-                .and_then(|d| MemoryCgroup::new(d, layout.memory_version, false).read().ok())
-                .map(|m| m.working_set());
-            ContainerStats {
-                name: c.name.clone(),
-                memory: Some(MemoryStats { working_set_bytes: ws, ..Default::default() }),
-                rootfs: c.rootfs.map(|(b, i)| FsStats {
-                    used_bytes: Some(b),
-                    inodes_used: Some(i),
-                    ..Default::default()
-                }),
-                logs: rec.log_directory.as_deref().map(|d| {
-                    let (b, i) = du(Path::new(d));
-                    FsStats { used_bytes: Some(b), inodes_used: Some(i), ..Default::default() }
-                }),
-            }
+        .filter(|c| c.running)
+        .map(|c| ContainerStats {
+            name: c.name.clone(),
+            memory: Some(MemoryStats {
+                working_set_bytes: container_working_set(cg, &c.id, layout),
+                ..Default::default()
+            }),
+            rootfs: c.rootfs.map(|(b, i)| fs_stats((b, i))),
+            logs: disk.and(rec.log_directory.as_deref()).map(|d| fs_stats(du(&Path::new(d).join(&c.name)))),
         })
         .collect();
     Ok(PodStats {
         pod_ref: PodRef { name: rec.name.clone(), namespace: rec.namespace.clone(), uid: rec.uid.clone() },
         containers,
         memory: Some(MemoryStats { working_set_bytes: Some(mem.working_set()), ..Default::default() }),
-        volume: Vec::new(),
+        volume: disk.map(|d| local_volume_stats(rec, &d.kubelet_root)).unwrap_or_default(),
         ephemeral_storage: None,
         process_stats: Some(ProcessStats { process_count: processes }),
     })
+}
+
+fn fs_stats((bytes, inodes): (u64, u64)) -> FsStats {
+    FsStats { used_bytes: Some(bytes), inodes_used: Some(inodes), ..Default::default() }
+}
+
+fn container_working_set(pod: &PodCgroups, id: &str, layout: &CgroupMounts) -> Option<u64> {
+    let dir = container_dir(&pod.memory.dir, id)?;
+    MemoryCgroup::new(dir, layout.memory_version, false).read().ok().map(|m| m.working_set())
+}
+
+/// The pod's local volumes that count against the node's disk (the kubelet's
+/// `localVolumeNames`), measured where the kubelet mounts them:
+/// `<root>/pods/<uid>/volumes/<plugin>/<name>` (e.g. `kubernetes.io~empty-dir/scratch`). A
+/// volume with no directory (hostPath, which the kubelet does not measure either) is left out.
+fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path) -> Vec<VolumeStats> {
+    let volumes = kubelet_root.join("pods").join(&rec.uid).join("volumes");
+    let plugins: Vec<PathBuf> = std::fs::read_dir(&volumes)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        .unwrap_or_default();
+    rec.spec
+        .local_volume_names()
+        .filter_map(|name| {
+            let dir = plugins.iter().map(|p| p.join(name)).find(|d| d.is_dir())?;
+            let (bytes, inodes) = du(&dir);
+            Some(VolumeStats { name: name.to_owned(), used_bytes: Some(bytes), inodes_used: Some(inodes) })
+        })
+        .collect()
 }
 
 /// A container's cgroup under its pod's: `<id>` (cgroupfs) or `cri-containerd-<id>.scope`.
@@ -112,20 +144,29 @@ fn container_dir(pod_dir: &Path, id: &str) -> Option<PathBuf> {
     [pod_dir.join(id), pod_dir.join(format!("cri-containerd-{id}.scope"))].into_iter().find(|p| p.is_dir())
 }
 
-/// Bytes and inodes under `dir` (files that vanish meanwhile are skipped).
+/// Bytes and inodes of `dir` and everything under it, as the kubelet's `fs.DiskUsage`
+/// counts them (its MetricsDu, behind both log and volume stats): allocated blocks × 512 of
+/// every inode once (hard links deduplicated, directories included), symlinks not followed,
+/// nothing on another filesystem. Entries that vanish meanwhile are skipped; a directory
+/// that does not exist is (0, 0).
 fn du(dir: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt as _;
-    let mut total = (0, 0);
-    let Ok(entries) = std::fs::read_dir(dir) else { return total };
-    for e in entries.flatten() {
-        let Ok(m) = e.metadata() else { continue };
-        total.1 += 1;
-        if m.is_dir() {
-            let (b, i) = du(&e.path());
-            total.0 += b;
-            total.1 += i;
-        } else {
+    use std::{collections::HashSet, os::unix::fs::MetadataExt as _};
+    let Ok(top) = std::fs::metadata(dir) else { return (0, 0) };
+    let mut seen = HashSet::from([top.ino()]);
+    let mut total = (top.blocks() * 512, 1);
+    let mut pending = if top.is_dir() { vec![dir.to_path_buf()] } else { Vec::new() };
+    while let Some(d) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.dev() != top.dev() || !seen.insert(m.ino()) {
+                continue;
+            }
             total.0 += m.blocks() * 512;
+            total.1 += 1;
+            if m.is_dir() {
+                pending.push(e.path());
+            }
         }
     }
     total
@@ -171,5 +212,116 @@ mod tests {
         std::fs::write(d.path().join("c1/cgroup.procs"), "").unwrap();
         assert!(cgroup_tree_empty(d.path()));
         assert!(cgroup_tree_empty(&d.path().join("gone")));
+    }
+
+    /// GNU du's count of `dir` (bytes, inodes), one filesystem: the oracle the kubelet's
+    /// `fs.DiskUsage` agrees with.
+    fn gnu_du(dir: &Path) -> (u64, u64) {
+        let run = |arg: &str| -> u64 {
+            let out = std::process::Command::new("du").args(["-sx", arg]).arg(dir).output().unwrap();
+            let text = String::from_utf8(out.stdout).unwrap();
+            text.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        (run("-B1"), run("--inodes"))
+    }
+
+    /// Issue 13, item 2: a pod's disk usage as the kubelet counts it. Only running containers
+    /// (the exited first instance of `app`, with a big writable layer, is not counted), each
+    /// container's own log directory once (not the pod's whole log directory per container
+    /// record), and the local volumes of its spec under the kubelet's root (a Memory emptyDir
+    /// and a secret are not local disk).
+    #[test]
+    fn disk_usage_counts_running_containers_own_logs_and_local_volumes_once() {
+        use crate::runtime::inventory::{
+            ContainerRecord,
+            tests::{container, record},
+        };
+        let d = tempfile::tempdir().unwrap();
+        let cg = d.path().join("memory/kubepods/podu");
+        std::fs::create_dir_all(&cg).unwrap();
+        for (f, v) in [
+            ("memory.usage_in_bytes", "1048576"),
+            ("memory.stat", "total_inactive_file 0"),
+            ("memory.limit_in_bytes", "9223372036854771712"),
+        ] {
+            std::fs::write(cg.join(f), v).unwrap();
+        }
+        let file = |rel: &str, bytes: usize| {
+            let p = d.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, vec![7u8; bytes]).unwrap();
+        };
+        file("logs/ns_p_u/app/0.log", 64 << 10);
+        file("logs/ns_p_u/app/1.log", 32 << 10);
+        file("logs/ns_p_u/sidecar/0.log", 16 << 10);
+        let volumes = "kubelet/pods/u/volumes";
+        file(&format!("{volumes}/kubernetes.io~empty-dir/scratch/data/blob"), 1 << 20);
+        file(&format!("{volumes}/kubernetes.io~configmap/conf/app.yaml"), 3000);
+        file(&format!("{volumes}/kubernetes.io~secret/token/token"), 900);
+        file(&format!("{volumes}/kubernetes.io~empty-dir/ram/x"), 5000);
+        // A hard link to the blob is the same inode: counted once.
+        std::fs::hard_link(
+            d.path().join(format!("{volumes}/kubernetes.io~empty-dir/scratch/data/blob")),
+            d.path().join(format!("{volumes}/kubernetes.io~empty-dir/scratch/blob-link")),
+        )
+        .unwrap();
+
+        let mut rec = record("/kubepods/podu", Vec::new());
+        rec.log_directory = Some(d.path().join("logs/ns_p_u").display().to_string());
+        let instance = |name: &str, attempt, running, rootfs| ContainerRecord {
+            name: name.into(),
+            id: format!("{name}-{attempt}"),
+            attempt,
+            running,
+            rootfs: Some(rootfs),
+            ..container(None, None)
+        };
+        rec.containers = vec![
+            instance("app", 0, false, (100 << 20, 1000)),
+            instance("app", 1, true, (4096, 3)),
+            instance("sidecar", 0, true, (8192, 5)),
+        ];
+        rec.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "conf", "configMap": {"name": "c"}},
+            {"name": "token", "secret": {"secretName": "s"}},
+            {"name": "ram", "emptyDir": {"medium": "Memory"}},
+        ]}}))
+        .unwrap();
+        let layout = CgroupMounts {
+            memory_root: d.path().join("memory"),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
+        let cgroups = pod_cgroups(&rec, &layout);
+        let disk = DiskSources { kubelet_root: d.path().join("kubelet") };
+        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&disk)).unwrap();
+
+        let fs = |f: &Option<FsStats>| f.as_ref().map(|f| (f.used_bytes.unwrap(), f.inodes_used.unwrap()));
+        let got: Vec<_> =
+            stats.containers.iter().map(|c| (c.name.as_str(), fs(&c.rootfs), fs(&c.logs))).collect();
+        let logs = |c: &str| Some(gnu_du(&d.path().join("logs/ns_p_u").join(c)));
+        assert_eq!(
+            got,
+            [("app", Some((4096, 3)), logs("app")), ("sidecar", Some((8192, 5)), logs("sidecar"))]
+        );
+        let vols: Vec<_> = stats
+            .volume
+            .iter()
+            .map(|v| (v.name.as_str(), (v.used_bytes.unwrap(), v.inodes_used.unwrap())))
+            .collect();
+        let vol = |rel: &str| gnu_du(&d.path().join(volumes).join(rel));
+        assert_eq!(
+            vols,
+            [
+                ("scratch", vol("kubernetes.io~empty-dir/scratch")),
+                ("conf", vol("kubernetes.io~configmap/conf"))
+            ]
+        );
+        assert!(vols[0].1.0 >= 1 << 20 && vols[0].1.0 < 2 << 20, "the hard link counted once: {vols:?}");
+
+        // A memory pass walks nothing.
+        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, None).unwrap();
+        assert!(stats.volume.is_empty() && stats.containers.iter().all(|c| c.logs.is_none()));
     }
 }

@@ -24,6 +24,7 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         kubepods: None,
         nodefs: "/".into(),
         imagefs: "/".into(),
+        pids: crate::node::signals::PidSources::default(),
     };
     let opts = PressureOptions {
         signals,
@@ -86,7 +87,7 @@ async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
         pod("nowhere", None),
     ]);
     let mut p = pressure(d.path());
-    let names: Vec<&str> = p.candidates(&pods).await.iter().map(|(r, _)| r.name.as_str()).collect();
+    let names: Vec<&str> = p.candidates(&pods, false).await.iter().map(|(r, _)| r.name.as_str()).collect();
     assert_eq!(names, ["ok"]);
 }
 

@@ -1,0 +1,144 @@
+//! Disk pressure end to end on a real containerd whose root is on a small tmpfs of the
+//! test's own, which plays nodefs and imagefs in one (the kubelet's usual layout): pods
+//! fill their writable layers on purpose, evictd runs as users run it (`--trace --json`)
+//! with `--nodefs-path`/`--imagefs-path` on that filesystem, and the assertions read its
+//! lines, its log and the runtime's own view. Needs root and containerd; skipped loudly
+//! otherwise.
+
+use std::time::{Duration, Instant};
+
+use evictd_tests::{
+    containerd::{self, Containerd, PodSpec},
+    evictd_proc::Evictd,
+};
+
+const MI: u64 = 1 << 20;
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A BestEffort pod whose container keeps `/fill` (in its writable layer) at the MiB its
+/// control file says.
+fn filler(name: &str) -> PodSpec<'_> {
+    PodSpec {
+        hog_args: Some(["fill", "/ctl/mib", "/fill"].map(String::from).to_vec()),
+        ..PodSpec::besteffort(name)
+    }
+}
+
+/// Waits until the nodefs has at most `bytes` available (a filler has written its share).
+fn wait_available_at_most(ctd: &Containerd, bytes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ctd.nodefs_available() > bytes {
+        assert!(
+            Instant::now() < deadline,
+            "nodefs still has {} MiB available, want ≤ {} MiB",
+            ctd.nodefs_available() / MI,
+            bytes / MI
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// evictd's log lines about node-level reclaim and released space, for the test's output.
+fn print_reclaim_lines(evictd: &Evictd) {
+    for l in evictd.log().lines().filter(|l| l.contains("reclaim") || l.contains("disk pressure")) {
+        println!("{l}");
+    }
+}
+
+/// evictd on `ctd`'s filesystem with one hard threshold, `nodefs.available<{mib}Mi` (no
+/// memory threshold: the test is about disk).
+fn evictd_on_disk(ctd: &Containerd, mib: u64) -> Evictd {
+    let nodefs = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet");
+    let threshold = format!("nodefs.available<{mib}Mi");
+    Evictd::start(
+        ctd,
+        None,
+        &[
+            "--eviction-hard",
+            &threshold,
+            "--nodefs-path",
+            &nodefs.display().to_string(),
+            "--imagefs-path",
+            &ctd.root.display().to_string(),
+        ],
+    )
+}
+
+/// (a) The nodefs past its threshold because of dead containers: node-level reclaim (the
+/// kubelet's container GC) removes the older dead instance, keeps the newest one of the
+/// running pod, and that suffices: nobody is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_containers_are_reclaimed_before_any_eviction() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("dead_containers_are_reclaimed_before_any_eviction") {
+        return;
+    }
+    let mut ctd = Containerd::start_on_nodefs(1024 * MI, 256 * MI);
+    let empty = ctd.nodefs_available();
+    let mut app = ctd.run_pod(filler("app")).await;
+    app.set_mib(50);
+    wait_available_at_most(&ctd, empty - 50 * MI);
+    let oldest = app.container_id.clone();
+    // Each restart leaves a dead instance holding its 50 MiB; the new one writes 50 more.
+    ctd.restart_container(&mut app).await;
+    wait_available_at_most(&ctd, empty - 100 * MI);
+    let newest_dead = app.container_id.clone();
+    ctd.restart_container(&mut app).await;
+    wait_available_at_most(&ctd, empty - 150 * MI);
+    // Met now (≈150 MiB used); removing the oldest dead instance (50 MiB) resolves it.
+    let threshold = (empty - 120 * MI) / MI;
+    let before = ctd.nodefs_available();
+    let evictd = evictd_on_disk(&ctd, threshold);
+    // Resolved at once, or once containerd's garbage collector has released the snapshot.
+    evictd.wait_for_log("node-level reclaim resolving the pressure", Duration::from_secs(20), |log| {
+        log.contains("node-level reclaim resolved the pressure")
+            || (log.contains("containers_removed=1") && log.contains("disk pressure resolved"))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(evictd.evictions().is_empty(), "{:?}\n{}", evictd.evictions(), evictd.log());
+    let ids: Vec<String> = ctd.client().list_containers().await.unwrap().into_iter().map(|c| c.id).collect();
+    assert!(!ids.contains(&oldest), "the oldest dead instance is removed: {ids:?}");
+    assert!(ids.contains(&newest_dead), "the newest dead instance stays: {ids:?}");
+    assert!(ctd.sandbox_ready(&app.sandbox_id).await, "the pod runs on");
+    print_reclaim_lines(&evictd);
+    println!(
+        "container GC freed {} MiB (nodefs available {} → {} MiB, threshold {threshold} MiB)",
+        (ctd.nodefs_available().saturating_sub(before)) / MI,
+        before / MI,
+        ctd.nodefs_available() / MI
+    );
+}
+
+/// (b) Nothing to reclaim: the pod using the most disk (above its request of 0) is evicted,
+/// exactly one, with the kubelet's message for ephemeral-storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_using_the_most_disk_is_evicted_when_reclaim_is_not_enough() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("the_pod_using_the_most_disk_is_evicted_when_reclaim_is_not_enough") {
+        return;
+    }
+    let mut ctd = Containerd::start_on_nodefs(1024 * MI, 256 * MI);
+    let empty = ctd.nodefs_available();
+    let small = ctd.run_pod(filler("small")).await;
+    let big = ctd.run_pod(filler("big")).await;
+    small.set_mib(30);
+    big.set_mib(80);
+    wait_available_at_most(&ctd, empty - 110 * MI);
+    let evictd = evictd_on_disk(&ctd, (empty - 90 * MI) / MI);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "big", "{e}");
+    assert_eq!(e["signal"], "nodefs.available", "{e}");
+    assert!(
+        e["message"].as_str().unwrap().starts_with("The node was low on resource: ephemeral-storage."),
+        "{e}"
+    );
+    // The evicted pod's layer goes only when its dead container is removed: the next pass's
+    // reclaim does it, the space comes back, and no second pod is evicted meanwhile.
+    evictd.wait_for_log("the evicted pod's space released", Duration::from_secs(20), |log| {
+        log.contains("disk pressure resolved")
+    });
+    assert_eq!(evictd.evictions().len(), 1, "{:?}", evictd.evictions());
+    print_reclaim_lines(&evictd);
+    assert!(!ctd.sandbox_ready(&big.sandbox_id).await);
+    assert!(ctd.sandbox_ready(&small.sandbox_id).await);
+}
