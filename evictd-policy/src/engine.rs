@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
+    local_storage::{self, LimitEviction},
     observations::Observations,
     policy::{NodeCondition, Policy, Resource, Signal, Threshold},
     quantity::Quantity,
@@ -59,6 +60,9 @@ pub struct Decision {
     /// Pod indices in eviction order for the driving signal (critical pods included).
     pub ranking: Vec<usize>,
     pub eviction: Option<Eviction>,
+    /// Pods over their own ephemeral-storage limits (`local_storage`): all of them are
+    /// evicted, before and instead of any threshold eviction.
+    pub limit_evictions: Vec<LimitEviction>,
     /// Why there is no eviction, when there is none.
     pub no_eviction_reason: Option<String>,
 }
@@ -71,6 +75,11 @@ pub struct Input<'a> {
     pub observations: &'a Observations,
     pub pods: &'a [PodEntry<'a>],
     pub now_ns: i64,
+    /// Whether this decision also looks for pods over their own ephemeral-storage limits
+    /// (with the policy's `local_storage_capacity_isolation`): `simulate` and `replay` do,
+    /// on the Summary's stats; the daemon's pressure decisions do not, since their stats are
+    /// read for one signal, and it checks the limits on its own cadence.
+    pub check_storage_limits: bool,
 }
 
 /// The kubelet's `immediateEvictionGracePeriodSeconds` for hard thresholds.
@@ -159,7 +168,7 @@ pub fn victim_grace_seconds(hard: bool, max_pod_grace_period_seconds: i64, pod_g
 /// helper it reproduces.
 pub fn decide(input: &Input, prev: &EngineState) -> (EngineState, Decision) {
     let Input { thresholds, policy, observations: obs, now_ns: now, .. } = *input;
-    if thresholds.is_empty() {
+    if thresholds.is_empty() && !policy.local_storage_capacity_isolation {
         return (prev.clone(), Decision::none("no thresholds are configured"));
     }
     let met = merge_thresholds(
@@ -189,6 +198,13 @@ pub fn decide(input: &Input, prev: &EngineState) -> (EngineState, Decision) {
         condition_last_observed_ns,
         last_observations: obs.clone(),
     };
+    if input.check_storage_limits && policy.local_storage_capacity_isolation {
+        let limit_evictions = local_storage::limit_evictions(input.pods, input.layout);
+        if !limit_evictions.is_empty() {
+            let reason = Some("pods over their own ephemeral-storage limits are evicted first".into());
+            return (state, Decision { limit_evictions, no_eviction_reason: reason, ..decision });
+        }
+    }
     let decision = evict_for_reclaimable_threshold(input, decision, &state);
     (state, decision)
 }

@@ -40,6 +40,10 @@ pub struct PolicyArgs {
     /// the hard memory thresholds).
     #[arg(long, value_name = "LIST")]
     pub enforce_node_allocatable: Option<String>,
+    /// Evict pods over their own ephemeral-storage limits (emptyDir `sizeLimit`, container
+    /// and pod limits), as the kubelet's `localStorageCapacityIsolation`. Default: true.
+    #[arg(long, value_name = "BOOL")]
+    pub local_storage_capacity_isolation: Option<bool>,
 }
 
 /// A policy that cannot be read or is not valid.
@@ -80,6 +84,9 @@ impl PolicyArgs {
         if let Some(v) = &self.enforce_node_allocatable {
             let list = v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
             input.enforce_node_allocatable = Some(("--enforce-node-allocatable".into(), list));
+        }
+        if let Some(v) = self.local_storage_capacity_isolation {
+            input.local_storage_capacity_isolation = v;
         }
         Ok(input)
     }

@@ -19,6 +19,7 @@ struct KubeletConfiguration {
     eviction_pressure_transition_period: Option<String>,
     eviction_max_pod_grace_period: Option<i64>,
     enforce_node_allocatable: Option<Vec<String>>,
+    local_storage_capacity_isolation: Option<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +66,7 @@ pub fn parse(text: &str, p: &str) -> Result<PolicyInput, ConfigError> {
         enforce_node_allocatable: cfg
             .enforce_node_allocatable
             .map(|l| (format!("enforceNodeAllocatable in {p}"), l)),
+        local_storage_capacity_isolation: cfg.local_storage_capacity_isolation.unwrap_or(true),
     })
 }
 

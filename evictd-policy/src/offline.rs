@@ -97,6 +97,7 @@ impl<'a> Session<'a> {
             observations: &observations,
             pods: &entries,
             now_ns: time_ns.unwrap_or(0),
+            check_storage_limits: true,
         };
         let (state, decision) = engine::decide(&input, &self.state);
         self.state = state;
@@ -128,6 +129,12 @@ impl<'a> Session<'a> {
                 "grace_period_seconds": e.grace_period_seconds,
                 "message": e.message,
             })),
+            "limit_evictions": d.limit_evictions.iter().map(|e| json!({
+                "limit": e.kind,
+                "pod": self.pod_ref(e.pod),
+                "grace_period_seconds": e.grace_period_seconds,
+                "message": e.message,
+            })).collect::<Vec<_>>(),
         })
     }
 
@@ -172,6 +179,18 @@ impl<'a> Session<'a> {
                 };
                 writeln!(out, "  {:>2}. {}/{}{note}", n + 1, p.metadata.namespace, p.metadata.name)?;
             }
+        }
+        for e in &d.limit_evictions {
+            let p = &self.pods[e.pod].metadata;
+            writeln!(
+                out,
+                "limit eviction: {}/{} for {} (grace period {}s)\n  {}",
+                p.namespace,
+                p.name,
+                e.kind.as_str(),
+                e.grace_period_seconds,
+                e.message
+            )?;
         }
         match &d.eviction {
             Some(e) => {

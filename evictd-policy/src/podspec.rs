@@ -192,16 +192,43 @@ impl Pod {
     /// pod-level resources if set; otherwise the sum of the containers plus sidecars, at least
     /// the largest init container (with the sidecars started before it); plus overhead.
     pub fn request_nanos(&self, resource: &str) -> i128 {
-        let req = |c: &Container| c.resources.requests.get(resource).map_or(0, Quantity::nanos);
-        let overhead = self.spec.overhead.get(resource).map_or(0, Quantity::nanos);
-        if let Some(q) = self.spec.resources.as_ref().and_then(|r| r.requests.get(resource)) {
-            return q.nanos() + overhead;
+        self.effective_nanos(resource, |r| &r.requests).unwrap_or(0)
+            + self.spec.overhead.get(resource).map_or(0, Quantity::nanos)
+    }
+
+    /// The pod's effective limit of `resource` (resourcehelper's `PodLimits`), by the same
+    /// rule as requests; `None` when neither the pod nor any container sets one (overhead is
+    /// added only to a limit that is set).
+    pub fn limit(&self, resource: &str) -> Option<Quantity> {
+        let nanos = self.effective_nanos(resource, |r| &r.limits)?
+            + self.spec.overhead.get(resource).map_or(0, Quantity::nanos);
+        let first = self
+            .spec
+            .resources
+            .iter()
+            .chain(self.spec.containers.iter().chain(&self.spec.init_containers).map(|c| &c.resources));
+        let format = first.filter_map(|r| r.limits.get(resource)).map(Quantity::format).next();
+        Some(Quantity::from_nanos(nanos, format.unwrap_or(crate::quantity::Format::BinarySi)))
+    }
+
+    /// Pod-level resources if set, else containers and sidecars summed and held against the
+    /// largest init container; `None` when nothing sets `resource`.
+    fn effective_nanos(
+        &self,
+        resource: &str,
+        pick: impl Fn(&Resources) -> &BTreeMap<String, Quantity>,
+    ) -> Option<i128> {
+        if let Some(q) = self.spec.resources.as_ref().and_then(|r| pick(r).get(resource)) {
+            return Some(q.nanos());
         }
-        let mut sum: i128 = self.spec.containers.iter().map(req).sum();
+        let set = |c: &Container| pick(&c.resources).get(resource).map(Quantity::nanos);
+        let any = self.spec.containers.iter().chain(&self.spec.init_containers).any(|c| set(c).is_some());
+        let value = |c: &Container| set(c).unwrap_or(0);
+        let mut sum: i128 = self.spec.containers.iter().map(value).sum();
         let mut sidecars: i128 = 0;
         let mut init_max: i128 = 0;
         for c in &self.spec.init_containers {
-            let r = req(c);
+            let r = value(c);
             let effective = if c.restart_policy.as_deref() == Some("Always") {
                 sum += r;
                 sidecars += r;
@@ -211,7 +238,15 @@ impl Pod {
             };
             init_max = init_max.max(effective);
         }
-        sum.max(init_max) + overhead
+        any.then_some(sum.max(init_max))
+    }
+
+    /// Whether the pod sets any limit the kubelet's local-storage evictions enforce: an
+    /// emptyDir `sizeLimit`, or an ephemeral-storage limit on the pod or a container.
+    pub fn sets_storage_limits(&self) -> bool {
+        let sized =
+            self.spec.volumes.iter().any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()));
+        sized || self.limit("ephemeral-storage").is_some()
     }
 
     /// The request of one container (regular or init) by name, as printed in messages.

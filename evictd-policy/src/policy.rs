@@ -173,6 +173,9 @@ pub struct PolicyInput {
     pub max_pod_grace_period_seconds: i64,
     pub pressure_transition_period: Option<(String, String)>,
     pub enforce_node_allocatable: Option<(String, Vec<String>)>,
+    /// `localStorageCapacityIsolation` (default true): pods over their own ephemeral-storage
+    /// limits are evicted.
+    pub local_storage_capacity_isolation: bool,
 }
 
 impl Default for PolicyInput {
@@ -185,6 +188,7 @@ impl Default for PolicyInput {
             max_pod_grace_period_seconds: 0,
             pressure_transition_period: None,
             enforce_node_allocatable: None,
+            local_storage_capacity_isolation: true,
         }
     }
 }
@@ -197,6 +201,8 @@ pub struct Policy {
     pub pressure_transition_period_ns: i64,
     pub max_pod_grace_period_seconds: i64,
     pub enforce_node_allocatable: Vec<String>,
+    /// Whether pods over their own ephemeral-storage limits are evicted (`local_storage`).
+    pub local_storage_capacity_isolation: bool,
 }
 
 impl Policy {
@@ -205,6 +211,7 @@ impl Policy {
             "thresholds": self.thresholds.iter().map(Threshold::to_json).collect::<Vec<_>>(),
             "pressure_transition_period_seconds": seconds_json(self.pressure_transition_period_ns),
             "max_pod_grace_period_seconds": self.max_pod_grace_period_seconds,
+            "local_storage_capacity_isolation": self.local_storage_capacity_isolation,
         })
     }
 }
@@ -241,6 +248,7 @@ pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, 
         pressure_transition_period_ns: parse_pressure_transition_period(input)?,
         max_pod_grace_period_seconds: input.max_pod_grace_period_seconds,
         enforce_node_allocatable: enforce,
+        local_storage_capacity_isolation: input.local_storage_capacity_isolation,
     })
 }
 

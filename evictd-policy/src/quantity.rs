@@ -46,6 +46,12 @@ impl Quantity {
         Quantity { nanos: units as i128 * NANO, format: Format::DecimalSi }
     }
 
+    /// An exact value in units of 1e-9, printed in `format` (for a sum of quantities, the
+    /// first operand's, as apimachinery's `Add` keeps it).
+    pub fn from_nanos(nanos: i128, format: Format) -> Self {
+        Quantity { nanos, format }
+    }
+
     /// The exact value in units of 1e-9.
     pub fn nanos(&self) -> i128 {
         self.nanos

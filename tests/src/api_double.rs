@@ -388,7 +388,7 @@ pub fn eviction_record() -> evictd::report::record::EvictionRecord {
         namespace: "shop".into(),
         name: "web-1".into(),
         uid: "6f1d7c1e-0000-4000-8000-000000000001".into(),
-        signal: Signal::MemoryAvailable,
+        signal: evictd::report::record::EvictionCause::Signal(Signal::MemoryAvailable),
         available: 50 << 20,
         threshold: 100 << 20,
         grace_period_seconds: 1,

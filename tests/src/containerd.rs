@@ -85,6 +85,9 @@ pub struct PodSpec<'a> {
     pub termination_grace_seconds: i64,
     /// Arguments for /hog instead of the control-file mode (e.g. the benchmark's rate mode).
     pub hog_args: Option<Vec<String>>,
+    /// A kubelet root directory: the pod gets an emptyDir `scratch` where the kubelet makes
+    /// one (`<root>/pods/<uid>/volumes/kubernetes.io~empty-dir/scratch`), at `/scratch`.
+    pub empty_dir_under: Option<PathBuf>,
 }
 
 impl<'a> PodSpec<'a> {
@@ -99,6 +102,7 @@ impl<'a> PodSpec<'a> {
             ignore_sigterm: false,
             termination_grace_seconds: 30,
             hog_args: None,
+            empty_dir_under: None,
         }
     }
 }
@@ -396,6 +400,11 @@ state = "{r}/state"
             .into_inner()
             .pod_sandbox_id;
         self.sandboxes.push(sandbox_id.clone());
+        let empty_dir = spec.empty_dir_under.as_ref().map(|root| {
+            let d = root.join("pods").join(&uid).join("volumes/kubernetes.io~empty-dir/scratch");
+            std::fs::create_dir_all(&d).expect("emptyDir");
+            d
+        });
         let ctl_dir = self.tmp.join("ctl").join(&uid);
         std::fs::create_dir_all(&ctl_dir).expect("control dir");
         let control = ctl_dir.join("mib");
@@ -421,11 +430,14 @@ state = "{r}/state"
             )]
             .into_iter()
             .collect(),
-            mounts: vec![cri::Mount {
-                container_path: "/ctl".into(),
-                host_path: ctl_dir.display().to_string(),
-                ..Default::default()
-            }],
+            mounts: std::iter::once(("/ctl".to_owned(), ctl_dir.clone()))
+                .chain(empty_dir.iter().map(|d| ("/scratch".to_owned(), d.clone())))
+                .map(|(container_path, host)| cri::Mount {
+                    container_path,
+                    host_path: host.display().to_string(),
+                    ..Default::default()
+                })
+                .collect(),
             // The kubelet's layout: `<pod log dir>/<container>/<attempt>.log`, the directory
             // made by the kubelet before CreateContainer.
             log_path: "hog/0.log".into(),

@@ -83,6 +83,7 @@ pub async fn make_pods(ctd: &mut Containerd, defs: &[PodDef]) -> (Vec<TestPod>, 
                 ignore_sigterm: d.ignore_sigterm,
                 termination_grace_seconds: d.grace,
                 hog_args: None,
+                empty_dir_under: None,
             })
             .await;
         let requests = d.request_mib.map_or(json!({}), |r| json!({"memory": format!("{r}Mi")}));

@@ -15,6 +15,7 @@ fn pod(name: &str) -> PodSpec<'_> {
         ignore_sigterm: false,
         termination_grace_seconds: 30,
         hog_args: None,
+        empty_dir_under: None,
     }
 }
 

@@ -142,3 +142,59 @@ async fn the_pod_using_the_most_disk_is_evicted_when_reclaim_is_not_enough() {
     assert!(!ctd.sandbox_ready(&big.sandbox_id).await);
     assert!(ctd.sandbox_ready(&small.sandbox_id).await);
 }
+
+/// (e) A pod over its emptyDir `sizeLimit` is evicted with no node threshold met (the
+/// kubelet's local-storage eviction: its message, a 1 s grace period), and only it: a pod
+/// using more disk but setting no limit stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_over_its_empty_dir_size_limit_is_evicted_with_no_threshold_met() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_pod_over_its_empty_dir_size_limit_is_evicted_with_no_threshold_met") {
+        return;
+    }
+    let mut ctd = Containerd::start_on_nodefs(1024 * MI, 256 * MI);
+    let empty = ctd.nodefs_available();
+    let kubelet = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet");
+    let scratchy = ctd
+        .run_pod(PodSpec {
+            hog_args: Some(["fill", "/ctl/mib", "/scratch/fill"].map(String::from).to_vec()),
+            empty_dir_under: Some(kubelet),
+            ..PodSpec::besteffort("scratchy")
+        })
+        .await;
+    let big = ctd.run_pod(filler("big")).await;
+    big.set_mib(60);
+    scratchy.set_mib(10);
+    wait_available_at_most(&ctd, empty - 70 * MI);
+    let item = |name: &str, uid: &str, spec: serde_json::Value| {
+        serde_json::json!({"metadata": {"name": name, "namespace": "e2e", "uid": uid},
+            "spec": spec, "status": {"phase": "Running"}})
+    };
+    let pods = serde_json::json!({"kind": "PodList", "items": [
+        item("scratchy", &scratchy.uid, serde_json::json!({"containers": [{"name": "hog"}],
+            "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "20Mi"}}]})),
+        item("big", &big.uid, serde_json::json!({"containers": [{"name": "hog"}]})),
+    ]});
+    let file = ctd.tmp.join("pods.json");
+    std::fs::write(&file, pods.to_string()).expect("pods file");
+    // A threshold that is never met: only the pod's own limit can evict it.
+    let nodefs = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet").display().to_string();
+    let root = ctd.root.display().to_string();
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &["--eviction-hard", "nodefs.available<1Mi", "--nodefs-path", &nodefs, "--imagefs-path", &root],
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(evictd.evictions().is_empty(), "10Mi of 20Mi: {:?}", evictd.evictions());
+    scratchy.set_mib(30);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "scratchy", "{e}");
+    assert_eq!(e["signal"], "emptydirfs.limit", "{e}");
+    assert_eq!(e["grace_period_seconds"], 1, "{e}");
+    assert_eq!(e["message"], "Usage of EmptyDir volume \"scratch\" exceeds the limit \"20Mi\". ", "{e}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(evictd.evictions().len(), 1, "{:?}", evictd.evictions());
+    assert!(!ctd.sandbox_ready(&scratchy.sandbox_id).await);
+    assert!(ctd.sandbox_ready(&big.sandbox_id).await, "more disk, but no limit of its own");
+}

@@ -45,6 +45,7 @@ fn check_config_prints_the_policy_contract() {
     let v = &stdout_json_lines(&o)[0];
     assert_eq!(v["pressure_transition_period_seconds"], 300);
     assert_eq!(v["max_pod_grace_period_seconds"], 0);
+    assert_eq!(v["local_storage_capacity_isolation"], true, "the kubelet's default");
     let t = v["thresholds"].as_array().unwrap();
     let keys: Vec<&str> = t[0].as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["grace_period_seconds", "hard", "min_reclaim", "signal", "value"]);
@@ -83,6 +84,62 @@ fn percentages_print_as_the_kubelets_float32_in_every_command() {
     assert_eq!(stdout_json_lines(&o)[0]["thresholds"][0]["value"]["percentage"], 0.0069999998);
 }
 
+/// Issue 13, item 1: pods over their own ephemeral-storage limits are all evicted, with the
+/// kubelet's messages and a 1 s grace period, with no threshold met, and instead of any
+/// threshold eviction; `--local-storage-capacity-isolation false` turns it off.
+#[test]
+fn simulate_lists_every_pod_over_its_own_storage_limit() {
+    let d = tempfile::tempdir().unwrap();
+    let at = "2026-01-01T12:00:00Z";
+    let mut summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(example("summary.json")).unwrap()).unwrap();
+    // Plenty of memory: no threshold is met.
+    summary["node"]["memory"]["availableBytes"] = (4u64 << 30).into();
+    summary["node"]["systemContainers"][0]["memory"]["availableBytes"] = (4u64 << 30).into();
+    let pod_ref =
+        |name: &str| serde_json::json!({"name": name, "namespace": "n", "uid": format!("uid-{name}")});
+    summary["pods"] = serde_json::json!([
+        {"podRef": pod_ref("cache"), "volume": [{"time": at, "name": "scratch", "usedBytes": 150u64 << 20}]},
+        {"podRef": pod_ref("chatty"), "containers": [{"name": "app", "logs": {"time": at, "usedBytes": 20u64 << 20}}]},
+        {"podRef": pod_ref("calm"), "volume": [{"time": at, "name": "scratch", "usedBytes": 1u64 << 20}]},
+    ]);
+    let item = |name: &str, spec: Value| {
+        serde_json::json!({"metadata": {"name": name, "namespace": "n", "uid": format!("uid-{name}")},
+            "spec": spec, "status": {"phase": "Running"}})
+    };
+    let scratch = serde_json::json!([{"name": "scratch", "emptyDir": {"sizeLimit": "100Mi"}}]);
+    let pods = serde_json::json!({"kind": "PodList", "items": [
+        item("cache", serde_json::json!({"containers": [{"name": "app"}], "volumes": scratch})),
+        item("chatty", serde_json::json!({"containers": [{"name": "app", "resources": {"limits": {"ephemeral-storage": "10Mi"}}}]})),
+        item("calm", serde_json::json!({"containers": [{"name": "app"}], "volumes": scratch})),
+    ]});
+    let (sf, pf) = (d.path().join("summary.json"), d.path().join("pods.json"));
+    std::fs::write(&sf, summary.to_string()).unwrap();
+    std::fs::write(&pf, pods.to_string()).unwrap();
+    let run = |extra: &[&str]| {
+        let (sf, pf) = (sf.display().to_string(), pf.display().to_string());
+        let mut args = vec!["simulate", "--summary", &sf, "--pods", &pf, "--output", "json"];
+        args.extend(extra);
+        stdout_json_lines(&evictd(&args)).remove(0)
+    };
+    let v = run(&[]);
+    assert_eq!(v["thresholds_met"], serde_json::json!([]));
+    assert_eq!(v["eviction"], Value::Null);
+    assert_eq!(
+        v["limit_evictions"],
+        serde_json::json!([
+            {"limit": "emptydirfs.limit", "pod": {"namespace": "n", "name": "cache", "uid": "uid-cache"},
+             "grace_period_seconds": 1,
+             "message": "Usage of EmptyDir volume \"scratch\" exceeds the limit \"100Mi\". "},
+            {"limit": "ephemeralcontainerfs.limit", "pod": {"namespace": "n", "name": "chatty", "uid": "uid-chatty"},
+             "grace_period_seconds": 1,
+             "message": "Container app exceeded its local ephemeral storage limit \"10Mi\". "},
+        ])
+    );
+    let off = run(&["--local-storage-capacity-isolation", "false"]);
+    assert_eq!(off["limit_evictions"], serde_json::json!([]));
+}
+
 #[test]
 fn invalid_policy_is_one_line_on_stderr_and_nothing_on_stdout() {
     for args in [
@@ -103,7 +160,18 @@ fn invalid_policy_is_one_line_on_stderr_and_nothing_on_stdout() {
 fn simulate_prints_the_decision_contract() {
     let v = &simulate_example_json(&[]);
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["eviction", "node_conditions", "node_reclaim", "ranking", "signals", "thresholds_met"]);
+    assert_eq!(
+        keys,
+        [
+            "eviction",
+            "limit_evictions",
+            "node_conditions",
+            "node_reclaim",
+            "ranking",
+            "signals",
+            "thresholds_met"
+        ]
+    );
     assert_eq!(
         v["signals"]["memory.available"],
         serde_json::json!({"available": 83886080, "capacity": 8589934592u64})

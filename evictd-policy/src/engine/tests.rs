@@ -91,6 +91,7 @@ impl World {
             observations: obs,
             pods: &entries,
             now_ns: now,
+            check_storage_limits: true,
         };
         let (state, d) = decide(&input, &self.state);
         self.state = state;
@@ -258,9 +259,45 @@ fn protected_pods_are_skipped_like_critical_ones() {
         observations: &obs,
         pods: &entries,
         now_ns: S,
+        check_storage_limits: true,
     };
     let (_, d) = decide(&input, &EngineState::default());
     assert_eq!(d.eviction.map(|e| e.pod), Some(0), "hog is protected, small is next");
+}
+
+/// The kubelet's `localStorageEviction` runs before threshold handling: a pod over its own
+/// emptyDir limit is evicted instead of the memory victim; the daemon's pressure decisions
+/// (`check_storage_limits: false`) leave the limits to their own check.
+#[test]
+fn pods_over_their_own_limits_go_before_any_threshold_eviction() {
+    let mut w = World::new(policy("memory.available<100Mi", "", "", "", |_| {}));
+    w.pods[0].spec.volumes =
+        serde_json::from_value(serde_json::json!([{"name": "v", "emptyDir": {"sizeLimit": "1Mi"}}])).unwrap();
+    w.stats[0].volume =
+        serde_json::from_value(serde_json::json!([{"name": "v", "usedBytes": 2 * MI}])).unwrap();
+    let entries: Vec<PodEntry> = w
+        .pods
+        .iter()
+        .zip(&w.stats)
+        .map(|(p, s)| PodEntry { pod: p, stats: Some(s), protected: false })
+        .collect();
+    let obs = mem_obs(50 * MI, S);
+    let mut input = Input {
+        thresholds: &w.thresholds,
+        policy: &w.policy,
+        layout: FsLayout::SingleFs,
+        observations: &obs,
+        pods: &entries,
+        now_ns: S,
+        check_storage_limits: true,
+    };
+    let (_, d) = decide(&input, &EngineState::default());
+    assert_eq!(d.eviction, None);
+    assert_eq!(d.limit_evictions.iter().map(|e| e.pod).collect::<Vec<_>>(), [0]);
+    assert_eq!(d.thresholds_met.len(), 1, "thresholds and conditions are still computed");
+    input.check_storage_limits = false;
+    let (_, d) = decide(&input, &EngineState::default());
+    assert!(d.limit_evictions.is_empty() && d.eviction.is_some());
 }
 
 #[test]
@@ -365,14 +402,23 @@ fn containerfs_thresholds_follow_the_layout() {
     assert_eq!(cfs, ["containerfs.available<15%"]);
 }
 
+/// The kubelet returns at once only when there are no thresholds *and* local-storage
+/// isolation is off; with it on (its default) the loop goes on for the pods' own limits.
 #[test]
 fn no_thresholds_no_state_change() {
     let mut w = World::new(policy("", "", "", "", |i| {
         i.enforce_node_allocatable = Some(("x".into(), vec![]));
+        i.local_storage_capacity_isolation = false;
     }));
     let d = w.step(&mem_obs(0, S), S);
     assert!(d.eviction.is_none());
     assert_eq!(w.state, EngineState::default());
+    let mut w = World::new(policy("", "", "", "", |i| {
+        i.enforce_node_allocatable = Some(("x".into(), vec![]));
+    }));
+    let d = w.step(&mem_obs(0, S), S);
+    assert!(d.eviction.is_none() && d.thresholds_met.is_empty());
+    assert_ne!(w.state, EngineState::default(), "observations recorded");
 }
 
 /// A policy re-read (SIGHUP): a soft threshold whose value changed keeps its running grace

@@ -276,6 +276,7 @@ impl RunArgs {
                 kill,
                 own_pod_uid: own_pod::identify()?,
                 evict_inferred_kube_system: self.evict_inferred_kube_system,
+                storage_limit_period: self.housekeeping_interval,
             },
             wake,
             trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),

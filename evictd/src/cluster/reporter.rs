@@ -30,7 +30,10 @@ use tokio::{
 
 use super::records::{self, Involved};
 use crate::{
-    report::{metrics::Metrics, record::EvictionRecord},
+    report::{
+        metrics::Metrics,
+        record::{EvictionCause, EvictionRecord},
+    },
     wake::monotonic_ns,
 };
 
@@ -157,11 +160,15 @@ impl Reporter {
         let pod = Involved { kind: "Pod", namespace: Some(&rec.namespace), name: &rec.name, uid: &rec.uid };
         let event = records::pod_evicted_event(&pod, &rec.message, rec.annotations.clone(), &self.node, now);
         self.queue(&self.pods, Call::Event(Box::new(event)));
-        let resource = rec.signal.resource().as_str();
-        self.queue(
-            &self.node_calls,
-            Call::Event(Box::new(records::threshold_met_event(&self.node, resource, now))),
-        );
+        // The kubelet posts the node's EvictionThresholdMet for thresholds only, not for a
+        // pod over its own limit.
+        if let EvictionCause::Signal(signal) = rec.signal {
+            let resource = signal.resource().as_str();
+            self.queue(
+                &self.node_calls,
+                Call::Event(Box::new(records::threshold_met_event(&self.node, resource, now))),
+            );
+        }
     }
 
     /// evictd's node conditions: `pressure` are true, the others false; `changed` flipped.

@@ -103,6 +103,9 @@ pub struct PressureOptions {
     pub own_pod_uid: Option<String>,
     /// Whether a `kube-system` pod whose spec is only inferred may be evicted.
     pub evict_inferred_kube_system: bool,
+    /// How often pods are checked against their own ephemeral-storage limits (the
+    /// housekeeping interval, as the kubelet's monitoring period).
+    pub storage_limit_period: Duration,
 }
 
 /// How a chosen pod is killed (`--fast-kill`, `--hard-eviction-grace-period`,
@@ -568,6 +571,7 @@ mod tests {
             kill: KillOptions { fast_kill: true, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
             own_pod_uid: None,
             evict_inferred_kube_system: false,
+            storage_limit_period: Duration::from_secs(10),
         };
         let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
         let err = spawn_inventory(Some(&client), &opts, None, Arc::new(Notify::new()), Default::default())

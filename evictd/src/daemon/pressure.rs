@@ -13,6 +13,7 @@ use std::{
 
 use evictd_policy::{
     engine::{self, EngineState},
+    local_storage::{self, LimitEviction},
     observations::Observations,
     policy::{NodeCondition, Policy, Threshold},
     rank::{FsLayout, PodEntry},
@@ -24,7 +25,7 @@ use super::{KillOptions, PressureOptions};
 use crate::{
     cluster::reporter::Reporter,
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
-    report::record::EvictionRecord,
+    report::record::{EvictionCause, EvictionRecord},
     runtime::{
         cri::CriClient,
         evict::{self, StopPlan, Urgency},
@@ -74,6 +75,10 @@ pub struct Pressure {
     /// Set by node-level reclaim that removed something, or a disk eviction: for
     /// `DISK_SETTLE` no pod is evicted for a disk signal.
     disk_settle: Option<DiskSettle>,
+    /// How often pods are checked against their own ephemeral-storage limits, and when
+    /// they last were.
+    storage_limit_period: Duration,
+    limits_checked: Option<Instant>,
 }
 
 /// Space on its way back to a filesystem, and since when.
@@ -118,6 +123,8 @@ impl Pressure {
             gone: BTreeSet::new(),
             last_warning: None,
             disk_settle: None,
+            storage_limit_period: opts.storage_limit_period,
+            limits_checked: None,
         }
     }
 
@@ -153,7 +160,21 @@ impl Pressure {
         now_ns: impl Fn() -> i64,
         wake: Option<Wake>,
     ) -> (Vec<EvictionRecord>, Observations) {
-        let mut records: Vec<EvictionRecord> = Vec::new();
+        let mut records = self.evict_pods_over_storage_limits(pods).await;
+        if !records.is_empty() {
+            // The kubelet returns the pods over their limits and leaves thresholds to its
+            // next tick; so does this pass.
+            let observed_ns = monotonic_ns();
+            for rec in &mut records {
+                rec.observed_ns = observed_ns;
+            }
+            if let (Some(w), Some(first)) = (wake, records.first_mut()) {
+                first.wake_cause = Some(w.cause);
+                first.wake_kernel_ts_ns = w.kernel_ts_ns;
+                first.wake_received_ns = Some(w.received_ns);
+            }
+            return (records, self.observe(now_ns()));
+        }
         let mut obs = self.observe(now_ns());
         for _ in 0..MAX_EVICTIONS_PER_PASS {
             let observed_ns = monotonic_ns();
@@ -216,6 +237,78 @@ impl Pressure {
         records
     }
 
+    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period`: every
+    /// pod over one of its own ephemeral-storage limits (emptyDir `sizeLimit`, a container's
+    /// or the pod's limit) is evicted with a 1 s grace period, whatever the thresholds say.
+    /// Nothing is read when no pod sets such a limit.
+    async fn evict_pods_over_storage_limits(&mut self, pods: &Arc<Vec<PodRecord>>) -> Vec<EvictionRecord> {
+        let due = self.limits_checked.is_none_or(|t| t.elapsed() >= self.storage_limit_period);
+        if !self.policy.local_storage_capacity_isolation || !due {
+            return Vec::new();
+        }
+        self.limits_checked = Some(Instant::now());
+        if !pods.iter().any(|p| p.spec.sets_storage_limits()) {
+            return Vec::new();
+        }
+        let t0 = Instant::now();
+        let candidates = self.candidates(pods, true).await;
+        let entries: Vec<PodEntry> = candidates
+            .iter()
+            .map(|(p, s)| PodEntry { pod: &p.spec, stats: Some(s), protected: self.protects(p) })
+            .collect();
+        let over = local_storage::limit_evictions(&entries, self.layout);
+        tracing::debug!(
+            pods = entries.len(),
+            over = over.len(),
+            "pods checked against their own storage limits"
+        );
+        drop(entries);
+        let mut records = Vec::with_capacity(over.len());
+        for e in over {
+            let pod = candidates[e.pod].0;
+            let mut rec = self.limit_record(pod, &e, t0);
+            self.act(pod, &mut rec).await;
+            records.push(rec);
+        }
+        records
+    }
+
+    fn limit_record(&self, pod: &PodRecord, e: &LimitEviction, t0: Instant) -> EvictionRecord {
+        self.new_record(pod, EvictionCause::Limit(e.kind), e.grace_period_seconds, &e.message, t0)
+    }
+
+    /// A record of a decision just taken, before the act step fills in what happened.
+    fn new_record(
+        &self,
+        pod: &PodRecord,
+        signal: EvictionCause,
+        grace_period_seconds: i64,
+        message: &str,
+        t0: Instant,
+    ) -> EvictionRecord {
+        EvictionRecord {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            signal,
+            available: 0,
+            threshold: 0,
+            grace_period_seconds,
+            message: message.to_owned(),
+            annotations: Default::default(),
+            dry_run: self.dry_run,
+            error: None,
+            decide_us: t0.elapsed().as_micros() as u64,
+            phases: None,
+            wake_cause: None,
+            wake_kernel_ts_ns: None,
+            wake_received_ns: None,
+            observed_ns: 0,
+            decided_ns: monotonic_ns(),
+            released_ns: None,
+        }
+    }
+
     /// Whether the decision's most urgent signal is a disk signal.
     fn drives_on_disk(&self, d: &engine::Decision) -> bool {
         d.actionable.first().is_some_and(|&i| self.thresholds[i].signal.resource().is_disk())
@@ -258,6 +351,7 @@ impl Pressure {
             observations: obs,
             pods,
             now_ns: now,
+            check_storage_limits: false,
         }
     }
 
@@ -408,25 +502,10 @@ impl Pressure {
     ) -> EvictionRecord {
         let o = obs.get(&e.signal).copied();
         EvictionRecord {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-            signal: e.signal,
             available: o.map_or(0, |o| o.available),
             threshold: o.map_or(0, |o| self.thresholds[e.threshold].value.resolve(o.capacity)),
-            grace_period_seconds: self.grace_seconds(e),
-            message: e.message.clone(),
             annotations: e.annotations.clone(),
-            dry_run: self.dry_run,
-            error: None,
-            decide_us: t0.elapsed().as_micros() as u64,
-            phases: None,
-            wake_cause: None,
-            wake_kernel_ts_ns: None,
-            wake_received_ns: None,
-            observed_ns: 0,
-            decided_ns: monotonic_ns(),
-            released_ns: None,
+            ..self.new_record(pod, EvictionCause::Signal(e.signal), self.grace_seconds(e), &e.message, t0)
         }
     }
 

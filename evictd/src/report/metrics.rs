@@ -430,7 +430,7 @@ mod tests {
             namespace: "ns".into(),
             name: "p".into(),
             uid: "u".into(),
-            signal: Signal::MemoryAvailable,
+            signal: crate::report::record::EvictionCause::Signal(Signal::MemoryAvailable),
             available: 1,
             threshold: 2,
             grace_period_seconds: 1,

@@ -1,6 +1,8 @@
 //! One eviction decision as evictd reports it: in the log, on `--trace --json`, in metrics.
 
-use evictd_policy::policy::Signal;
+use std::fmt;
+
+use evictd_policy::{local_storage::LimitKind, policy::Signal, signal::Resource};
 use serde::Serialize;
 
 use crate::{runtime::evict::Phases, wake::WakeCause};
@@ -11,7 +13,9 @@ pub struct EvictionRecord {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    pub signal: Signal,
+    /// The signal past its threshold, or the pod's own limit it exceeded (the kubelet's
+    /// `eviction_signal` label either way: `memory.available`, `emptydirfs.limit`, …).
+    pub signal: EvictionCause,
     pub available: i64,
     pub threshold: i64,
     pub grace_period_seconds: i64,
@@ -32,4 +36,37 @@ pub struct EvictionRecord {
     pub observed_ns: u64,
     pub decided_ns: u64,
     pub released_ns: Option<u64>,
+}
+
+/// Why a pod was evicted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum EvictionCause {
+    /// A node signal past one of its thresholds.
+    Signal(Signal),
+    /// The pod over one of its own ephemeral-storage limits (`local_storage`).
+    Limit(LimitKind),
+}
+
+impl EvictionCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvictionCause::Signal(s) => s.as_str(),
+            EvictionCause::Limit(l) => l.as_str(),
+        }
+    }
+
+    /// The resource it starves: a limit eviction is always about ephemeral storage.
+    pub fn resource(self) -> Resource {
+        match self {
+            EvictionCause::Signal(s) => s.resource(),
+            EvictionCause::Limit(_) => Resource::EphemeralStorage,
+        }
+    }
+}
+
+impl fmt::Display for EvictionCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

@@ -13,7 +13,10 @@ use serde::Serialize;
 use crate::{
     kernel::ebpf::Counters,
     node::{cgroup_names::CgroupNames, growth::Growth},
-    report::{record::EvictionRecord, units},
+    report::{
+        record::{EvictionCause, EvictionRecord},
+        units,
+    },
     wake::{Wake, WakeCause},
 };
 
@@ -164,15 +167,22 @@ impl<W: Write> TraceSink<W> {
                         e.decide_us, p.stop_containers_ms, p.stop_sandbox_ms
                     )
                 });
+                // A pod over its own limit has no node threshold: its message names the limit.
+                let why = match e.signal {
+                    EvictionCause::Signal(_) => format!(
+                        "available {}, threshold {}",
+                        units::bytes(e.available),
+                        units::bytes(e.threshold)
+                    ),
+                    EvictionCause::Limit(_) => e.message.trim_end().to_owned(),
+                };
                 writeln!(
                     self.out,
-                    "{} {what} {}/{} for {} (available {}, threshold {}, grace {}s){phases}",
+                    "{} {what} {}/{} for {} ({why}, grace {}s){phases}",
                     now_text(),
                     e.namespace,
                     e.name,
                     e.signal,
-                    units::bytes(e.available),
-                    units::bytes(e.threshold),
                     e.grace_period_seconds
                 )
             }

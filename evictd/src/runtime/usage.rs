@@ -87,7 +87,7 @@ pub fn pod_stats(
         .as_ref()
         .and_then(|p| std::fs::read_to_string(p.join("pids.current")).ok())
         .and_then(|s| s.trim().parse().ok());
-    let containers = rec
+    let containers: Vec<ContainerStats> = rec
         .containers
         .iter()
         .filter(|c| c.running)
@@ -101,12 +101,14 @@ pub fn pod_stats(
             logs: disk.and(rec.log_directory.as_deref()).map(|d| fs_stats(du(&Path::new(d).join(&c.name)))),
         })
         .collect();
+    let volume = disk.map(|d| local_volume_stats(rec, &d.kubelet_root)).unwrap_or_default();
+    let ephemeral_storage = disk.map(|_| ephemeral_storage(rec, &containers, &volume));
     Ok(PodStats {
         pod_ref: PodRef { name: rec.name.clone(), namespace: rec.namespace.clone(), uid: rec.uid.clone() },
         containers,
         memory: Some(MemoryStats { working_set_bytes: Some(mem.working_set()), ..Default::default() }),
-        volume: disk.map(|d| local_volume_stats(rec, &d.kubelet_root)).unwrap_or_default(),
-        ephemeral_storage: None,
+        volume,
+        ephemeral_storage,
         process_stats: Some(ProcessStats { process_count: processes }),
     })
 }
@@ -120,17 +122,48 @@ fn container_working_set(pod: &PodCgroups, id: &str, layout: &CgroupMounts) -> O
     MemoryCgroup::new(dir, layout.memory_version, false).read().ok().map(|m| m.working_set())
 }
 
-/// The pod's local volumes that count against the node's disk (the kubelet's
-/// `localVolumeNames`), measured where the kubelet mounts them:
-/// `<root>/pods/<uid>/volumes/<plugin>/<name>` (e.g. `kubernetes.io~empty-dir/scratch`). A
-/// volume with no directory (hostPath, which the kubelet does not measure either) is left out.
+/// The pod's ephemeral-storage usage, as the kubelet's `calcEphemeralStorage` sums it: its
+/// containers' writable layers and logs, and its local ephemeral volumes (not those in memory).
+fn ephemeral_storage(rec: &PodRecord, containers: &[ContainerStats], volumes: &[VolumeStats]) -> FsStats {
+    let fs = |f: &Option<FsStats>| {
+        f.as_ref().map_or((0, 0), |f| (f.used_bytes.unwrap_or(0), f.inodes_used.unwrap_or(0)))
+    };
+    let local: Vec<&str> = rec.spec.local_volume_names().collect();
+    let parts = containers.iter().flat_map(|c| [fs(&c.rootfs), fs(&c.logs)]).chain(
+        volumes
+            .iter()
+            .filter(|v| local.contains(&v.name.as_str()))
+            .map(|v| (v.used_bytes.unwrap_or(0), v.inodes_used.unwrap_or(0))),
+    );
+    let (bytes, inodes) = parts.fold((0, 0), |(b, i), (pb, pi)| (b + pb, i + pi));
+    fs_stats((bytes, inodes))
+}
+
+/// The pod's volumes whose usage the kubelet reads for eviction, measured where it mounts
+/// them: `<root>/pods/<uid>/volumes/<plugin>/<name>` (e.g. `kubernetes.io~empty-dir/scratch`).
+/// Those that count against the node's disk (its `localVolumeNames`), and every emptyDir
+/// with a `sizeLimit`, memory-backed ones included (the local-storage limit applies to them).
+/// A volume with no directory (hostPath, which the kubelet does not measure either) is left out.
 fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path) -> Vec<VolumeStats> {
     let volumes = kubelet_root.join("pods").join(&rec.uid).join("volumes");
     let plugins: Vec<PathBuf> = std::fs::read_dir(&volumes)
         .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
         .unwrap_or_default();
-    rec.spec
-        .local_volume_names()
+    let sized = rec
+        .spec
+        .spec
+        .volumes
+        .iter()
+        .filter(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
+        .map(|v| v.name.as_str());
+    let mut names: Vec<&str> = Vec::new();
+    for name in rec.spec.local_volume_names().chain(sized) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+        .into_iter()
         .filter_map(|name| {
             let dir = plugins.iter().map(|p| p.join(name)).find(|d| d.is_dir())?;
             let (bytes, inodes) = du(&dir);
@@ -214,15 +247,13 @@ mod tests {
         assert!(cgroup_tree_empty(&d.path().join("gone")));
     }
 
-    /// GNU du's count of `dir` (bytes, inodes), one filesystem: the oracle the kubelet's
-    /// `fs.DiskUsage` agrees with.
-    fn gnu_du(dir: &Path) -> (u64, u64) {
-        let run = |arg: &str| -> u64 {
-            let out = std::process::Command::new("du").args(["-sx", arg]).arg(dir).output().unwrap();
-            let text = String::from_utf8(out.stdout).unwrap();
-            text.split_whitespace().next().unwrap().parse().unwrap()
-        };
-        (run("-B1"), run("--inodes"))
+    /// The oracle: (allocated bytes, inodes) of exactly the entries the test made under
+    /// `dir`, each named once (`dir` itself first, the hard link not at all) — no walk, and
+    /// no `du` (the VM matrix runs these tests where there is none).
+    fn made(dir: &Path, entries: &[&str]) -> (u64, u64) {
+        use std::os::unix::fs::MetadataExt as _;
+        let paths = std::iter::once(dir.to_path_buf()).chain(entries.iter().map(|e| dir.join(e)));
+        paths.fold((0, 0), |(b, i), p| (b + std::fs::metadata(&p).unwrap().blocks() * 512, i + 1))
     }
 
     /// Issue 13, item 2: a pod's disk usage as the kubelet counts it. Only running containers
@@ -300,25 +331,38 @@ mod tests {
         let fs = |f: &Option<FsStats>| f.as_ref().map(|f| (f.used_bytes.unwrap(), f.inodes_used.unwrap()));
         let got: Vec<_> =
             stats.containers.iter().map(|c| (c.name.as_str(), fs(&c.rootfs), fs(&c.logs))).collect();
-        let logs = |c: &str| Some(gnu_du(&d.path().join("logs/ns_p_u").join(c)));
+        let logs_dir = d.path().join("logs/ns_p_u");
+        let (app_logs, sidecar_logs) =
+            (made(&logs_dir.join("app"), &["0.log", "1.log"]), made(&logs_dir.join("sidecar"), &["0.log"]));
         assert_eq!(
             got,
-            [("app", Some((4096, 3)), logs("app")), ("sidecar", Some((8192, 5)), logs("sidecar"))]
+            [("app", Some((4096, 3)), Some(app_logs)), ("sidecar", Some((8192, 5)), Some(sidecar_logs))]
         );
         let vols: Vec<_> = stats
             .volume
             .iter()
             .map(|v| (v.name.as_str(), (v.used_bytes.unwrap(), v.inodes_used.unwrap())))
             .collect();
-        let vol = |rel: &str| gnu_du(&d.path().join(volumes).join(rel));
+        let vol = |rel: &str, entries: &[&str]| made(&d.path().join(volumes).join(rel), entries);
         assert_eq!(
             vols,
             [
-                ("scratch", vol("kubernetes.io~empty-dir/scratch")),
-                ("conf", vol("kubernetes.io~configmap/conf"))
+                ("scratch", vol("kubernetes.io~empty-dir/scratch", &["data", "data/blob"])),
+                ("conf", vol("kubernetes.io~configmap/conf", &["app.yaml"]))
             ]
         );
         assert!(vols[0].1.0 >= 1 << 20 && vols[0].1.0 < 2 << 20, "the hard link counted once: {vols:?}");
+
+        // The pod's total: its running containers' layers and logs and its local volumes.
+        let total = stats.ephemeral_storage.as_ref().and_then(|f| f.used_bytes).unwrap();
+        let sum = 4096 + 8192 + app_logs.0 + sidecar_logs.0 + vols[0].1.0 + vols[1].1.0;
+        assert_eq!(total, sum);
+        // A memory emptyDir with a sizeLimit is measured (its limit applies), not counted in the total.
+        rec.spec.spec.volumes[3].empty_dir.as_mut().unwrap().size_limit = Some("1Mi".parse().unwrap());
+        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&disk)).unwrap();
+        let ram = stats.volume.iter().find(|v| v.name == "ram").and_then(|v| v.used_bytes);
+        assert_eq!(ram, Some(vol("kubernetes.io~empty-dir/ram", &["x"]).0));
+        assert_eq!(stats.ephemeral_storage.and_then(|f| f.used_bytes), Some(total));
 
         // A memory pass walks nothing.
         let stats = pod_stats(&rec, cgroups.as_ref(), &layout, None).unwrap();

@@ -38,6 +38,7 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         kill: KillOptions { fast_kill: false, hard_grace_seconds: 1, emergency: EmergencyLevel::HalfHard },
         own_pod_uid: None,
         evict_inferred_kube_system: false,
+        storage_limit_period: Duration::from_secs(10),
     };
     let (policy, _) = args.policy().unwrap();
     let escalate = watch::channel(Urgency::Normal).1;
