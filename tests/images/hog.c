@@ -17,7 +17,11 @@
  *   hog fill <control-file> <path>
  *     Disk instead of memory: keeps the file <path> (in the container's writable layer, or
  *     in a volume) grown to the number of MiB in <control-file>, written and fsync'd 1 MiB
- *     at a time; it only grows. Ends on SIGTERM. */
+ *     at a time; it only grows. Ends on SIGTERM.
+ *
+ *   hog fork <control-file>
+ *     Processes instead of memory: keeps as many sleeping child processes as the number in
+ *     <control-file> says; it only grows. Ends on SIGTERM (its PID namespace ends the rest). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +30,14 @@
 #include <unistd.h>
 
 static void stop(int sig) { (void)sig; _exit(0); }
+
+/* The number in a control file; 0 while it is missing or being written. */
+static long read_number(const char *path) {
+    FILE *f = fopen(path, "r");
+    long n = 0;
+    if (f) { if (fscanf(f, "%ld", &n) != 1) n = 0; fclose(f); }
+    return n;
+}
 
 static long long now_ns(void) {
     struct timespec t;
@@ -69,9 +81,7 @@ static int fill_mode(const char *control, const char *path) {
     if (!out) { perror(path); return 1; }
     long have = 0;
     for (;;) {
-        FILE *f = fopen(control, "r");
-        long want = 0;
-        if (f) { if (fscanf(f, "%ld", &want) != 1) want = 0; fclose(f); }
+        long want = read_number(control);
         for (; have < want; have++) {
             /* A full filesystem is the point of some tests: keep trying, never exit. */
             if (fwrite(chunk, 1, sizeof chunk, out) != sizeof chunk || fflush(out) != 0) { clearerr(out); break; }
@@ -81,8 +91,24 @@ static int fill_mode(const char *control, const char *path) {
     }
 }
 
+static int fork_mode(const char *control) {
+    signal(SIGTERM, stop);
+    long have = 0;
+    for (;;) {
+        long want = read_number(control);
+        for (; have < want; have++) {
+            pid_t pid = fork();
+            if (pid == 0) { signal(SIGTERM, SIG_DFL); for (;;) pause(); }
+            if (pid < 0) break;
+        }
+        usleep(10000);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "fill") == 0) return fill_mode(argv[2], argv[3]);
+    if (argc >= 3 && strcmp(argv[1], "fork") == 0) return fork_mode(argv[2]);
     if (argc >= 5 && strcmp(argv[1], "rate") == 0)
         return rate_mode(atol(argv[2]), argv[3], argv[4], argc >= 6 ? atol(argv[5]) : 0,
                          argc >= 7 && strcmp(argv[6], "ignore-term") == 0);
@@ -90,9 +116,7 @@ int main(int argc, char **argv) {
     signal(SIGTERM, argc > 2 && strcmp(argv[2], "ignore-term") == 0 ? SIG_IGN : stop);
     long have = 0;
     for (;;) {
-        FILE *f = fopen(argv[1], "r");
-        long want = 0;
-        if (f) { if (fscanf(f, "%ld", &want) != 1) want = 0; fclose(f); }
+        long want = read_number(argv[1]);
         if (want > have) {
             size_t n = (size_t)(want - have) << 20;
             char *p = malloc(n);

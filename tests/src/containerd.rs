@@ -71,6 +71,8 @@ pub struct Containerd {
     /// A size-limited filesystem of the test's own holding `root` and a kubelet root
     /// directory (`start_on_nodefs`): nodefs and imagefs in one, the kubelet's usual layout.
     pub nodefs: Option<PathBuf>,
+    /// A second one holding `root` alone (`start_with_imagefs`): a dedicated imagefs.
+    pub imagefs: Option<PathBuf>,
 }
 
 /// A pod as the test wants it.
@@ -154,16 +156,22 @@ impl TestPod {
 impl Containerd {
     /// Starts containerd with a node cgroup of `node_limit` bytes under the memory root.
     pub fn start(node_limit: u64) -> Self {
-        Self::start_in(node_limit, None)
+        Self::start_in(node_limit, None, None)
     }
 
     /// As `start`, with containerd's root on a tmpfs of `nodefs_bytes` mounted for this test
     /// (unmounted at teardown): a small disk that a test fills on purpose.
     pub fn start_on_nodefs(node_limit: u64, nodefs_bytes: u64) -> Self {
-        Self::start_in(node_limit, Some(nodefs_bytes))
+        Self::start_in(node_limit, Some(nodefs_bytes), None)
     }
 
-    fn start_in(node_limit: u64, nodefs_bytes: Option<u64>) -> Self {
+    /// As `start_on_nodefs`, with containerd's root on a second tmpfs of `imagefs_bytes`:
+    /// the kubelet's dedicated imagefs layout.
+    pub fn start_with_imagefs(node_limit: u64, nodefs_bytes: u64, imagefs_bytes: u64) -> Self {
+        Self::start_in(node_limit, Some(nodefs_bytes), Some(imagefs_bytes))
+    }
+
+    fn start_in(node_limit: u64, nodefs_bytes: Option<u64>, imagefs_bytes: Option<u64>) -> Self {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("evictd-e2e-{}-{n}", std::process::id());
         let tmp = std::env::temp_dir().join(&name);
@@ -173,10 +181,16 @@ impl Containerd {
         }
         let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
         let nodefs = nodefs_bytes.map(|_| tmp.join("nodefs"));
-        let root = nodefs.as_ref().map_or_else(|| tmp.join("root"), |d| d.join("containerd"));
+        let imagefs = imagefs_bytes.map(|_| tmp.join("imagefs"));
+        let root = match (&imagefs, &nodefs) {
+            (Some(d), _) => d.join("containerd"),
+            (None, Some(d)) => d.join("containerd"),
+            (None, None) => tmp.join("root"),
+        };
         let mut c = Containerd {
             root,
             nodefs,
+            imagefs,
             socket: run.join("containerd.sock"),
             name: name.clone(),
             tmp,
@@ -186,18 +200,13 @@ impl Containerd {
             memory_root: layout.memory_root,
             sandboxes: Vec::new(),
         };
-        // Mounted once `c` exists: its teardown unmounts it, also when a step below fails.
-        if let (Some(dir), Some(size)) = (&c.nodefs, nodefs_bytes) {
-            std::fs::create_dir_all(dir).expect("nodefs mount point");
-            let opts = format!("size={size},mode=0755");
-            nix::mount::mount(
-                Some("tmpfs"),
-                dir,
-                Some("tmpfs"),
-                nix::mount::MsFlags::empty(),
-                Some(opts.as_str()),
-            )
-            .unwrap_or_else(|e| panic!("mounting a {size}-byte tmpfs at {}: {e}", dir.display()));
+        // Mounted once `c` exists: its teardown unmounts them, also when a step below fails.
+        for (dir, size) in [(&c.nodefs, nodefs_bytes), (&c.imagefs, imagefs_bytes)] {
+            if let (Some(dir), Some(size)) = (dir, size) {
+                mount_tmpfs(dir, size);
+            }
+        }
+        if let Some(dir) = &c.nodefs {
             std::fs::create_dir_all(dir.join("kubelet")).expect("kubelet root");
         }
         let node = c.node_dir();
@@ -212,9 +221,12 @@ impl Containerd {
 
     /// Bytes available on the test's nodefs (`start_on_nodefs`), as statvfs says.
     pub fn nodefs_available(&self) -> u64 {
-        let dir = self.nodefs.as_ref().expect("a containerd started on a nodefs of its own");
-        let s = nix::sys::statvfs::statvfs(dir).expect("statvfs nodefs");
-        s.blocks_available() as u64 * s.fragment_size() as u64
+        fs_available(self.nodefs.as_ref().expect("a containerd started on a nodefs of its own"))
+    }
+
+    /// Bytes available on the test's dedicated imagefs (`start_with_imagefs`).
+    pub fn imagefs_available(&self) -> u64 {
+        fs_available(self.imagefs.as_ref().expect("a containerd started with an imagefs of its own"))
     }
 
     /// The node cgroup's directory in the memory hierarchy.
@@ -590,4 +602,18 @@ fn write_image_tarball(tag: &str, files: &[(&str, Vec<u8>)], out: &Path) {
         outer.append_data(&mut h, path, data).expect("image entry");
     }
     outer.into_inner().expect("image tarball").flush().expect("flush");
+}
+
+/// A tmpfs of `size` bytes at `dir` (made if missing).
+fn mount_tmpfs(dir: &Path, size: u64) {
+    std::fs::create_dir_all(dir).expect("mount point");
+    let opts = format!("size={size},mode=0755");
+    nix::mount::mount(Some("tmpfs"), dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some(opts.as_str()))
+        .unwrap_or_else(|e| panic!("mounting a {size}-byte tmpfs at {}: {e}", dir.display()));
+}
+
+/// Bytes available on the filesystem of `dir`, as statvfs says.
+fn fs_available(dir: &Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(dir).unwrap_or_else(|e| panic!("statvfs {}: {e}", dir.display()));
+    s.blocks_available() as u64 * s.fragment_size() as u64
 }

@@ -198,3 +198,50 @@ async fn a_pod_over_its_empty_dir_size_limit_is_evicted_with_no_threshold_met() 
     assert!(!ctd.sandbox_ready(&scratchy.sandbox_id).await);
     assert!(ctd.sandbox_ready(&big.sandbox_id).await, "more disk, but no limit of its own");
 }
+
+/// (f) A dedicated imagefs (containerd's root on a filesystem of its own) filling up with an
+/// image nobody uses: node-level reclaim removes that image, keeps the one in use, and that
+/// suffices: nobody is evicted. Also (c) on a real filesystem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedicated_imagefs_is_relieved_by_image_gc_before_any_eviction() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_dedicated_imagefs_is_relieved_by_image_gc_before_any_eviction") {
+        return;
+    }
+    let mut ctd = Containerd::start_with_imagefs(1024 * MI, 64 * MI, 256 * MI);
+    let app = ctd.run_pod(filler("app")).await;
+    app.set_mib(5);
+    let before = ctd.imagefs_available();
+    // 40 MiB of image, kept twice on the imagefs (the content blob and the unpacked layer).
+    ctd.import("evictd.test/unused:1", &[("blob", vec![7u8; 40 << 20])]);
+    let loaded = ctd.imagefs_available();
+    assert!(before - loaded >= 60 * MI, "the unused image takes {} MiB", (before - loaded) / MI);
+    // Met now; removing the unused image brings imagefs back above it.
+    let threshold = format!("imagefs.available<{}Mi", (before - 30 * MI) / MI);
+    let nodefs = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet").display().to_string();
+    let root = ctd.root.display().to_string();
+    let evictd = Evictd::start(
+        &ctd,
+        None,
+        &["--eviction-hard", &threshold, "--nodefs-path", &nodefs, "--imagefs-path", &root],
+    );
+    assert!(evictd.log().contains("dedicated_imagefs=true"), "{}", evictd.log());
+    evictd.wait_for_log("image GC resolving the pressure", Duration::from_secs(20), |log| {
+        log.contains("node-level reclaim resolved the pressure")
+            || (log.contains("images_removed=1") && log.contains("disk pressure resolved"))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(evictd.evictions().is_empty(), "{:?}\n{}", evictd.evictions(), evictd.log());
+    let tags: Vec<String> =
+        ctd.client().list_images().await.unwrap().into_iter().flat_map(|i| i.repo_tags).collect();
+    assert!(!tags.iter().any(|t| t.contains("evictd.test/unused")), "the unused image is removed: {tags:?}");
+    assert!(tags.iter().any(|t| t.contains("evictd.test/tools")), "the image in use stays: {tags:?}");
+    assert!(ctd.sandbox_ready(&app.sandbox_id).await);
+    print_reclaim_lines(&evictd);
+    println!(
+        "image GC freed {} MiB (imagefs available {} → {} MiB)",
+        ctd.imagefs_available().saturating_sub(loaded) / MI,
+        loaded / MI,
+        ctd.imagefs_available() / MI
+    );
+}

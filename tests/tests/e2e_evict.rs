@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use evictd_tests::{
     api_double::{ApiDouble, free_port},
-    containerd::{self, Containerd, TestPod},
+    containerd::{self, Containerd, PodSpec, TestPod},
     dies_with_harness,
     evictd_proc::Evictd,
     http_get,
@@ -592,4 +592,45 @@ async fn pod_specs_from_the_api_server_drive_the_ranking() {
     assert!(ctd.sandbox_ready(&big.sandbox_id).await);
     let list = api.requests().into_iter().find(|r| r.method == "GET").expect("the list");
     assert!(list.path.contains("fieldSelector=spec.nodeName%3De2e-node"), "{}", list.path);
+}
+
+/// The node's (max tasks, tasks now), read as the kubelet reads them (issue 13, item 3).
+fn node_pids() -> (i64, i64) {
+    let read = |p: &str| std::fs::read_to_string(p).expect(p).trim().parse::<i64>().expect(p);
+    let max = read("/proc/sys/kernel/pid_max").min(read("/proc/sys/kernel/threads-max"));
+    let loadavg = std::fs::read_to_string("/proc/loadavg").expect("/proc/loadavg");
+    let tasks = loadavg.split_whitespace().nth(3).and_then(|f| f.split_once('/')).expect("tasks field").1;
+    (max, tasks.parse().expect("task count"))
+}
+
+/// (n) PID pressure on the real node: a pod forking 400 processes takes pid.available past
+/// a threshold set 200 below what the node had; that pod, the one with the most processes
+/// (`pids.current` of its cgroup), is evicted, and the quiet pod stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_that_forks_past_pid_pressure_is_evicted() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("the_pod_that_forks_past_pid_pressure_is_evicted") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let forker = ctd
+        .run_pod(PodSpec {
+            hog_args: Some(["fork", "/ctl/mib"].map(String::from).to_vec()),
+            ..PodSpec::besteffort("forker")
+        })
+        .await;
+    let quiet = ctd.run_pod(PodSpec::besteffort("quiet")).await;
+    let (max, tasks) = node_pids();
+    let threshold = format!("pid.available<{}", max - tasks - 200);
+    let evictd = Evictd::start(&ctd, None, &["--eviction-hard", &threshold]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(evictd.evictions().is_empty(), "nothing forked yet: {:?}", evictd.evictions());
+    forker.set_mib(400);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "forker", "{e}");
+    assert_eq!(e["signal"], "pid.available", "{e}");
+    assert!(e["message"].as_str().unwrap().starts_with("The node was low on resource: pids."), "{e}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(evictd.evictions().len(), 1, "{:?}", evictd.evictions());
+    assert!(ctd.sandbox_ready(&quiet.sandbox_id).await);
 }
