@@ -106,6 +106,40 @@ async fn an_eviction_is_recorded_as_the_kubelet_records_it() {
     assert!(text.contains("evictd_eviction_recorded_seconds_count 1"), "{text}");
 }
 
+/// A pod over its own storage limit is recorded as the kubelet's `localStorageEviction`
+/// records it: the status without a `DisruptionTarget` condition, the pod's event, and no
+/// node event (no node threshold was met).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_eviction_is_recorded_without_condition_or_node_event() {
+    use evictd::report::record::EvictionCause;
+    use evictd_policy::local_storage::LimitKind;
+    let api = ApiDouble::start();
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
+    let msg = "Usage of EmptyDir volume \"scratch\" exceeds the limit \"20Mi\". ";
+    let rec = evictd::report::record::EvictionRecord {
+        signal: EvictionCause::Limit(LimitKind::EmptyDir),
+        message: msg.into(),
+        annotations: Default::default(),
+        ..eviction_record()
+    };
+    r.pod_evicted(&rec, monotonic_ns());
+    api.wait_for("two calls", WITHIN, |r| r.len() >= 2);
+    // The flush sends everything queued, a node event included if there were one.
+    task.flush(Duration::from_secs(1)).await;
+    let seen = api.requests();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        seen[0].body["status"],
+        json!({"phase": "Failed", "reason": "Evicted", "message": msg}),
+        "no DisruptionTarget"
+    );
+    assert_eq!(
+        (seen[1].body["reason"].as_str(), seen[1].body["message"].as_str()),
+        (Some("Evicted"), Some(msg))
+    );
+    assert!(seen.iter().all(|r| !r.path.contains("/namespaces/default/")), "no node event: {seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_conditions_are_patched_under_evictds_own_types() {
     let api = ApiDouble::start();

@@ -22,26 +22,26 @@ pub const COMPONENT: &str = "evictd";
 
 /// The strategic-merge patch of `pods/status` that records an eviction as the kubelet's
 /// status manager does: phase Failed, reason Evicted, the eviction message, and the
-/// `DisruptionTarget` condition. `metadata.uid` is a precondition: a pod of the same name
+/// `DisruptionTarget` condition (`disruption_target`: for thresholds; the kubelet sets none
+/// for a pod over its own storage limit). `metadata.uid` is a precondition: a pod of the same name
 /// created since (a StatefulSet's) is left alone, the API server answering 409.
 /// A strategic merge keeps the other conditions (merged by `type`); a JSON merge patch
 /// would replace the whole list.
-pub fn pod_evicted_patch(uid: &str, message: &str, now: Timestamp) -> Value {
-    json!({
+pub fn pod_evicted_patch(uid: &str, message: &str, disruption_target: bool, now: Timestamp) -> Value {
+    let mut patch = json!({
         "metadata": { "uid": uid },
-        "status": {
-            "phase": "Failed",
-            "reason": "Evicted",
+        "status": { "phase": "Failed", "reason": "Evicted", "message": message },
+    });
+    if disruption_target {
+        patch["status"]["conditions"] = json!([{
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": DISRUPTION_REASON,
             "message": message,
-            "conditions": [{
-                "type": "DisruptionTarget",
-                "status": "True",
-                "reason": DISRUPTION_REASON,
-                "message": message,
-                "lastTransitionTime": Time(now),
-            }],
-        },
-    })
+            "lastTransitionTime": Time(now),
+        }]);
+    }
+    patch
 }
 
 /// Who an event is about.
@@ -186,7 +186,7 @@ mod tests {
 
     #[test]
     fn the_status_patch_is_the_kubelets_with_a_uid_precondition() {
-        let p = pod_evicted_patch("u-1", "The node was low on resource: memory. ", t0());
+        let p = pod_evicted_patch("u-1", "The node was low on resource: memory. ", true, t0());
         assert_eq!(
             p,
             json!({
@@ -201,6 +201,17 @@ mod tests {
                     }],
                 },
             })
+        );
+    }
+
+    /// The kubelet's local-storage evictions set no condition: only phase, reason, message.
+    #[test]
+    fn a_limit_evictions_status_patch_has_no_disruption_target() {
+        let msg = "Usage of EmptyDir volume \"v\" exceeds the limit \"1Mi\". ";
+        let p = pod_evicted_patch("u-1", msg, false, t0());
+        assert_eq!(
+            p,
+            json!({"metadata": {"uid": "u-1"}, "status": {"phase": "Failed", "reason": "Evicted", "message": msg}})
         );
     }
 

@@ -153,7 +153,12 @@ impl Reporter {
             Call::PodStatus {
                 namespace: rec.namespace.clone(),
                 name: rec.name.clone(),
-                patch: records::pod_evicted_patch(&rec.uid, &rec.message, now),
+                patch: records::pod_evicted_patch(
+                    &rec.uid,
+                    &rec.message,
+                    matches!(rec.signal, EvictionCause::Signal(_)),
+                    now,
+                ),
                 stopped_ns,
             },
         );
