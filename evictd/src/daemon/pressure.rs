@@ -162,8 +162,6 @@ impl Pressure {
     ) -> (Vec<EvictionRecord>, Observations) {
         let mut records = self.evict_pods_over_storage_limits(pods).await;
         if !records.is_empty() {
-            // The kubelet returns the pods over their limits and leaves thresholds to its
-            // next tick; so does this pass.
             let observed_ns = monotonic_ns();
             for rec in &mut records {
                 rec.observed_ns = observed_ns;
@@ -173,7 +171,11 @@ impl Pressure {
                 first.wake_kernel_ts_ns = w.kernel_ts_ns;
                 first.wake_received_ns = Some(w.received_ns);
             }
-            return (records, self.observe(now_ns()));
+            // The kubelet returns the pods it evicted over their limits and leaves thresholds
+            // to its next tick; so does this pass. A dry run or failed stops evicted nobody.
+            if records.iter().any(|r| r.error.is_none() && !r.dry_run) {
+                return (records, self.observe(now_ns()));
+            }
         }
         let mut obs = self.observe(now_ns());
         for _ in 0..MAX_EVICTIONS_PER_PASS {
