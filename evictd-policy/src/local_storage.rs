@@ -67,11 +67,10 @@ pub fn limit_evictions(pods: &[PodEntry], layout: FsLayout) -> Vec<LimitEviction
 
 /// `emptyDirLimitEviction`: an emptyDir (any medium) whose usage exceeds its `sizeLimit`.
 fn empty_dir_over_limit(pod: &Pod, stats: &PodStats) -> Option<String> {
-    pod.spec.volumes.iter().find_map(|v| {
-        let limit = v.empty_dir.as_ref()?.size_limit.filter(|l| l.nanos() > 0)?;
-        let used = stats.volume.iter().find(|s| s.name == v.name)?.used_bytes?;
+    pod.sized_empty_dirs().filter(|(_, limit)| limit.nanos() > 0).find_map(|(name, limit)| {
+        let used = stats.volume.iter().find(|s| s.name == name)?.used_bytes?;
         (i128::from(used) * 1_000_000_000 > limit.nanos()).then(|| {
-            format!("Usage of EmptyDir volume {:?} exceeds the limit {:?}. ", v.name, limit.to_string())
+            format!("Usage of EmptyDir volume {:?} exceeds the limit {:?}. ", name, limit.to_string())
         })
     })
 }

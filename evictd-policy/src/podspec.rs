@@ -244,9 +244,12 @@ impl Pod {
     /// Whether the pod sets any limit the kubelet's local-storage evictions enforce: an
     /// emptyDir `sizeLimit`, or an ephemeral-storage limit on the pod or a container.
     pub fn sets_storage_limits(&self) -> bool {
-        let sized =
-            self.spec.volumes.iter().any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()));
-        sized || self.limit("ephemeral-storage").is_some()
+        self.sized_empty_dirs().next().is_some() || self.limit("ephemeral-storage").is_some()
+    }
+
+    /// The emptyDir volumes (any medium) with a `sizeLimit`, and that limit.
+    pub fn sized_empty_dirs(&self) -> impl Iterator<Item = (&str, Quantity)> {
+        self.spec.volumes.iter().filter_map(|v| Some((v.name.as_str(), v.empty_dir.as_ref()?.size_limit?)))
     }
 
     /// The request of one container (regular or init) by name, as printed in messages.

@@ -45,22 +45,16 @@ fn print_reclaim_lines(evictd: &Evictd) {
     }
 }
 
-/// evictd on `ctd`'s filesystem with one hard threshold, `nodefs.available<{mib}Mi` (no
-/// memory threshold: the test is about disk).
-fn evictd_on_disk(ctd: &Containerd, mib: u64) -> Evictd {
-    let nodefs = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet");
-    let threshold = format!("nodefs.available<{mib}Mi");
+/// evictd on `ctd`'s filesystems (nodefs: the kubelet root on the test's tmpfs; imagefs:
+/// containerd's root) with one hard threshold, `threshold` (no memory threshold: the tests
+/// are about disk), and `pods_file` for specs.
+fn evictd_on_disk(ctd: &Containerd, threshold: &str, pods_file: Option<&std::path::Path>) -> Evictd {
+    let nodefs = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet").display().to_string();
+    let root = ctd.root.display().to_string();
     Evictd::start(
         ctd,
-        None,
-        &[
-            "--eviction-hard",
-            &threshold,
-            "--nodefs-path",
-            &nodefs.display().to_string(),
-            "--imagefs-path",
-            &ctd.root.display().to_string(),
-        ],
+        pods_file,
+        &["--eviction-hard", threshold, "--nodefs-path", &nodefs, "--imagefs-path", &root],
     )
 }
 
@@ -88,7 +82,7 @@ async fn dead_containers_are_reclaimed_before_any_eviction() {
     // Met now (≈150 MiB used); removing the oldest dead instance (50 MiB) resolves it.
     let threshold = (empty - 120 * MI) / MI;
     let before = ctd.nodefs_available();
-    let evictd = evictd_on_disk(&ctd, threshold);
+    let evictd = evictd_on_disk(&ctd, &format!("nodefs.available<{threshold}Mi"), None);
     // Resolved at once, or once containerd's garbage collector has released the snapshot.
     evictd.wait_for_log("node-level reclaim resolving the pressure", Duration::from_secs(20), |log| {
         log.contains("node-level reclaim resolved the pressure")
@@ -124,7 +118,7 @@ async fn the_pod_using_the_most_disk_is_evicted_when_reclaim_is_not_enough() {
     small.set_mib(30);
     big.set_mib(80);
     wait_available_at_most(&ctd, empty - 110 * MI);
-    let evictd = evictd_on_disk(&ctd, (empty - 90 * MI) / MI);
+    let evictd = evictd_on_disk(&ctd, &format!("nodefs.available<{}Mi", (empty - 90 * MI) / MI), None);
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "big", "{e}");
     assert_eq!(e["signal"], "nodefs.available", "{e}");
@@ -178,13 +172,7 @@ async fn a_pod_over_its_empty_dir_size_limit_is_evicted_with_no_threshold_met() 
     let file = ctd.tmp.join("pods.json");
     std::fs::write(&file, pods.to_string()).expect("pods file");
     // A threshold that is never met: only the pod's own limit can evict it.
-    let nodefs = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet").display().to_string();
-    let root = ctd.root.display().to_string();
-    let evictd = Evictd::start(
-        &ctd,
-        Some(&file),
-        &["--eviction-hard", "nodefs.available<1Mi", "--nodefs-path", &nodefs, "--imagefs-path", &root],
-    );
+    let evictd = evictd_on_disk(&ctd, "nodefs.available<1Mi", Some(&file));
     std::thread::sleep(Duration::from_secs(1));
     assert!(evictd.evictions().is_empty(), "10Mi of 20Mi: {:?}", evictd.evictions());
     scratchy.set_mib(30);
@@ -218,13 +206,7 @@ async fn a_dedicated_imagefs_is_relieved_by_image_gc_before_any_eviction() {
     assert!(before - loaded >= 60 * MI, "the unused image takes {} MiB", (before - loaded) / MI);
     // Met now; removing the unused image brings imagefs back above it.
     let threshold = format!("imagefs.available<{}Mi", (before - 30 * MI) / MI);
-    let nodefs = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet").display().to_string();
-    let root = ctd.root.display().to_string();
-    let evictd = Evictd::start(
-        &ctd,
-        None,
-        &["--eviction-hard", &threshold, "--nodefs-path", &nodefs, "--imagefs-path", &root],
-    );
+    let evictd = evictd_on_disk(&ctd, &threshold, None);
     assert!(evictd.log().contains("dedicated_imagefs=true"), "{}", evictd.log());
     evictd.wait_for_log("image GC resolving the pressure", Duration::from_secs(20), |log| {
         log.contains("node-level reclaim resolved the pressure")

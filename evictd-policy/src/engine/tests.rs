@@ -84,18 +84,23 @@ impl World {
                 protected: false,
             })
             .collect();
-        let input = Input {
+        let (state, d) = decide(&self.input(obs, &entries, now), &self.state);
+        self.state = state;
+        d
+    }
+
+    /// The engine's input on this world's policy, as the kubelet decides (storage limits
+    /// checked), single filesystem.
+    fn input<'a>(&'a self, obs: &'a Observations, pods: &'a [PodEntry<'a>], now: i64) -> Input<'a> {
+        Input {
             thresholds: &self.thresholds,
             policy: &self.policy,
             layout: FsLayout::SingleFs,
             observations: obs,
-            pods: &entries,
+            pods,
             now_ns: now,
             check_storage_limits: true,
-        };
-        let (state, d) = decide(&input, &self.state);
-        self.state = state;
-        d
+        }
     }
 
     fn victim(&self, d: &Decision) -> Option<String> {
@@ -252,16 +257,7 @@ fn protected_pods_are_skipped_like_critical_ones() {
         .map(|(p, s)| PodEntry { pod: p, stats: Some(s), protected: p.metadata.name == "hog" })
         .collect();
     let obs = mem_obs(50 * MI, S);
-    let input = Input {
-        thresholds: &w.thresholds,
-        policy: &w.policy,
-        layout: FsLayout::SingleFs,
-        observations: &obs,
-        pods: &entries,
-        now_ns: S,
-        check_storage_limits: true,
-    };
-    let (_, d) = decide(&input, &EngineState::default());
+    let (_, d) = decide(&w.input(&obs, &entries, S), &EngineState::default());
     assert_eq!(d.eviction.map(|e| e.pod), Some(0), "hog is protected, small is next");
 }
 
@@ -282,15 +278,7 @@ fn pods_over_their_own_limits_go_before_any_threshold_eviction() {
         .map(|(p, s)| PodEntry { pod: p, stats: Some(s), protected: false })
         .collect();
     let obs = mem_obs(50 * MI, S);
-    let mut input = Input {
-        thresholds: &w.thresholds,
-        policy: &w.policy,
-        layout: FsLayout::SingleFs,
-        observations: &obs,
-        pods: &entries,
-        now_ns: S,
-        check_storage_limits: true,
-    };
+    let mut input = w.input(&obs, &entries, S);
     let (_, d) = decide(&input, &EngineState::default());
     assert_eq!(d.eviction, None);
     assert_eq!(d.limit_evictions.iter().map(|e| e.pod).collect::<Vec<_>>(), [0]);

@@ -33,7 +33,7 @@ use crate::{
         kill::KillTarget,
         reclaim, usage,
     },
-    wake::{Wake, monotonic_ns},
+    wake::{Wake, WakeCause, monotonic_ns},
 };
 
 /// Candidates tried in one decision when kills fail.
@@ -160,7 +160,7 @@ impl Pressure {
         now_ns: impl Fn() -> i64,
         wake: Option<Wake>,
     ) -> (Vec<EvictionRecord>, Observations) {
-        let mut records = self.evict_pods_over_storage_limits(pods).await;
+        let mut records = self.evict_pods_over_storage_limits(pods, wake).await;
         if !records.is_empty() {
             let observed_ns = monotonic_ns();
             for rec in &mut records {
@@ -239,13 +239,19 @@ impl Pressure {
         records
     }
 
-    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period`: every
-    /// pod over one of its own ephemeral-storage limits (emptyDir `sizeLimit`, a container's
-    /// or the pod's limit) is evicted with a 1 s grace period, whatever the thresholds say.
-    /// Nothing is read when no pod sets such a limit.
-    async fn evict_pods_over_storage_limits(&mut self, pods: &Arc<Vec<PodRecord>>) -> Vec<EvictionRecord> {
+    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period` and only
+    /// in a pass the housekeeping timer woke (the disk walk never delays a pass a memory
+    /// wake asked for): every pod over one of its own ephemeral-storage limits (emptyDir
+    /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
+    /// whatever the thresholds say. Nothing is read when no pod sets such a limit.
+    async fn evict_pods_over_storage_limits(
+        &mut self,
+        pods: &Arc<Vec<PodRecord>>,
+        wake: Option<Wake>,
+    ) -> Vec<EvictionRecord> {
+        let housekeeping = wake.is_none_or(|w| w.cause == WakeCause::Timer);
         let due = self.limits_checked.is_none_or(|t| t.elapsed() >= self.storage_limit_period);
-        if !self.policy.local_storage_capacity_isolation || !due {
+        if !self.policy.local_storage_capacity_isolation || !housekeeping || !due {
             return Vec::new();
         }
         self.limits_checked = Some(Instant::now());

@@ -149,13 +149,7 @@ fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path) -> Vec<VolumeStats> 
     let plugins: Vec<PathBuf> = std::fs::read_dir(&volumes)
         .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
         .unwrap_or_default();
-    let sized = rec
-        .spec
-        .spec
-        .volumes
-        .iter()
-        .filter(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
-        .map(|v| v.name.as_str());
+    let sized = rec.spec.sized_empty_dirs().map(|(name, _)| name);
     let mut names: Vec<&str> = Vec::new();
     for name in rec.spec.local_volume_names().chain(sized) {
         if !names.contains(&name) {
