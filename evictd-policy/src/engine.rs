@@ -88,15 +88,18 @@ pub const HARD_EVICTION_GRACE_SECONDS: i64 = 1;
 const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 30;
 
 /// The thresholds the engine works with on a given disk layout: user containerfs thresholds
-/// are replaced by copies of the nodefs thresholds (single filesystem) or of the imagefs ones
-/// (dedicated imagefs), as the kubelet's `UpdateContainerFsThresholds` does.
+/// are replaced by copies of the nodefs thresholds (single filesystem, or a split containerfs,
+/// which lives on nodefs) or of the imagefs ones (dedicated imagefs holding the writable
+/// layers), as the kubelet's `UpdateContainerFsThresholds` does.
 pub fn thresholds_for_layout(policy: &Policy, layout: FsLayout) -> Vec<Threshold> {
     let is_containerfs =
         |s: Signal| matches!(s, Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree);
     let mut out: Vec<Threshold> =
         policy.thresholds.iter().filter(|t| !is_containerfs(t.signal)).copied().collect();
     let (bytes, inodes) = match layout {
-        FsLayout::SingleFs => (Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
+        FsLayout::SingleFs | FsLayout::SplitContainerFs => {
+            (Signal::NodeFsAvailable, Signal::NodeFsInodesFree)
+        }
         FsLayout::DedicatedImageFs => (Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
     };
     let copies: Vec<Threshold> = policy

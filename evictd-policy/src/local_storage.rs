@@ -91,7 +91,7 @@ fn container_over_limit(pod: &Pod, stats: &PodStats, layout: FsLayout) -> Option
         let limit = c.resources.limits.get("ephemeral-storage").filter(|l| l.nanos() > 0)?;
         let s = stats.containers.iter().find(|s| s.name == c.name)?;
         let bytes = |f: &Option<FsStats>| f.as_ref().and_then(|f| f.used_bytes).unwrap_or(0);
-        let rootfs = if layout == FsLayout::DedicatedImageFs { 0 } else { bytes(&s.rootfs) };
+        let rootfs = if layout.has_image_fs() { 0 } else { bytes(&s.rootfs) };
         let used = Quantity::from_units((bytes(&s.logs) + rootfs) as i64);
         (limit.nanos() < used.nanos()).then(|| {
             format!(
@@ -184,6 +184,7 @@ mod tests {
             )]
         );
         assert_eq!(evict(&p, &s, FsLayout::DedicatedImageFs), [], "logs alone: 30Mi");
+        assert_eq!(evict(&p, &s, FsLayout::SplitContainerFs), [], "the kubelet asks dedicatedImageFs only");
     }
 
     #[test]

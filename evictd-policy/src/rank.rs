@@ -19,14 +19,33 @@ pub struct PodEntry<'a> {
     pub protected: bool,
 }
 
-/// The disk layout, which decides what each disk signal measures and what node-level
-/// reclaim can free. (A split containerfs is not supported.)
+/// The disk layout, which decides what each disk signal measures, what node-level reclaim
+/// can free and which thresholds containerfs copies (the kubelet's `dedicatedImageFs` and
+/// `splitContainerImageFs`, detected once at its first tick).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsLayout {
     /// Images and containers on the nodefs filesystem.
     SingleFs,
     /// A separate imagefs holding images and writable layers.
     DedicatedImageFs,
+    /// A separate imagefs holding images only; the writable layers (containerfs) on nodefs
+    /// (KEP-4191, the runtime's `ImageFsInfo` naming a container filesystem apart).
+    SplitContainerFs,
+}
+
+impl FsLayout {
+    /// The kubelet's `dedicatedImageFs`: images on a filesystem of their own.
+    pub fn has_image_fs(self) -> bool {
+        self != FsLayout::SingleFs
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsLayout::SingleFs => "single",
+            FsLayout::DedicatedImageFs => "dedicated-imagefs",
+            FsLayout::SplitContainerFs => "split-containerfs",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,14 +55,20 @@ enum FsStat {
     LocalVolumes,
 }
 
+/// What the kubelet's `buildSignalToRankFunc` measures per pod for a disk signal.
 fn stats_to_measure(signal: Signal, layout: FsLayout) -> &'static [FsStat] {
     use FsStat::*;
-    match (layout, signal) {
-        (FsLayout::SingleFs, _) => &[Root, Logs, LocalVolumes],
-        (FsLayout::DedicatedImageFs, Signal::NodeFsAvailable | Signal::NodeFsInodesFree) => {
-            &[Logs, LocalVolumes]
-        }
-        (FsLayout::DedicatedImageFs, _) => &[Root],
+    let on_nodefs = matches!(signal, Signal::NodeFsAvailable | Signal::NodeFsInodesFree);
+    let on_imagefs = matches!(signal, Signal::ImageFsAvailable | Signal::ImageFsInodesFree);
+    match layout {
+        FsLayout::SingleFs => &[Root, Logs, LocalVolumes],
+        FsLayout::DedicatedImageFs if on_nodefs => &[Logs, LocalVolumes],
+        // containerfs is imagefs.
+        FsLayout::DedicatedImageFs => &[Root],
+        // Images only: nothing any pod owns.
+        FsLayout::SplitContainerFs if on_imagefs => &[],
+        // containerfs is nodefs, writable layers included.
+        FsLayout::SplitContainerFs => &[Root, Logs, LocalVolumes],
     }
 }
 
@@ -57,12 +82,25 @@ pub enum NodeReclaim {
     UnusedImages,
 }
 
+/// The kubelet's `buildSignalToNodeReclaimFuncs`.
 pub fn node_reclaim_for(signal: Signal, layout: FsLayout) -> &'static [NodeReclaim] {
     use NodeReclaim::*;
-    match (signal.resource(), layout, signal) {
-        (Resource::Memory | Resource::Pids, _, _) => &[],
-        (_, FsLayout::DedicatedImageFs, Signal::NodeFsAvailable | Signal::NodeFsInodesFree) => &[],
-        _ => &[UnusedContainers, UnusedImages],
+    if !signal.resource().is_disk() {
+        return &[];
+    }
+    let on_imagefs = matches!(signal, Signal::ImageFsAvailable | Signal::ImageFsInodesFree);
+    match layout {
+        FsLayout::SingleFs => &[UnusedContainers, UnusedImages],
+        // nodefs holds nothing the runtime can free; containerfs is imagefs.
+        FsLayout::DedicatedImageFs
+            if matches!(signal, Signal::NodeFsAvailable | Signal::NodeFsInodesFree) =>
+        {
+            &[]
+        }
+        FsLayout::DedicatedImageFs => &[UnusedContainers, UnusedImages],
+        FsLayout::SplitContainerFs if on_imagefs => &[UnusedImages],
+        // Dead containers' writable layers are on nodefs (= containerfs).
+        FsLayout::SplitContainerFs => &[UnusedContainers],
     }
 }
 

@@ -17,7 +17,10 @@ use std::{
 
 use evictd::runtime::cri::{CriClient, api as cri};
 
-use crate::cleanup::{detach_mounts_under, pids_in_tree, pids_with_cmdline, remove_cgroup_trees};
+use crate::{
+    cleanup::{detach_mounts_under, pids_in_tree, pids_with_cmdline, remove_cgroup_trees},
+    fs_available, mount_tmpfs,
+};
 
 pub const IMAGE: &str = "evictd.test/tools:1";
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -602,18 +605,4 @@ fn write_image_tarball(tag: &str, files: &[(&str, Vec<u8>)], out: &Path) {
         outer.append_data(&mut h, path, data).expect("image entry");
     }
     outer.into_inner().expect("image tarball").flush().expect("flush");
-}
-
-/// A tmpfs of `size` bytes at `dir` (made if missing).
-fn mount_tmpfs(dir: &Path, size: u64) {
-    std::fs::create_dir_all(dir).expect("mount point");
-    let opts = format!("size={size},mode=0755");
-    nix::mount::mount(Some("tmpfs"), dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some(opts.as_str()))
-        .unwrap_or_else(|e| panic!("mounting a {size}-byte tmpfs at {}: {e}", dir.display()));
-}
-
-/// Bytes available on the filesystem of `dir`, as statvfs says.
-fn fs_available(dir: &Path) -> u64 {
-    let s = nix::sys::statvfs::statvfs(dir).unwrap_or_else(|e| panic!("statvfs {}: {e}", dir.display()));
-    s.blocks_available() as u64 * s.fragment_size() as u64
 }

@@ -224,6 +224,67 @@ pub fn http_get(addr: &str, path: &str) -> String {
     out
 }
 
+/// A tmpfs of the test's own at a fresh directory: a small filesystem a test or benchmark
+/// fills on purpose. Unmounted and removed on drop, also when the test panics.
+pub struct TestTmpfs {
+    pub dir: PathBuf,
+}
+
+impl TestTmpfs {
+    pub fn new(size: u64) -> Self {
+        let name = format!("evictd-tmpfs-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let fs = TestTmpfs { dir: std::env::temp_dir().join(name) };
+        mount_tmpfs(&fs.dir, size);
+        fs
+    }
+
+    /// Bytes available, as statvfs says.
+    pub fn available(&self) -> u64 {
+        fs_available(&self.dir)
+    }
+
+    /// Writes `bytes` more to the file `name` in it (at once).
+    pub fn append(&self, name: &str, bytes: u64) {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(name))
+            .unwrap_or_else(|e| panic!("opening {name} in {}: {e}", self.dir.display()));
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            f.write_all(&chunk[..n]).unwrap_or_else(|e| panic!("writing {name}: {e}"));
+            left -= n as u64;
+        }
+    }
+
+    pub fn remove(&self, name: &str) {
+        let _ = std::fs::remove_file(self.dir.join(name));
+    }
+}
+
+impl Drop for TestTmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A tmpfs of `size` bytes at `dir` (made if missing).
+pub(crate) fn mount_tmpfs(dir: &Path, size: u64) {
+    std::fs::create_dir_all(dir).expect("mount point");
+    let opts = format!("size={size},mode=0755");
+    nix::mount::mount(Some("tmpfs"), dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some(opts.as_str()))
+        .unwrap_or_else(|e| panic!("mounting a {size}-byte tmpfs at {}: {e}", dir.display()));
+}
+
+/// Bytes available on the filesystem of `dir`, as statvfs says.
+pub(crate) fn fs_available(dir: &Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(dir).unwrap_or_else(|e| panic!("statvfs {}: {e}", dir.display()));
+    s.blocks_available() as u64 * s.fragment_size() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::ExitStatusExt as _;

@@ -47,6 +47,9 @@ async fn every_call_the_daemon_uses_works_on_containerd() {
     assert!(cstats.iter().any(|s| s.attributes.as_ref().is_some_and(|a| a.id == p.container_id)));
     let fs = c.image_fs_info().await.expect("ImageFsInfo");
     assert!(!fs.image_filesystems.is_empty());
+    // containerd 1.6 names no container filesystem: never the split layout (KEP-4191).
+    assert_eq!(evictd::runtime::cri::separate_container_fs(&fs), None, "{fs:?}");
+    assert_eq!(c.separate_container_fs().await, None);
     let images = c.list_images().await.expect("ListImages");
     assert!(images.iter().any(|i| i.repo_tags.iter().any(|t| t.contains("evictd.test/tools"))));
 

@@ -208,6 +208,7 @@ async fn a_dedicated_imagefs_is_relieved_by_image_gc_before_any_eviction() {
     let threshold = format!("imagefs.available<{}Mi", (before - 30 * MI) / MI);
     let evictd = evictd_on_disk(&ctd, &threshold, None);
     assert!(evictd.log().contains("dedicated_imagefs=true"), "{}", evictd.log());
+    assert!(evictd.log().contains("fs_layout=\"dedicated-imagefs\""), "{}", evictd.log());
     evictd.wait_for_log("image GC resolving the pressure", Duration::from_secs(20), |log| {
         log.contains("node-level reclaim resolved the pressure")
             || (log.contains("images_removed=1") && log.contains("disk pressure resolved"))

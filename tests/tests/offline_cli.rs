@@ -233,3 +233,72 @@ fn bad_input_files_are_named() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 13: `simulate` told the layout. imagefs short of space: with a dedicated imagefs
+/// holding the writable layers, dead containers and images are reclaimed and the pod writing
+/// most to its layer goes first; with the split containerfs, imagefs holds images only: image
+/// GC alone, and no pod's usage counts (PodList order decides).
+#[test]
+fn simulate_ranks_and_reclaims_by_the_disk_layout_it_is_told() {
+    let d = tempfile::tempdir().unwrap();
+    let at = "2026-01-01T12:00:00Z";
+    let fs = |avail: u64| {
+        serde_json::json!({"time": at, "availableBytes": avail, "capacityBytes": 100u64 << 30,
+            "inodesFree": 5_000_000, "inodes": 6_000_000})
+    };
+    let pod_ref =
+        |name: &str| serde_json::json!({"name": name, "namespace": "n", "uid": format!("uid-{name}")});
+    let container = |rootfs: u64, logs: u64| {
+        serde_json::json!([{"name": "app", "rootfs": {"time": at, "usedBytes": rootfs},
+            "logs": {"time": at, "usedBytes": logs}}])
+    };
+    let summary = serde_json::json!({
+        "node": {"nodeName": "n1",
+            "memory": {"time": at, "availableBytes": 4u64 << 30, "workingSetBytes": 1u64 << 30},
+            "fs": fs(50 << 30),
+            "runtime": {"imageFs": fs(1 << 30)}},
+        "pods": [
+            {"podRef": pod_ref("logger"), "containers": container(10 << 20, 3 << 30)},
+            {"podRef": pod_ref("writer"), "containers": container(5 << 30, 10 << 20)},
+        ]
+    });
+    let item = |name: &str| {
+        serde_json::json!({"metadata": {"name": name, "namespace": "n", "uid": format!("uid-{name}")},
+            "spec": {"containers": [{"name": "app"}]}, "status": {"phase": "Running"}})
+    };
+    let pods = serde_json::json!({"kind": "PodList", "items": [item("logger"), item("writer")]});
+    let (sf, pf) = (d.path().join("summary.json"), d.path().join("pods.json"));
+    std::fs::write(&sf, summary.to_string()).unwrap();
+    std::fs::write(&pf, pods.to_string()).unwrap();
+    let (sf, pf) = (sf.display().to_string(), pf.display().to_string());
+    let base = [
+        "simulate",
+        "--summary",
+        &sf,
+        "--pods",
+        &pf,
+        "--output",
+        "json",
+        "--eviction-hard",
+        "imagefs.available<15%",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        stdout_json_lines(&evictd(&args)).remove(0)
+    };
+    let victim = |v: &Value| v["eviction"]["pod"]["name"].as_str().map(str::to_owned);
+    let dedicated = run(&["--dedicated-imagefs"]);
+    assert_eq!(dedicated["node_reclaim"], serde_json::json!(["unused-containers", "unused-images"]));
+    assert_eq!(victim(&dedicated).as_deref(), Some("writer"), "{dedicated}");
+    let split = run(&["--dedicated-imagefs", "--split-containerfs"]);
+    assert_eq!(split["node_reclaim"], serde_json::json!(["unused-images"]));
+    assert_eq!(victim(&split).as_deref(), Some("logger"), "{split}");
+    // A split without a dedicated imagefs is not a layout the kubelet has.
+    let mut args = base.to_vec();
+    args.push("--split-containerfs");
+    let o = evictd(&args);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--dedicated-imagefs"));
+    assert!(o.stdout.is_empty());
+}

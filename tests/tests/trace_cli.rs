@@ -114,7 +114,7 @@ fn the_summary_shows_memory_as_read_that_second() {
     let grower = node.child("grower");
     let mut hog = MemHog::spawn_in(&grower);
     let (mut evictd, rx, reader) =
-        evictd_on(&node, &["--wake-sources", "timer", "--housekeeping-interval", "1h", "--duration", "60s"]);
+        evictd_on(&node, &["--wake-sources", "disk", "--housekeeping-interval", "1h", "--duration", "60s"]);
     let is_summary = |v: &serde_json::Value| v["type"] == "summary";
     let next_summary = || loop {
         let v = rx.recv_timeout(Duration::from_secs(60)).expect("evictd stopped early");
@@ -382,4 +382,63 @@ fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
     assert!(evictd.try_wait().unwrap().is_none(), "evictd keeps running:\n{}", log.lock().unwrap());
     let _ = evictd.kill();
     let _ = evictd.wait();
+}
+
+/// Issue 13: the disk poll alone (no timer for an hour) sees a nodefs threshold crossed
+/// within moments, not at the next housekeeping tick; wakes nobody while the filesystem is
+/// above it; while it stays met looks again about once a second (not back to back), and no
+/// more once the space is back. (The transition period is 1 s: with 0 the kubelet, and so
+/// evictd, never reports a condition at all.)
+#[test]
+fn the_disk_poll_alone_sees_a_nodefs_threshold_crossed() {
+    if !privileged("the_disk_poll_alone_sees_a_nodefs_threshold_crossed") {
+        return;
+    }
+    let fs = evictd_tests::TestTmpfs::new(64 << 20);
+    let mut cmd = Command::new(evictd_binary());
+    cmd.args(["--eviction-hard", "nodefs.available<16Mi", "--eviction-pressure-transition-period", "1s"])
+        .args(["--wake-sources", "disk", "--housekeeping-interval", "1h", "--duration", "60s"])
+        .arg("--nodefs-path")
+        .arg(&fs.dir)
+        .arg("--imagefs-path")
+        .arg(&fs.dir);
+    let (mut evictd, rx, reader) = evictd_traced(&mut cmd);
+    let lines_within = |d: Duration, kind: &str| -> Vec<serde_json::Value> {
+        let until = std::time::Instant::now() + d;
+        let mut got = Vec::new();
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(v) if v["type"] == kind => got.push(v),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        got
+    };
+    wait_first_summary(&rx, Duration::from_secs(10));
+    fs.append("ballast", 40 << 20);
+    let early = lines_within(Duration::from_millis(1500), "event");
+    assert!(early.is_empty(), "~24 MiB left is above the 16 MiB threshold, yet a pass was woken: {early:?}");
+    fs.append("fill", 10 << 20);
+    let crossed = std::time::Instant::now();
+    let on = lines_within(Duration::from_secs(3), "condition");
+    let seen = crossed.elapsed();
+    assert!(
+        on.iter().any(|c| c["condition"] == "DiskPressure" && c["status"] == true),
+        "~14 MiB left: DiskPressure must be seen without the timer; got {on:?}"
+    );
+    // The other lines of those 3 s are gone; the re-checks while the pressure stays:
+    let rechecks = lines_within(Duration::from_millis(2500), "event");
+    assert!(
+        (1..=4).contains(&rechecks.len()) && rechecks.iter().all(|e| e["cause"] == "disk"),
+        "while the threshold stays met, a look about once a second: {rechecks:?}"
+    );
+    fs.remove("fill");
+    let _ = lines_within(Duration::from_millis(1200), "event");
+    let after = lines_within(Duration::from_secs(2), "event");
+    let _ = evictd.kill();
+    let _ = evictd.wait();
+    let _ = reader.join();
+    assert!(after.is_empty(), "the space back, the disk poll must wake nobody: {after:?}");
+    eprintln!("disk poll: DiskPressure reported within {seen:?} of the write that crossed");
 }

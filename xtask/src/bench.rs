@@ -1,4 +1,4 @@
-//! `cargo xtask bench reaction|earlyoom|overhead [--smoke] [ARGS]`: builds evictd and
+//! `cargo xtask bench reaction|earlyoom|overhead|disk [--smoke] [ARGS]`: builds evictd and
 //! evictd-bench (release; debug for `--smoke`) and runs the benchmark. ARGS go to
 //! evictd-bench. `earlyoom` first unpacks Debian's earlyoom package under target/tools.
 
@@ -13,7 +13,8 @@ use crate::{BuildEnv, run_status, step, workspace_root};
 pub(crate) struct BenchArgs {
     /// reaction: eviction reaction time per wake mode, kill path and allocation rate;
     /// earlyoom: evictd beside earlyoom on the whole machine; overhead: the probes' cost on
-    /// the allocation path, evictd's RSS and CPU.
+    /// the allocation path, evictd's RSS and CPU; disk: how long a disk threshold's crossing
+    /// takes to be seen, the disk poll beside the housekeeping timer.
     kind: Kind,
     /// One short debug-build run, as CI does; asserts nothing.
     #[arg(long)]
@@ -29,6 +30,7 @@ enum Kind {
     Reaction,
     Earlyoom,
     Overhead,
+    Disk,
 }
 
 impl Kind {
@@ -37,6 +39,7 @@ impl Kind {
             Kind::Reaction => "reaction",
             Kind::Earlyoom => "earlyoom",
             Kind::Overhead => "overhead",
+            Kind::Disk => "disk",
         }
     }
 
@@ -55,6 +58,7 @@ impl Kind {
             ],
             Kind::Earlyoom => &["--runs", "1", "--rates", "1024", "--kill-paths", "fast"],
             Kind::Overhead => &["--rounds", "1", "--seconds", "0.5"],
+            Kind::Disk => &["--runs", "1", "--rates", "256", "--modes", "disk,timer-1s"],
         }
     }
 }

@@ -388,6 +388,14 @@ fn containerfs_thresholds_follow_the_layout() {
         .map(|t| t.to_string())
         .collect();
     assert_eq!(cfs, ["containerfs.available<15%"]);
+    // Split: containerfs is on nodefs, and copies its thresholds.
+    let split = thresholds_for_layout(&p, FsLayout::SplitContainerFs);
+    let cfs: Vec<String> = split
+        .iter()
+        .filter(|t| matches!(t.signal, Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree))
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(cfs, ["containerfs.available<10%", "containerfs.inodesFree<5%"]);
 }
 
 /// The kubelet returns at once only when there are no thresholds *and* local-storage

@@ -130,6 +130,27 @@ fn dedicated_imagefs_splits_what_each_signal_measures() {
     );
 }
 
+/// KEP-4191's split: nodefs (and containerfs, which is on it) counts the writable layers
+/// with the logs and volumes; imagefs holds images only, so no pod uses any of it and the
+/// order falls back to the input's.
+#[test]
+fn a_split_containerfs_puts_the_writable_layers_on_nodefs() {
+    let pods = vec![
+        pod("logger", Some(0), None, None),
+        pod("writer", Some(0), None, None),
+        pod("idle", Some(0), None, None),
+    ];
+    let s = vec![
+        Some(stats("logger", 1, 1, 10, 3 << 30, 0)),
+        Some(stats("writer", 1, 1, 5 << 30, 10, 0)),
+        Some(stats("idle", 1, 1, 0, 0, 0)),
+    ];
+    let split = FsLayout::SplitContainerFs;
+    assert_eq!(names(&pods, &s, Signal::NodeFsAvailable, split), ["writer", "logger", "idle"]);
+    assert_eq!(names(&pods, &s, Signal::ContainerFsAvailable, split), ["writer", "logger", "idle"]);
+    assert_eq!(names(&pods, &s, Signal::ImageFsAvailable, split), ["logger", "writer", "idle"]);
+}
+
 #[test]
 fn inode_ranking_subtracts_the_byte_request_like_the_kubelet() {
     // Both use inodes (so both "exceed" a request of 0); the one with a large ephemeral-storage
@@ -158,6 +179,13 @@ fn node_reclaim_per_layout() {
     assert_eq!(node_reclaim_for(Signal::NodeFsAvailable, FsLayout::SingleFs).len(), 2);
     assert!(node_reclaim_for(Signal::NodeFsInodesFree, FsLayout::DedicatedImageFs).is_empty());
     assert_eq!(node_reclaim_for(Signal::ImageFsAvailable, FsLayout::DedicatedImageFs).len(), 2);
+    assert_eq!(node_reclaim_for(Signal::ContainerFsAvailable, FsLayout::DedicatedImageFs).len(), 2);
+    // The split layout: dead containers for nodefs and containerfs, images for imagefs.
+    let split = FsLayout::SplitContainerFs;
+    assert_eq!(node_reclaim_for(Signal::NodeFsAvailable, split), [NodeReclaim::UnusedContainers]);
+    assert_eq!(node_reclaim_for(Signal::ContainerFsInodesFree, split), [NodeReclaim::UnusedContainers]);
+    assert_eq!(node_reclaim_for(Signal::ImageFsAvailable, split), [NodeReclaim::UnusedImages]);
+    assert!(node_reclaim_for(Signal::PidAvailable, split).is_empty());
 }
 
 /// evictd beyond the kubelet: `pod` with a controller owner of `kind` and annotations.

@@ -73,6 +73,11 @@ pub struct OfflineArgs {
     /// The node has a dedicated imagefs (changes disk ranking and reclaim).
     #[arg(long)]
     pub dedicated_imagefs: bool,
+    /// The writable layers are on a filesystem apart from the images, on nodefs (the
+    /// kubelet's split containerfs, KEP-4191; the runtime's ImageFsInfo says so): needs
+    /// --dedicated-imagefs.
+    #[arg(long, requires = "dedicated_imagefs")]
+    pub split_containerfs: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub output: OutputFormat,
 }
@@ -154,6 +159,10 @@ fn check_config(args: &PolicyArgs, output: OutputFormat) -> anyhow::Result<()> {
 fn offline_session(o: &OfflineArgs) -> anyhow::Result<(Policy, Vec<Pod>, FsLayout)> {
     let policy = valid_policy(&o.policy)?;
     let pods = offline::load_pods(&o.pods)?;
-    let layout = if o.dedicated_imagefs { FsLayout::DedicatedImageFs } else { FsLayout::SingleFs };
+    let layout = match (o.dedicated_imagefs, o.split_containerfs) {
+        (true, true) => FsLayout::SplitContainerFs,
+        (true, false) => FsLayout::DedicatedImageFs,
+        (false, _) => FsLayout::SingleFs,
+    };
     Ok((policy, pods, layout))
 }

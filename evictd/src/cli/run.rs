@@ -5,7 +5,12 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use evictd_policy::{flags::PolicyArgs, policy::Policy, quantity::Quantity, rank::FsLayout};
+use evictd_policy::{
+    flags::PolicyArgs,
+    policy::{Policy, Resource, Threshold},
+    quantity::Quantity,
+    rank::FsLayout,
+};
 
 use crate::{
     cluster::connect::{self, ApiOptions, ApiSource},
@@ -19,7 +24,7 @@ use crate::{
     },
     report::trace::TraceFormat,
     runtime::cri,
-    wake::{SourceKind, WakeOptions, Watermark},
+    wake::{SourceKind, WakeOptions, Watermark, disk::FillRates},
 };
 
 #[derive(Args, Debug)]
@@ -103,15 +108,24 @@ pub struct RunArgs {
     pub housekeeping_interval: Duration,
     /// Which wake sources to use, comma-separated: ebpf, eventfd (cgroup v1 memory
     /// thresholds), psi (pressure stall triggers), poll (the node's usage, read more often
-    /// the nearer a threshold), timer. Each that this kernel does not allow is reported and
-    /// skipped.
-    #[arg(long, value_name = "LIST", default_value = "ebpf,eventfd,psi,poll,timer")]
+    /// the nearer a threshold), disk (the same for the filesystems of disk thresholds),
+    /// timer. Each that this kernel does not allow is reported and skipped.
+    #[arg(long, value_name = "LIST", default_value = "ebpf,eventfd,psi,poll,disk,timer")]
     pub wake_sources: String,
     /// The fastest fill the adaptive poll must see before it crosses a threshold, per
     /// second: it reads the node's usage every (distance to the next level) / this, between
     /// 1 ms and 1 s.
     #[arg(long, value_name = "QUANTITY", default_value = "6Gi")]
     pub poll_fill_rate: String,
+    /// The fastest a filesystem may fill that the disk poll must see before it crosses a
+    /// disk threshold, bytes per second: each filesystem is read every (distance to its
+    /// nearest threshold) / this, between 1 ms and 1 s.
+    #[arg(long, value_name = "QUANTITY", default_value = "2Gi")]
+    pub disk_fill_rate: String,
+    /// As `--disk-fill-rate`, for inodes: the fastest file creation to see in time, per
+    /// second.
+    #[arg(long, value_name = "QUANTITY", default_value = "200k")]
+    pub inodes_fill_rate: String,
     /// When the eBPF charge programs are attached: `near` a memory threshold (within what
     /// the poll's fill rate covers in 120 ms; needs `poll` among the wake sources, else they
     /// stay attached), or `always` (every page fault pays for them).
@@ -337,7 +351,9 @@ impl RunArgs {
         let mut sources = Vec::new();
         for s in self.wake_sources.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let Some(kind) = SourceKind::parse(s) else {
-                bail!("--wake-sources: unknown wake source {s:?} (known: ebpf, eventfd, psi, poll, timer)")
+                bail!(
+                    "--wake-sources: unknown wake source {s:?} (known: ebpf, eventfd, psi, poll, disk, timer)"
+                )
             };
             if !sources.contains(&kind) {
                 sources.push(kind);
@@ -376,10 +392,21 @@ impl RunArgs {
         if fill < 1 << 20 {
             bail!("--poll-fill-rate: {} is below 1Mi per second", self.poll_fill_rate);
         }
+        let disk_fill_rates = FillRates {
+            bytes: bytes_flag("--disk-fill-rate", &self.disk_fill_rate)?,
+            inodes: bytes_flag("--inodes-fill-rate", &self.inodes_fill_rate)?,
+        };
+        if disk_fill_rates.bytes < 1 << 20 {
+            bail!("--disk-fill-rate: {} is below 1Mi per second", self.disk_fill_rate);
+        }
+        if disk_fill_rates.inodes < 100 {
+            bail!("--inodes-fill-rate: {} is below 100 per second", self.inodes_fill_rate);
+        }
         Ok(WakeOptions {
             sources,
             housekeeping: self.housekeeping_interval,
             poll_fill_rate: fill,
+            disk_fill_rates,
             charge_probes_near: self.charge_probes == "near",
             load,
             watermark,
@@ -424,6 +451,7 @@ impl RunArgs {
             kubepods,
             nodefs: existing("--nodefs-path", &self.nodefs_path),
             imagefs: existing("--imagefs-path", &self.imagefs_path),
+            containerfs: None,
             pids: PidSources::default(),
         })
     }
@@ -448,19 +476,21 @@ fn check_charge_items(items: &[String], btf: &std::path::Path) -> anyhow::Result
     Ok(())
 }
 
-/// Only the timer (and a wake that happens to come) looks at disk and PID signals, and at
-/// soft thresholds whose grace period runs out while memory stays put: without it they may
-/// never be evaluated.
+/// Only the timer (and a wake that happens to come) looks at PID signals, at disk signals
+/// without the disk poll, and at soft memory thresholds whose grace period runs out while
+/// memory stays put: without it they may never be evaluated.
 fn unwoken_thresholds(policy: &Policy, sources: &[SourceKind]) -> Option<String> {
     if sources.contains(&SourceKind::Timer) {
         return None;
     }
-    let unwoken: Vec<String> = policy
-        .thresholds
-        .iter()
-        .filter(|t| !t.signal.is_memory() || !t.is_hard())
-        .map(|t| t.to_string())
-        .collect();
+    let disk_woken = sources.contains(&SourceKind::Disk);
+    let woken = |t: &Threshold| match t.signal.resource() {
+        Resource::Memory => t.is_hard(),
+        Resource::EphemeralStorage | Resource::Inodes => disk_woken,
+        Resource::Pids => false,
+    };
+    let unwoken: Vec<String> =
+        policy.thresholds.iter().filter(|t| !woken(t)).map(|t| t.to_string()).collect();
     (!unwoken.is_empty()).then(|| {
         format!(
             "--wake-sources has no timer: {} are evaluated only when another source happens to wake evictd",
@@ -574,5 +604,17 @@ mod tests {
             PolicyArgs { eviction_hard: Some("memory.available<1Gi".into()), ..Default::default() };
         let (memory_only, _) = memory_only.policy().unwrap();
         assert!(unwoken_thresholds(&memory_only, &[SourceKind::Ebpf]).is_none());
+        // The disk poll wakes disk thresholds, hard and soft.
+        let disk = PolicyArgs {
+            eviction_hard: Some("memory.available<1Gi,nodefs.available<10%".into()),
+            eviction_soft: Some("imagefs.available<20%".into()),
+            eviction_soft_grace_period: Some("imagefs.available=1m".into()),
+            ..Default::default()
+        };
+        let (disk, _) = disk.policy().unwrap();
+        assert!(unwoken_thresholds(&disk, &[SourceKind::Ebpf, SourceKind::Disk]).is_none());
+        let pid = PolicyArgs { eviction_hard: Some("pid.available<1k".into()), ..Default::default() };
+        let (pid, _) = pid.policy().unwrap();
+        assert!(unwoken_thresholds(&pid, &[SourceKind::Disk]).is_some_and(|w| w.contains("pid.available")));
     }
 }

@@ -230,11 +230,17 @@ async fn pass_end(pass: &mut Option<JoinHandle<PassDone>>) -> anyhow::Result<Pas
 impl Daemon {
     /// Starts the wake sources, metrics, the runtime client and the inventory, then
     /// observes the node once and arms every source on it.
-    async fn start(opts: RunOptions, tx: mpsc::Sender<Wake>) -> anyhow::Result<Self> {
+    async fn start(mut opts: RunOptions, tx: mpsc::Sender<Wake>) -> anyhow::Result<Self> {
+        let metrics = Arc::new(Metrics::default());
+        let client = match &opts.pressure.cri_endpoint {
+            Some(ep) => Some(CriClient::new(ep, opts.pressure.cri_timeout)?.with_metrics(metrics.clone())),
+            None => None,
+        };
+        // Before the sources start: the disk poll watches the filesystems the layout names.
+        detect_split_containerfs(&mut opts.pressure, client.as_ref()).await;
         let stats = Arc::new(WakeStats::default());
         let sources = wake::start(&opts.wake, &opts.pressure.signals, &tx, &stats)?;
         drop(tx);
-        let metrics = Arc::new(Metrics::default());
         let health = Arc::new(Health::new(endpoint::DEFAULT_STALL));
         health.beat();
         if let Some(addr) = opts.metrics_addr {
@@ -242,10 +248,6 @@ impl Daemon {
                 .with_context(|| format!("--metrics-addr: cannot listen on {addr}"))?;
             tracing::info!("metrics on http://{bound}/metrics, probes on /healthz and /readyz");
         }
-        let client = match &opts.pressure.cri_endpoint {
-            Some(ep) => Some(CriClient::new(ep, opts.pressure.cri_timeout)?.with_metrics(metrics.clone())),
-            None => None,
-        };
         let (api, api_pods) = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
         let kick = Arc::new(Notify::new());
         let reread_pods_file = Arc::new(AtomicBool::new(false));
@@ -356,7 +358,8 @@ impl Daemon {
     /// A pass ended: report it, re-arm every source, and run the next one if wakes came
     /// meanwhile.
     fn pass_done(&mut self, done: PassDone) -> anyhow::Result<()> {
-        self.report.conditions(&done.pressure.conditions);
+        let observed_ns = done.obs.values().filter_map(|o| o.time_ns).max();
+        self.report.conditions(&done.pressure.conditions, observed_ns)?;
         self.send_conditions_to_api(&done.pressure.conditions);
         self.pressure = Some(done.pressure);
         if let Some(policy) = self.pending_policy.take() {
@@ -523,6 +526,30 @@ fn spawn_inventory(
 }
 
 /// What evictd measures, said once at start: a missing mount or cgroup silently changes it.
+/// How long start-up waits for the runtime to say where the writable layers are.
+const LAYOUT_DETECTION: Duration = Duration::from_secs(2);
+
+/// The kubelet's disk-layout detection at its first tick, the half that asks the runtime:
+/// writable layers on a filesystem apart from the images' (`ImageFsInfo`) with a dedicated
+/// imagefs is the split layout, and containerfs is then observed on that filesystem. Asked
+/// once; a runtime that does not answer in time means no split, as for the kubelet.
+async fn detect_split_containerfs(pressure: &mut PressureOptions, client: Option<&CriClient>) {
+    let Some(client) = client else { return };
+    let Ok(Some(dir)) = tokio::time::timeout(LAYOUT_DETECTION, client.separate_container_fs()).await else {
+        return;
+    };
+    if pressure.fs_layout != FsLayout::DedicatedImageFs {
+        tracing::warn!(
+            containerfs = %dir.display(),
+            "the runtime keeps the writable layers apart from the images, but imagefs is not a \
+             filesystem of its own: ranking as on a single filesystem, as the kubelet does"
+        );
+        return;
+    }
+    pressure.fs_layout = FsLayout::SplitContainerFs;
+    pressure.signals.containerfs = Some(dir);
+}
+
 fn log_sources(opts: &PressureOptions) {
     let s = &opts.signals;
     tracing::info!(
@@ -530,7 +557,9 @@ fn log_sources(opts: &PressureOptions) {
         kubepods_cgroup = %s.kubepods.as_ref().map_or("none (no allocatableMemory.available)".into(), |k| k.dir.display().to_string()),
         nodefs = %s.nodefs.display(),
         imagefs = %s.imagefs.display(),
+        containerfs = %s.containerfs.as_deref().unwrap_or(&s.imagefs).display(),
         dedicated_imagefs = s.dedicated_imagefs(),
+        fs_layout = opts.fs_layout.as_str(),
         cri = opts.cri_endpoint.as_deref().unwrap_or("none"),
         "observing"
     );
@@ -559,6 +588,7 @@ mod tests {
                 kubepods: None,
                 nodefs: "/".into(),
                 imagefs: "/".into(),
+                containerfs: None,
                 pids: crate::node::signals::PidSources::default(),
             },
             fs_layout: FsLayout::SingleFs,

@@ -23,6 +23,9 @@ pub struct NodeSignalSources {
     pub kubepods: Option<MemoryCgroup>,
     pub nodefs: PathBuf,
     pub imagefs: PathBuf,
+    /// The writable layers' filesystem when the runtime reports it apart from the images'
+    /// (the kubelet's split containerfs); `None`: containerfs is imagefs.
+    pub containerfs: Option<PathBuf>,
     pub pids: PidSources,
 }
 
@@ -82,7 +85,7 @@ impl NodeSignalSources {
         }
     }
 
-    /// nodefs and imagefs by statvfs; containerfs is imagefs (no split layout).
+    /// nodefs and imagefs by statvfs; containerfs is imagefs unless the layout is split.
     fn observe_filesystems(&self, at: Option<i64>, out: &mut Observations, missing: &mut Vec<Unreadable>) {
         statvfs_into(&self.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree, at, out, missing);
         let dev = |p: &PathBuf| std::fs::metadata(p).map(|m| m.dev()).ok();
@@ -102,8 +105,32 @@ impl NodeSignalSources {
                 missing,
             );
         }
-        copy_observation(out, Signal::ImageFsAvailable, Signal::ContainerFsAvailable);
-        copy_observation(out, Signal::ImageFsInodesFree, Signal::ContainerFsInodesFree);
+        match &self.containerfs {
+            Some(dir) => statvfs_into(
+                dir,
+                Signal::ContainerFsAvailable,
+                Signal::ContainerFsInodesFree,
+                at,
+                out,
+                missing,
+            ),
+            None => {
+                copy_observation(out, Signal::ImageFsAvailable, Signal::ContainerFsAvailable);
+                copy_observation(out, Signal::ImageFsInodesFree, Signal::ContainerFsInodesFree);
+            }
+        }
+    }
+
+    /// The directory whose filesystem a disk signal measures (`None` for memory and PIDs).
+    pub fn filesystem_of(&self, signal: Signal) -> Option<&Path> {
+        match signal {
+            Signal::NodeFsAvailable | Signal::NodeFsInodesFree => Some(&self.nodefs),
+            Signal::ImageFsAvailable | Signal::ImageFsInodesFree => Some(&self.imagefs),
+            Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree => {
+                Some(self.containerfs.as_deref().unwrap_or(&self.imagefs))
+            }
+            _ => None,
+        }
     }
 
     /// Whether imagefs is a filesystem of its own (the kubelet's dedicated imagefs).
@@ -114,29 +141,18 @@ impl NodeSignalSources {
 }
 
 fn statvfs_into(
-    dir: &PathBuf,
+    dir: &Path,
     bytes: Signal,
     inodes: Signal,
     at: Option<i64>,
     out: &mut Observations,
     missing: &mut Vec<Unreadable>,
 ) {
-    match nix::sys::statvfs::statvfs(dir) {
-        Ok(s) => {
-            let frsize = s.fragment_size() as i64;
-            out.insert(
-                bytes,
-                Observation {
-                    available: s.blocks_available() as i64 * frsize,
-                    capacity: s.blocks() as i64 * frsize,
-                    time_ns: at,
-                },
-            );
-            if s.files() > 0 {
-                out.insert(
-                    inodes,
-                    Observation { available: s.files_free() as i64, capacity: s.files() as i64, time_ns: at },
-                );
+    match filesystem_observations(dir, at) {
+        Ok((b, i)) => {
+            out.insert(bytes, b);
+            if let Some(i) = i {
+                out.insert(inodes, i);
             }
         }
         Err(e) => {
@@ -145,6 +161,28 @@ fn statvfs_into(
             }
         }
     }
+}
+
+/// The filesystem holding `dir`, as the kubelet observes it: bytes available to
+/// unprivileged users (`f_bavail`) of the whole size, and free inodes of all inodes — none
+/// when the filesystem has no inode count (some report 0).
+pub fn filesystem_observations(
+    dir: &Path,
+    at: Option<i64>,
+) -> Result<(Observation, Option<Observation>), nix::Error> {
+    let s = nix::sys::statvfs::statvfs(dir)?;
+    let frsize = s.fragment_size() as i64;
+    let bytes = Observation {
+        available: s.blocks_available() as i64 * frsize,
+        capacity: s.blocks() as i64 * frsize,
+        time_ns: at,
+    };
+    let inodes = (s.files() > 0).then(|| Observation {
+        available: s.files_free() as i64,
+        capacity: s.files() as i64,
+        time_ns: at,
+    });
+    Ok((bytes, inodes))
 }
 
 fn copy_observation(out: &mut Observations, from: Signal, to: Signal) {
@@ -223,6 +261,7 @@ mod tests {
             kubepods: None,
             nodefs: "/".into(),
             imagefs: "/".into(),
+            containerfs: None,
             pids: PidSources::default(),
         };
         let mut missing = Vec::new();
@@ -236,6 +275,35 @@ mod tests {
         }
         assert_eq!(o[&Signal::NodeFsAvailable], o[&Signal::ImageFsAvailable], "same filesystem");
         assert!(!src.dedicated_imagefs());
+    }
+
+    /// The split layout: containerfs is read from its own directory, never copied from
+    /// imagefs, and one that cannot be read is missing, not guessed.
+    #[test]
+    fn a_split_containerfs_is_observed_on_its_own_filesystem() {
+        let (_d, mut src) = fixture(CgroupVersion::V1, None);
+        src.containerfs = Some("/nonexistent/containerfs".into());
+        assert_eq!(
+            src.filesystem_of(Signal::ContainerFsInodesFree),
+            Some(Path::new("/nonexistent/containerfs"))
+        );
+        assert_eq!(src.filesystem_of(Signal::ImageFsAvailable), Some(Path::new("/")));
+        let mut missing = Vec::new();
+        let o = src.observe(1, &mut missing);
+        assert!(o.contains_key(&Signal::ImageFsAvailable));
+        assert!(
+            !o.contains_key(&Signal::ContainerFsAvailable) && !o.contains_key(&Signal::ContainerFsInodesFree)
+        );
+        let named: Vec<_> =
+            missing.iter().map(|m| (m.signal, m.reason.contains("/nonexistent/containerfs"))).collect();
+        assert_eq!(named, [(Signal::ContainerFsAvailable, true), (Signal::ContainerFsInodesFree, true)]);
+        src.containerfs = None;
+        let o = src.observe(1, &mut Vec::new());
+        assert_eq!(
+            o[&Signal::ContainerFsAvailable],
+            o[&Signal::ImageFsAvailable],
+            "no split: containerfs is imagefs"
+        );
     }
 
     /// A node root and its kubepods cgroup as files, for either cgroup version.
@@ -272,6 +340,7 @@ mod tests {
             kubepods,
             nodefs: "/".into(),
             imagefs: "/".into(),
+            containerfs: None,
             pids: PidSources::default(),
         };
         (d, src)
@@ -307,6 +376,7 @@ mod tests {
             kubepods: None,
             nodefs: "/nonexistent/nodefs".into(),
             imagefs: "/nonexistent/imagefs".into(),
+            containerfs: None,
             pids: PidSources::default(),
         };
         let mut missing = Vec::new();

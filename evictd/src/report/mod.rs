@@ -36,6 +36,8 @@ pub struct Report {
     sink: Option<TraceSink<BufWriter<Stdout>>>,
     names: CgroupNames,
     counts: WakeCounts,
+    /// The node conditions last reported, for the trace's lines on a change.
+    conditions: Vec<NodeCondition>,
 }
 
 impl Report {
@@ -45,6 +47,7 @@ impl Report {
             sink: trace.map(|f| TraceSink::new(f, BufWriter::new(io::stdout()))),
             names: CgroupNames::new(cgroups),
             counts: WakeCounts::default(),
+            conditions: Vec::new(),
         }
     }
 
@@ -88,8 +91,21 @@ impl Report {
         self.metrics.observed(thresholds, obs);
     }
 
-    pub fn conditions(&self, now: &[NodeCondition]) {
+    /// evictd's node conditions after a pass whose node reading was taken at `observed_ns`
+    /// (CLOCK_MONOTONIC): the metrics, and with `--trace` a line for each that turned on or
+    /// off (what an SRE tuning disk thresholds, or the disk benchmark, times).
+    pub fn conditions(&mut self, now: &[NodeCondition], observed_ns: Option<i64>) -> io::Result<()> {
         self.metrics.conditions(now);
+        if let Some(s) = self.sink.as_mut() {
+            for c in NodeCondition::ALL {
+                let on = now.contains(&c);
+                if on != self.conditions.contains(&c) {
+                    s.condition(c, on, observed_ns)?;
+                }
+            }
+        }
+        self.conditions = now.to_vec();
+        Ok(())
     }
 
     /// The wake sources still running, and the fastest charge tier among them.

@@ -7,7 +7,7 @@ use std::{
     time::SystemTime,
 };
 
-use evictd_policy::policy::Threshold;
+use evictd_policy::policy::{NodeCondition, Threshold};
 use serde::Serialize;
 
 use crate::{
@@ -32,6 +32,17 @@ pub struct MemoryView {
     pub available: Option<i64>,
     /// e.g. `memory.available<100Mi` and available − threshold quantity.
     pub nearest: Option<(Threshold, i64)>,
+}
+
+/// A node condition that turned on or off.
+#[derive(Serialize)]
+struct ConditionLine {
+    r#type: &'static str,
+    time: String,
+    condition: &'static str,
+    status: bool,
+    /// CLOCK_MONOTONIC ns of the node reading that decided it.
+    observed_ns: Option<i64>,
 }
 
 #[derive(Serialize)]
@@ -130,6 +141,28 @@ impl<W: Write> TraceSink<W> {
                     wake.cpu,
                     lat,
                 )
+            }
+        }
+    }
+
+    /// A node condition turned on or off; `observed_ns` is when the pass read the node.
+    pub fn condition(&mut self, c: NodeCondition, on: bool, observed_ns: Option<i64>) -> io::Result<()> {
+        match self.format {
+            TraceFormat::Json => {
+                let line = ConditionLine {
+                    r#type: "condition",
+                    time: now_text(),
+                    condition: c.as_str(),
+                    status: on,
+                    observed_ns,
+                };
+                serde_json::to_writer(&mut self.out, &line)?;
+                writeln!(self.out)
+            }
+            TraceFormat::Text => {
+                let time = now_text();
+                let clock = time.get(11..26).unwrap_or(&time);
+                writeln!(self.out, "{clock}  condition      {} {}", c.as_str(), if on { "on" } else { "off" })
             }
         }
     }

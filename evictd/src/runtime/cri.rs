@@ -268,6 +268,20 @@ impl CriClient {
         .await
     }
 
+    /// The writable layers' filesystem, when the runtime keeps them apart from the images'
+    /// (the kubelet's `IsContainerFsSeparateFromImageFs`, asked once): `None` when it is the
+    /// same, when the runtime reports no container filesystem (containerd up to 1.7 does
+    /// not), or when it cannot be asked (logged; the kubelet too takes that as no split).
+    pub async fn separate_container_fs(&self) -> Option<PathBuf> {
+        match self.image_fs_info().await {
+            Ok(resp) => separate_container_fs(&resp),
+            Err(e) => {
+                tracing::warn!("{e}: taking the writable layers to be on imagefs (no split containerfs)");
+                None
+            }
+        }
+    }
+
     pub async fn list_images(&self) -> Result<Vec<cri::Image>, CriError> {
         let mut c = self.images.clone();
         Ok(self
@@ -300,6 +314,15 @@ impl CriClient {
     }
 }
 
+/// The container filesystem's mountpoint when the first container and image filesystems of
+/// an `ImageFsInfo` answer differ (KEP-4191 supports one of each).
+pub fn separate_container_fs(resp: &cri::ImageFsInfoResponse) -> Option<PathBuf> {
+    let mountpoint = |fs: Option<&cri::FilesystemUsage>| fs?.fs_id.as_ref().map(|id| id.mountpoint.clone());
+    let container = mountpoint(resp.container_filesystems.first())?;
+    let image = mountpoint(resp.image_filesystems.first())?;
+    (container != image).then(|| PathBuf::from(container))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +333,26 @@ mod tests {
         assert_eq!(socket_path("/run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
         assert!(socket_path("tcp://1.2.3.4:5").is_err());
         assert!(socket_path("unix://relative").is_err());
+    }
+
+    /// The kubelet's rule on what runtimes answer: CRI-O with an image store apart, CRI-O
+    /// and containerd 2 without, containerd up to 1.7 (no container filesystems at all).
+    #[test]
+    fn a_split_containerfs_is_two_mountpoints() {
+        let fs = |m: &str| cri::FilesystemUsage {
+            fs_id: Some(cri::FilesystemIdentifier { mountpoint: m.into() }),
+            ..Default::default()
+        };
+        let answer = |containers: Vec<cri::FilesystemUsage>, images: Vec<cri::FilesystemUsage>| {
+            cri::ImageFsInfoResponse { container_filesystems: containers, image_filesystems: images }
+        };
+        let split = answer(vec![fs("/var/lib/containers/storage")], vec![fs("/mnt/imagestore")]);
+        assert_eq!(separate_container_fs(&split), Some(PathBuf::from("/var/lib/containers/storage")));
+        let same = answer(vec![fs("/var/lib/containerd")], vec![fs("/var/lib/containerd")]);
+        assert_eq!(separate_container_fs(&same), None);
+        assert_eq!(separate_container_fs(&answer(vec![], vec![fs("/var/lib/containerd")])), None);
+        let no_id = answer(vec![cri::FilesystemUsage::default()], vec![fs("/images")]);
+        assert_eq!(separate_container_fs(&no_id), None);
     }
 
     #[tokio::test]

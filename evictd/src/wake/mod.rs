@@ -6,7 +6,7 @@
 //! it: `ebpf` (the kernel's ring buffer; the programs themselves are loaded by
 //! `crate::kernel`), `eventfd` (cgroup v1 memory thresholds), `psi` (pressure stall
 //! triggers), `poll` (the node's usage read at an interval set by the distance to the
-//! nearest threshold), `timer`. The daemon starts them from one list (`start`) and after every pass
+//! nearest threshold), `disk` (the same for the filesystems of disk thresholds), `timer`. The daemon starts them from one list (`start`) and after every pass
 //! lets each re-arm on the node as just observed (`WakeSource::rearm`).
 
 use std::{
@@ -25,6 +25,7 @@ use crate::{
     node::signals::NodeSignalSources,
 };
 
+pub mod disk;
 pub mod ebpf;
 pub mod eventfd;
 pub mod poll;
@@ -40,12 +41,19 @@ pub enum SourceKind {
     Eventfd,
     Psi,
     Poll,
+    Disk,
     Timer,
 }
 
 impl SourceKind {
-    pub const ALL: [SourceKind; 5] =
-        [SourceKind::Ebpf, SourceKind::Eventfd, SourceKind::Psi, SourceKind::Poll, SourceKind::Timer];
+    pub const ALL: [SourceKind; 6] = [
+        SourceKind::Ebpf,
+        SourceKind::Eventfd,
+        SourceKind::Psi,
+        SourceKind::Poll,
+        SourceKind::Disk,
+        SourceKind::Timer,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -53,6 +61,7 @@ impl SourceKind {
             SourceKind::Eventfd => "eventfd",
             SourceKind::Psi => "psi",
             SourceKind::Poll => "poll",
+            SourceKind::Disk => "disk",
             SourceKind::Timer => "timer",
         }
     }
@@ -68,6 +77,8 @@ pub struct WakeOptions {
     pub housekeeping: Duration,
     /// The fastest fill the adaptive poll must see in time, bytes per second.
     pub poll_fill_rate: u64,
+    /// The fastest fills the disk poll must see in time.
+    pub disk_fill_rates: disk::FillRates,
     /// With the poll running, attach the charge programs only near a memory threshold.
     pub charge_probes_near: bool,
     pub load: LoadOptions,
@@ -171,6 +182,7 @@ pub fn start(
             SourceKind::Eventfd => Ok(eventfd::start(signals, tx.clone())),
             SourceKind::Psi => psi::start(signals, tx.clone()).map(Some),
             SourceKind::Poll => Ok(Some(poll::start(&signals.node, opts.poll_fill_rate, tx.clone()))),
+            SourceKind::Disk => Ok(Some(disk::start(signals, opts.disk_fill_rates, tx.clone()))),
             SourceKind::Timer => Ok(Some(timer::start(opts.housekeeping, tx.clone()))),
         };
         match source {
@@ -199,13 +211,15 @@ pub enum WakeCause {
     Psi,
     /// The adaptive poll saw usage past its level.
     Poll,
+    /// The disk poll saw a disk threshold met.
+    Disk,
 }
 
 // Per-cause arrays are indexed by `index()`: ALL must end with the last variant.
-const _: () = assert!(WakeCause::Poll as usize + 1 == WakeCause::ALL.len());
+const _: () = assert!(WakeCause::Disk as usize + 1 == WakeCause::ALL.len());
 
 impl WakeCause {
-    pub const ALL: [WakeCause; 8] = [
+    pub const ALL: [WakeCause; 9] = [
         WakeCause::Charge,
         WakeCause::DirectReclaim,
         WakeCause::MemcgReclaim,
@@ -214,6 +228,7 @@ impl WakeCause {
         WakeCause::Eventfd,
         WakeCause::Psi,
         WakeCause::Poll,
+        WakeCause::Disk,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -226,6 +241,7 @@ impl WakeCause {
             WakeCause::Eventfd => "eventfd",
             WakeCause::Psi => "psi",
             WakeCause::Poll => "poll",
+            WakeCause::Disk => "disk",
         }
     }
 

@@ -24,6 +24,7 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         kubepods: None,
         nodefs: "/".into(),
         imagefs: "/".into(),
+        containerfs: None,
         pids: crate::node::signals::PidSources::default(),
     };
     let opts = PressureOptions {

@@ -1,9 +1,10 @@
-//! evictd's benchmarks, run through `cargo xtask bench reaction|earlyoom|overhead` (as root).
+//! evictd's benchmarks, run through `cargo xtask bench reaction|earlyoom|overhead|disk` (as root).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
+mod disk;
 mod earlyoom;
 mod overhead;
 mod plot;
@@ -19,6 +20,9 @@ enum Bench {
     Earlyoom(earlyoom::Opts),
     /// The probes' cost on the allocation path, evictd's RSS and idle CPU.
     Overhead(overhead::Opts),
+    /// Disk detection latency: the disk poll beside the housekeeping timer, a tmpfs filled
+    /// at fixed rates.
+    Disk(disk::Opts),
     /// Repeated pressure episodes with runtime restarts: one eviction per crossing, no pod
     /// twice, evictd's RSS and open file descriptors flat.
     Soak(soak::Opts),
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
             rt.block_on(earlyoom::earlyoom(&o))
         }),
         Bench::Overhead(o) => o.validate().and_then(|()| overhead::overhead(&o)),
+        Bench::Disk(o) => o.validate().and_then(|()| disk::disk(&o)),
         Bench::Soak(o) => o.validate().and_then(|()| {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             rt.block_on(soak::soak(&o))
