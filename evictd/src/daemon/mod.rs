@@ -525,7 +525,6 @@ fn spawn_inventory(
     Ok(inventory::spawn_refresh(client.clone(), inventory, opts.inventory_interval, kick))
 }
 
-/// What evictd measures, said once at start: a missing mount or cgroup silently changes it.
 /// How long start-up waits for the runtime to say where the writable layers are.
 const LAYOUT_DETECTION: Duration = Duration::from_secs(2);
 
@@ -546,10 +545,19 @@ async fn detect_split_containerfs(pressure: &mut PressureOptions, client: Option
         );
         return;
     }
+    if let Err(e) = crate::node::signals::filesystem_observations(&dir, None) {
+        // In a container, the runtime's path must be mounted at the same place.
+        tracing::warn!(
+            containerfs = %dir.display(),
+            "split containerfs, but its filesystem cannot be read ({e}): containerfs thresholds \
+             are not evaluated until it can (mount it into evictd's container)"
+        );
+    }
     pressure.fs_layout = FsLayout::SplitContainerFs;
     pressure.signals.containerfs = Some(dir);
 }
 
+/// What evictd measures, said once at start: a missing mount or cgroup silently changes it.
 fn log_sources(opts: &PressureOptions) {
     let s = &opts.signals;
     tracing::info!(
