@@ -104,7 +104,8 @@ impl Report {
                 }
             }
         }
-        self.conditions = now.to_vec();
+        self.conditions.clear();
+        self.conditions.extend_from_slice(now);
         Ok(())
     }
 

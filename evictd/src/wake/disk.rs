@@ -10,7 +10,11 @@
 //! It decides nothing: the pass observes the node again and the engine decides, as for every
 //! other source. A filesystem that cannot be read wakes nobody (the pass reports it).
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use evictd_policy::{
     observations::Observation,
@@ -39,19 +43,20 @@ pub struct FillRates {
     pub inodes: u64,
 }
 
-/// One disk threshold, as the poll checks it: the filesystem it is on and its value, which
-/// is resolved against the capacity read each time (a percentage follows the filesystem).
-#[derive(Clone, Debug, PartialEq)]
-struct Trigger {
+/// A filesystem with disk thresholds, as the poll checks it: read once per look, each
+/// threshold's value resolved against the capacity read then (a percentage follows the
+/// filesystem).
+#[derive(Debug, PartialEq)]
+struct Watched {
     dir: PathBuf,
-    inodes: bool,
-    threshold: Threshold,
+    thresholds: Vec<Threshold>,
 }
 
-/// What the task polls for, replaced on every re-arm.
+/// What the task polls for: the filesystems (built when the thresholds change, shared with
+/// the task), and the arming, renewed after every pass.
 #[derive(Clone, Debug, Default)]
 struct Arm {
-    triggers: Vec<Trigger>,
+    filesystems: Arc<[Watched]>,
     /// A new generation lets the task fire again.
     generation: u64,
     /// No wake before this (a threshold was still met when the pass ended).
@@ -60,6 +65,8 @@ struct Arm {
 
 struct DiskWake {
     signals: NodeSignalSources,
+    /// The thresholds `Arm::filesystems` was built from.
+    thresholds: Vec<Threshold>,
     arm: watch::Sender<Arm>,
     task: JoinHandle<()>,
 }
@@ -73,18 +80,19 @@ pub fn start(signals: &NodeSignalSources, rates: FillRates, tx: mpsc::Sender<Wak
         "disk poll wake source started ({:?} to {MAX_INTERVAL:?}, per filesystem with a disk threshold)",
         super::poll::MIN_INTERVAL
     );
-    Box::new(DiskWake { signals: signals.clone(), arm, task })
+    Box::new(DiskWake { signals: signals.clone(), thresholds: Vec::new(), arm, task })
 }
 
-/// The disk thresholds of `thresholds`, each on the filesystem its signal measures.
-fn triggers(signals: &NodeSignalSources, thresholds: &[Threshold]) -> Vec<Trigger> {
-    thresholds
-        .iter()
-        .filter_map(|t| {
-            let dir = signals.filesystem_of(t.signal)?.to_path_buf();
-            Some(Trigger { dir, inodes: t.signal.resource() == Resource::Inodes, threshold: *t })
-        })
-        .collect()
+/// Disk thresholds grouped by the filesystem their signal measures, in first-seen order.
+fn watched<'a>(disk_thresholds: impl IntoIterator<Item = (&'a Path, Threshold)>) -> Arc<[Watched]> {
+    let mut out: Vec<Watched> = Vec::new();
+    for (dir, t) in disk_thresholds {
+        match out.iter_mut().find(|w| w.dir == dir) {
+            Some(w) => w.thresholds.push(t),
+            None => out.push(Watched { dir: dir.to_path_buf(), thresholds: vec![t] }),
+        }
+    }
+    out.into()
 }
 
 /// One statvfs: bytes, and inodes where the filesystem counts them.
@@ -98,31 +106,25 @@ struct Reading {
     next: Duration,
 }
 
-/// Checks each trigger against its filesystem's observation (`read` is statvfs, per
-/// directory once). A filesystem that cannot be read counts as neither met nor near: the
-/// pass reports it, and the poll must not spin on it.
-fn check(triggers: &[Trigger], rates: FillRates, mut read: impl FnMut(&PathBuf) -> FsReading) -> Reading {
-    let mut seen: Vec<(&PathBuf, FsReading)> = Vec::new();
+/// Checks each filesystem's thresholds against one read of it (`read` is statvfs). A
+/// filesystem that cannot be read counts as neither met nor near: the pass reports it, and
+/// the poll must not spin on it.
+fn check(filesystems: &[Watched], rates: FillRates, mut read: impl FnMut(&PathBuf) -> FsReading) -> Reading {
     let mut reading = Reading { met: None, next: MAX_INTERVAL };
-    for t in triggers {
-        let obs = match seen.iter().find(|(d, _)| *d == &t.dir) {
-            Some((_, o)) => *o,
-            None => {
-                let o = read(&t.dir);
-                seen.push((&t.dir, o));
-                o
+    for fs in filesystems {
+        let Some((bytes, inodes)) = read(&fs.dir) else { continue };
+        for t in &fs.thresholds {
+            let (o, rate) = match (t.signal.resource(), inodes) {
+                (Resource::Inodes, Some(inodes)) => (inodes, rates.inodes),
+                (Resource::Inodes, None) => continue,
+                _ => (bytes, rates.bytes),
+            };
+            if t.is_met(o.available, o.capacity, false) {
+                reading.met.get_or_insert(t.signal);
             }
-        };
-        let (o, rate) = match obs {
-            Some((bytes, _)) if !t.inodes => (bytes, rates.bytes),
-            Some((_, Some(inodes))) if t.inodes => (inodes, rates.inodes),
-            _ => continue,
-        };
-        if t.threshold.is_met(o.available, o.capacity, false) {
-            reading.met.get_or_insert(t.threshold.signal);
+            let level = t.value.resolve(o.capacity).max(0) as u64;
+            reading.next = reading.next.min(interval_for(level, o.available.max(0) as u64, rate));
         }
-        let level = t.threshold.value.resolve(o.capacity).max(0) as u64;
-        reading.next = reading.next.min(interval_for(level, o.available.max(0) as u64, rate));
     }
     reading
 }
@@ -131,7 +133,7 @@ async fn poll_filesystems(mut rx: watch::Receiver<Arm>, rates: FillRates, tx: mp
     let mut fired_for: Option<u64> = None;
     loop {
         let arm = rx.borrow_and_update().clone();
-        if arm.triggers.is_empty() || fired_for == Some(arm.generation) {
+        if arm.filesystems.is_empty() || fired_for == Some(arm.generation) {
             // Nothing to watch, or a wake already sent for this arming: the next re-arm.
             if rx.changed().await.is_err() {
                 return;
@@ -145,7 +147,7 @@ async fn poll_filesystems(mut rx: watch::Receiver<Arm>, rates: FillRates, tx: mp
             }
             continue;
         }
-        let reading = check(&arm.triggers, rates, |dir| filesystem_observations(dir, None).ok());
+        let reading = check(&arm.filesystems, rates, |dir| filesystem_observations(dir, None).ok());
         if let Some(signal) = reading.met {
             fired_for = Some(arm.generation);
             tracing::debug!(%signal, "disk poll: threshold met, waking a pass");
@@ -167,17 +169,22 @@ impl WakeSource for DiskWake {
         SourceKind::Disk
     }
 
-    /// The thresholds in force, and a new arming; a disk threshold still met after the pass
-    /// is looked at again only after [`MET_RECHECK`].
+    /// A new arming (and the filesystems again when the thresholds changed); a disk
+    /// threshold still met after the pass is looked at again only after [`MET_RECHECK`].
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
-        let triggers = triggers(&self.signals, node.thresholds);
-        let still_met = triggers.iter().any(|t| {
-            node.observations
-                .get(&t.threshold.signal)
-                .is_some_and(|o| t.threshold.is_met(o.available, o.capacity, false))
+        let filesystems = (self.thresholds != node.thresholds).then(|| {
+            self.thresholds = node.thresholds.to_vec();
+            let signals = &self.signals;
+            watched(node.thresholds.iter().filter_map(|t| Some((signals.filesystem_of(t.signal)?, *t))))
+        });
+        let still_met = node.thresholds.iter().any(|t| {
+            t.signal.resource().is_disk()
+                && node.observations.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false))
         });
         self.arm.send_modify(|a| {
-            a.triggers = triggers;
+            if let Some(f) = filesystems {
+                a.filesystems = f;
+            }
             a.generation += 1;
             a.quiet_until = still_met.then(|| Instant::now() + MET_RECHECK);
         });
@@ -209,12 +216,8 @@ mod tests {
     const GI: i64 = 1 << 30;
     const RATES: FillRates = FillRates { bytes: 1 << 30, inodes: 100_000 };
 
-    fn trigger(dir: &str, signal: Signal, value: ThresholdValue) -> Trigger {
-        Trigger {
-            dir: dir.into(),
-            inodes: signal.resource() == Resource::Inodes,
-            threshold: Threshold { signal, value, grace_period_ns: 0, min_reclaim: None },
-        }
+    fn trigger(dir: &str, signal: Signal, value: ThresholdValue) -> (&Path, Threshold) {
+        (Path::new(dir), Threshold { signal, value, grace_period_ns: 0, min_reclaim: None })
     }
 
     fn obs(available: i64, capacity: i64) -> Observation {
@@ -223,11 +226,11 @@ mod tests {
 
     #[test]
     fn the_interval_is_the_time_the_fastest_fill_needs_to_cross() {
-        let t = [trigger(
+        let t = watched([trigger(
             "/n",
             Signal::NodeFsAvailable,
             ThresholdValue::Quantity(Quantity::parse("10Gi").unwrap()),
-        )];
+        )]);
         // 10 GiB is the threshold; 10.5 GiB available at 1 GiB/s: half a second.
         let r = check(&t, RATES, |_| Some((obs(10 * GI + GI / 2, 100 * GI), None)));
         assert_eq!(r, Reading { met: None, next: Duration::from_millis(500) });
@@ -238,7 +241,7 @@ mod tests {
         let below = check(&t, RATES, |_| Some((obs(10 * GI - 1, 100 * GI), None)));
         assert_eq!(below.met, Some(Signal::NodeFsAvailable));
         // A percentage is of the capacity read with it: 10 % of 200 GiB.
-        let p = [trigger("/n", Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1))];
+        let p = watched([trigger("/n", Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1))]);
         assert_eq!(
             check(&p, RATES, |_| Some((obs(20 * GI - MI, 200 * GI), None))).met,
             Some(Signal::NodeFsAvailable)
@@ -248,7 +251,7 @@ mod tests {
 
     #[test]
     fn the_nearest_threshold_of_every_filesystem_sets_the_pace() {
-        let t = [
+        let t = watched([
             trigger("/n", Signal::NodeFsAvailable, ThresholdValue::Quantity(Quantity::parse("1Gi").unwrap())),
             trigger(
                 "/n",
@@ -260,7 +263,7 @@ mod tests {
                 Signal::ImageFsAvailable,
                 ThresholdValue::Quantity(Quantity::parse("1Gi").unwrap()),
             ),
-        ];
+        ]);
         let mut reads = Vec::new();
         let r = check(&t, RATES, |d| {
             reads.push(d.clone());
@@ -277,10 +280,10 @@ mod tests {
 
     #[test]
     fn an_unreadable_filesystem_is_neither_met_nor_near() {
-        let t = [trigger("/gone", Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1))];
+        let t = watched([trigger("/gone", Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1))]);
         assert_eq!(check(&t, RATES, |_| None), Reading { met: None, next: MAX_INTERVAL });
         // A filesystem without inode counts has no inode signal to meet.
-        let i = [trigger("/n", Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05))];
+        let i = watched([trigger("/n", Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05))]);
         assert_eq!(check(&i, RATES, |_| Some((obs(GI, 2 * GI), None))).met, None);
     }
 }

@@ -257,7 +257,7 @@ fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
     for s in samples {
         cells.entry((s.rate, s.mode)).or_default().push(s);
     }
-    let p50 = |rate: u64, mode: Mode| {
+    let detection = |rate: u64, mode: Mode| {
         cells.get(&(rate, mode)).and_then(|ss| spread(ss.iter().filter_map(|s| s.detection_ms).collect()))
     };
     println!(
@@ -267,7 +267,7 @@ fn report(o: &Opts, samples: &[Sample]) -> anyhow::Result<()> {
     for (&(rate, mode), ss) in &cells {
         let d = spread(ss.iter().filter_map(|s| s.detection_ms).collect());
         let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
-        let ratio = match (d, p50(rate, Mode::Disk)) {
+        let ratio = match (d, detection(rate, Mode::Disk)) {
             (Some(d), Some(disk)) if mode != Mode::Disk && disk.0 > 0.0 => format!("×{:.0}", d.0 / disk.0),
             _ => "-".into(),
         };
