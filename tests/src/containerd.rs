@@ -517,6 +517,32 @@ state = "{r}/state"
             self.create_and_start(&pod.sandbox_id, &pod.container_config, &pod.sandbox_config).await;
     }
 
+    /// Waits until the runtime reports `pod`'s writable layer at `bytes` or more. containerd
+    /// measures snapshots on its own schedule (`stats_collect_period`, 1 s here), so what a
+    /// container has just written shows in `ListContainerStats` — where the kubelet and evictd
+    /// read it for ranking — only some time later.
+    pub async fn wait_writable_layer_at_least(&self, pod: &TestPod, bytes: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let stats = self.client().list_container_stats().await.expect("ListContainerStats");
+            let used = stats
+                .iter()
+                .filter(|s| s.attributes.as_ref().is_some_and(|a| a.id == pod.container_id))
+                .filter_map(|s| s.writable_layer.as_ref()?.used_bytes.as_ref().map(|u| u.value))
+                .max()
+                .unwrap_or(0);
+            if used >= bytes {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the runtime still reports {used} bytes in pod {}'s writable layer, want ≥ {bytes}",
+                pod.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Whether the runtime still has a ready sandbox with this id.
     pub async fn sandbox_ready(&self, id: &str) -> bool {
         self.client()

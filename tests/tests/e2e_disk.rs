@@ -118,6 +118,9 @@ async fn the_pod_using_the_most_disk_is_evicted_when_reclaim_is_not_enough() {
     small.set_mib(30);
     big.set_mib(80);
     wait_available_at_most(&ctd, empty - 110 * MI);
+    // Ranking reads the runtime's stats: wait until they show what statvfs already does.
+    ctd.wait_writable_layer_at_least(&small, 30 * MI).await;
+    ctd.wait_writable_layer_at_least(&big, 80 * MI).await;
     let evictd = evictd_on_disk(&ctd, &format!("nodefs.available<{}Mi", (empty - 90 * MI) / MI), None);
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "big", "{e}");
