@@ -24,11 +24,9 @@ impl Evictd {
     /// Starts evictd on `ctd`'s node cgroup (unless `extra` names another) and socket;
     /// returns once it is armed.
     pub fn start(ctd: &Containerd, pods_file: Option<&Path>, extra: &[&str]) -> Self {
-        // Tests want a quick fallback timer; a caller that sets its own keeps it.
-        let timer: &[&str] = if extra.contains(&"--housekeeping-interval") {
-            &[]
-        } else {
-            &["--housekeeping-interval", "200ms"]
+        // Tests want a quick fallback timer and inventory; a caller that sets its own keeps it.
+        let or_default = |flag: &'static str, value: &'static str| -> Vec<&'static str> {
+            if extra.contains(&flag) { vec![] } else { vec![flag, value] }
         };
         let node = if extra.contains(&"--node-cgroup") {
             vec![]
@@ -36,8 +34,9 @@ impl Evictd {
             vec!["--node-cgroup".into(), ctd.node_dir().into_os_string()]
         };
         let mut child = dies_with_harness(&mut Command::new(evictd_binary()))
-            .args(["--trace", "--json", "--inventory-interval", "100ms"])
-            .args(timer)
+            .args(["--trace", "--json"])
+            .args(or_default("--inventory-interval", "100ms"))
+            .args(or_default("--housekeeping-interval", "200ms"))
             .args(node)
             .arg("--cri-endpoint")
             .arg(ctd.endpoint())

@@ -1,14 +1,15 @@
 //! Faults, on the real kernel and a real containerd: the runtime going away in the middle of
 //! an eviction, the pods file turning to garbage, the ring buffer overflowing, the node
-//! cgroup vanishing. For each: evictd keeps running, evicts nobody on data it could not read,
-//! and a real crossing afterwards still leads to the right eviction. (A ListPodSandbox over
-//! 4 MiB is in `cri_client.rs`; slow and surplus metrics clients in `report::metrics`'s unit
-//! tests.) Needs root, BPF and containerd; skipped loudly otherwise.
+//! cgroup vanishing, a pod's cgroup removed under evictd, the metrics port flooded. For each:
+//! evictd keeps running, evicts nobody on data it could not read, and a real crossing
+//! afterwards still leads to the right eviction. (A ListPodSandbox over 4 MiB is in
+//! `cri_client.rs`.) Needs root, BPF and containerd; skipped loudly otherwise.
 
 use std::time::{Duration, Instant};
 
 use evictd_tests::{
     MemHog, TestCgroup,
+    api_double::free_port,
     containerd::{self, Containerd},
     dies_with_harness, evictd_binary,
     evictd_proc::Evictd,
@@ -153,4 +154,113 @@ async fn the_runtime_restarting_in_the_middle_of_an_eviction() {
         evictd.evictions(),
         evictd.log()
     );
+}
+
+/// A pod's cgroup removed while evictd still lists the pod (the pod ended between two
+/// inventory refreshes; a one-hour refresh interval holds that window open): the pod is
+/// not ranked at all — "without stats" it would go first, and evictd would stop a pod that
+/// is gone and call that the eviction — and the crossing is acted on with the pods that can
+/// be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_cgroup_removed_under_evictd_is_never_the_victim() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_pod_cgroup_removed_under_evictd_is_never_the_victim") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) =
+        make_pods(&mut ctd, &[PodDef::new("ended", "besteffort"), PodDef::new("worker", "besteffort")]).await;
+    let (ended, worker) = (&pods[0], &pods[1]);
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &["--eviction-hard", "memory.available<400Mi", "--inventory-interval", "1h"],
+    );
+    evictd.wait_for_log("the first inventory", Duration::from_secs(10), |log| {
+        log.contains("container runtime reachable")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    ctd.client().stop_pod_sandbox(&ended.sandbox_id).await.expect("StopPodSandbox");
+    remove_cgroup_tree(&ended.cgroup);
+    assert!(!ended.cgroup.exists(), "{} still there", ended.cgroup.display());
+    worker.set_mib(700);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "worker", "{e}\n{}", evictd.log());
+    assert!(e["error"].is_null(), "{e}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(evictd.evictions().len(), 1, "{:?}", evictd.evictions());
+}
+
+/// Removes a cgroup and the ones under it, deepest first (the runtime may still be
+/// removing its containers' own).
+fn remove_cgroup_tree(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+            remove_cgroup_tree(&e.path());
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while dir.exists() && std::fs::remove_dir(dir).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The metrics port flooded: more clients than the endpoint serves, each sending half a
+/// request and waiting. The crossing meanwhile is acted on as ever (the endpoint has a
+/// thread of its own), and once the slow clients are cut off (the header timeout) a scrape
+/// is answered and counts the eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooded_metrics_port_delays_no_eviction() {
+    use std::io::Write as _;
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_flooded_metrics_port_delays_no_eviction") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let (pods, file) = make_pods(&mut ctd, &[PodDef::new("hog", "besteffort"), PodDef::bystander()]).await;
+    let (hog, bystander) = (&pods[0], &pods[1]);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let evictd = Evictd::start(
+        &ctd,
+        Some(&file),
+        &["--eviction-hard", "memory.available<400Mi", "--metrics-addr", &addr],
+    );
+    // Four times the connections it serves at once, each stuck in its headers.
+    let slow: Vec<std::net::TcpStream> = (0..64)
+        .filter_map(|_| {
+            let mut s = std::net::TcpStream::connect(&addr).ok()?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").ok()?;
+            Some(s)
+        })
+        .collect();
+    assert!(slow.len() >= 16, "only {} slow clients connected", slow.len());
+    hog.set_mib(700);
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "hog", "{e}");
+    assert!(e["error"].is_null(), "{e}");
+    assert!(ctd.sandbox_ready(&bystander.sandbox_id).await);
+    // The endpoint cuts slow clients off after 5 s; a scrape is answered by then.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let scrape = loop {
+        // Turned away (closed at once) while the slots are full: not an error yet.
+        let answer = try_get(&addr, "/metrics").unwrap_or_default();
+        if answer.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    drop(slow);
+    assert!(scrape.starts_with("HTTP/1.1 200"), "no scrape answered after the flood: {scrape:?}");
+    assert!(scrape.contains("evictd_evictions_total{eviction_signal=\"memory.available\"} 1"), "{scrape}");
+}
+
+/// A GET that gives the error back instead of failing the test.
+fn try_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
 }

@@ -9,7 +9,14 @@ use std::{
 
 use evictd::{
     kernel::ebpf::{KernelProbes, LoadOptions},
-    wake::{self, Wake, WakeCause, WakeStats, eventfd::EventfdWake},
+    node::{
+        memory::MemoryCgroup,
+        signals::{NodeSignalSources, PidSources},
+    },
+    wake::{
+        self, NodeNow, SourceKind, Wake, WakeCause, WakeOptions, WakeStats, disk::FillRates, ebpf::Watermark,
+        eventfd::EventfdWake,
+    },
 };
 use evictd_common::{CAUSE_CHARGE, CGROUP_KIND_MEMCG};
 use evictd_tests::{MemHog, TestCgroup, privileged};
@@ -178,4 +185,53 @@ async fn an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path() {
         matches!(wake, Ok(Some(w)) if w.cause == WakeCause::Eventfd),
         "128 MiB past a 64 MiB threshold on the new cgroup sent no eventfd wake: {wake:?}"
     );
+}
+
+/// Issue 12, defect 10: the eBPF source's ring-buffer reader ending is noticed by the
+/// source's once-a-second check (the daemon then drops the source, and says so) instead of
+/// leaving a source that looks alive and never wakes anyone. The reader is ended here the
+/// way a closed channel ends it: the next kernel event finds nobody to send to.
+#[tokio::test]
+async fn a_ring_buffer_reader_that_ended_is_reported_by_its_source() {
+    if !privileged("a_ring_buffer_reader_that_ended_is_reported_by_its_source") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let opts = WakeOptions {
+        sources: vec![SourceKind::Ebpf],
+        housekeeping: Duration::from_secs(1),
+        poll_fill_rate: 1 << 30,
+        disk_fill_rates: FillRates { bytes: 1 << 30, inodes: 1 << 20 },
+        charge_probes_near: false,
+        load: LoadOptions::default(),
+        watermark: Watermark::Fixed(0),
+    };
+    let signals = NodeSignalSources {
+        node: MemoryCgroup::new(&cg.dir, cg.layout.memory_version, false),
+        kubepods: None,
+        nodefs: "/".into(),
+        imagefs: "/".into(),
+        containerfs: None,
+        pids: PidSources::default(),
+    };
+    let (tx, rx) = mpsc::channel(4);
+    let mut source =
+        wake::ebpf::start(&opts, &signals, tx, Arc::new(WakeStats::default())).expect("the eBPF source");
+    let observations = Default::default();
+    source
+        .rearm(&NodeNow { thresholds: &[], observations: &observations, signals: &signals })
+        .expect("a wake for every charge");
+    source.supervise().expect("a running reader is fine");
+    drop(rx);
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.alloc(16);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let err = loop {
+        match source.supervise() {
+            Err(e) => break e,
+            Ok(()) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            Ok(()) => panic!("the reader's channel is closed and charges came, yet the source says it runs"),
+        }
+    };
+    assert!(err.to_string().contains("ring-buffer reader stopped"), "{err}");
 }

@@ -179,16 +179,19 @@ struct Daemon {
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
+    // Before the start, which serves the metrics port and loads BPF for up to a second: a
+    // SIGHUP meanwhile (an operator, a config reloader that saw the port up) would otherwise
+    // kill the daemon, its default action. One that comes is handled once the start is done.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     let (tx, mut rx) = mpsc::channel::<Wake>(WAKE_CHANNEL);
     let duration = opts.duration;
     let mut daemon = Daemon::start(opts, tx).await?;
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let mut summary_tick = tokio::time::interval(Duration::from_secs(1));
     summary_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("installing the SIGHUP handler")?;
     let mut batch = Vec::with_capacity(1024);
     loop {
         tokio::select! {
@@ -615,5 +618,21 @@ mod tests {
         let err = spawn_inventory(Some(&client), &opts, None, Arc::new(Notify::new()), Default::default())
             .expect_err("an error");
         assert!(format!("{err:#}").contains("memory capacity"), "{err:#}");
+    }
+
+    /// Issue 12, defect 10: grace and transition periods are timed on the engine's clock,
+    /// which must be CLOCK_MONOTONIC: the wall clock steps (NTP, an operator's `date`) would
+    /// stretch or cut them, and it is the clock the kernel stamps wake events with
+    /// (`bpf_ktime_get_ns`), against which decisions are measured.
+    #[test]
+    fn the_engine_times_on_the_monotonic_clock() {
+        let monotonic = || {
+            let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+            t.tv_sec() * 1_000_000_000 + t.tv_nsec()
+        };
+        let before = monotonic();
+        let now = engine_ns();
+        let after = monotonic();
+        assert!(before <= now && now <= after, "{before} <= {now} <= {after}");
     }
 }

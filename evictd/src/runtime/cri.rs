@@ -389,4 +389,65 @@ mod tests {
             assert!(!call_error(code, msg).is_unavailable(), "{code:?} {msg}");
         }
     }
+
+    /// grpc-timeout's `<digits><unit>` as a duration (gRPC over HTTP/2, "Timeout").
+    fn grpc_timeout(v: &str) -> Duration {
+        let (n, unit) = v.split_at(v.len() - 1);
+        let n: u64 = n.parse().unwrap_or_else(|e| panic!("grpc-timeout {v:?}: {e}"));
+        match unit {
+            "H" => Duration::from_secs(n * 3600),
+            "M" => Duration::from_secs(n * 60),
+            "S" => Duration::from_secs(n),
+            "m" => Duration::from_millis(n),
+            "u" => Duration::from_micros(n),
+            "n" => Duration::from_nanos(n),
+            _ => panic!("grpc-timeout {v:?}: unknown unit"),
+        }
+    }
+
+    /// Issue 12, defect 4: each call carries its deadline to the runtime (`grpc-timeout`), so
+    /// that a runtime still stopping a container when evictd gives up stops too, instead of
+    /// finishing a kill evictd then counts as failed and repeats on the next pod. A stop's
+    /// deadline includes its grace period. The listener is not a runtime (containerd runs in
+    /// the e2e tests, but cannot show what headers it got): it records each call's path and
+    /// header and answers "unimplemented".
+    #[tokio::test(flavor = "current_thread")]
+    async fn every_call_sends_its_deadline_to_the_runtime() {
+        use hyper::{Response, body::Bytes, service::service_fn};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen_tx = seen_tx.clone();
+                let record = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let timeout =
+                        req.headers().get("grpc-timeout").map(|v| v.to_str().unwrap_or("").to_owned());
+                    let _ = seen_tx.send((req.uri().path().to_owned(), timeout));
+                    async {
+                        Response::builder()
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", "12")
+                            .body(http_body_util::Empty::<Bytes>::new())
+                    }
+                });
+                let http2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                tokio::spawn(http2.serve_connection(TokioIo::new(stream), record));
+            }
+        });
+        let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(3)).unwrap();
+        let expect = [
+            ("/runtime.v1.RuntimeService/Version", Duration::from_secs(3)),
+            ("/runtime.v1.RuntimeService/StopContainer", Duration::from_secs(3 + 5)),
+        ];
+        assert!(client.version().await.is_err(), "the listener answers unimplemented");
+        assert!(client.stop_container("c1", 5).await.is_err());
+        for (path, want) in expect {
+            let (got_path, timeout) = seen.recv().await.expect("the call reached the listener");
+            assert_eq!(got_path, path);
+            let got = grpc_timeout(&timeout.unwrap_or_else(|| panic!("{path} sent no grpc-timeout")));
+            assert!(got <= want && got + Duration::from_millis(500) > want, "{path}: {got:?}, want {want:?}");
+        }
+    }
 }

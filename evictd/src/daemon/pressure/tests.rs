@@ -170,3 +170,60 @@ async fn an_inferred_node_critical_pod_is_never_chosen() {
     let (records, _) = p.pass(&Arc::new(vec![dns, app]), || 1, None).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
 }
+
+/// Issue 12, defect 6: the pods' usage is read off the daemon's one thread. A pod cgroup
+/// file whose read blocks (a FIFO here; on a node, a cgroup file stuck behind a kernel
+/// lock, or a log directory on a slow disk) must not stop the loop: on this current-thread
+/// runtime another task keeps running while the read waits, and the read's value is used
+/// once it comes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
+    use std::{
+        io::Write as _,
+        os::unix::fs::OpenOptionsExt as _,
+        sync::atomic::{AtomicU32, Ordering},
+    };
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("kubepods/pod-stuck");
+    memcg(&dir, 0);
+    let fifo = dir.join("memory.usage_in_bytes");
+    std::fs::remove_file(&fifo).unwrap();
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let pods = Arc::new(vec![pod("stuck", Some("/kubepods/pod-stuck"))]);
+    let ticks = Arc::new(AtomicU32::new(0));
+    let t = ticks.clone();
+    let ticker = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            t.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    // The read's answer comes 300 ms on, from a thread of its own (once a reader is there:
+    // a non-blocking open, so that a read that never starts fails the test, not hangs it).
+    #[allow(clippy::disallowed_methods, reason = "sleeps on the writer's own thread, not tokio's")]
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo) {
+                Ok(mut f) => return f.write_all(b"1048576\n").unwrap(),
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => panic!("nobody opened the pod's usage file to read it: {e}"),
+            }
+        }
+    });
+    let mut p = pressure(d.path());
+    let read = p.candidates(&pods, false).await;
+    let during = ticks.load(Ordering::Relaxed);
+    ticker.abort();
+    writer.join().unwrap();
+    assert!(
+        during >= 10,
+        "the loop stood still while a pod's usage read waited: {during} ticks of 10 ms in 300 ms"
+    );
+    let usage: Vec<(&str, Option<u64>)> = read
+        .iter()
+        .map(|(r, s)| (r.name.as_str(), s.memory.as_ref().and_then(|m| m.working_set_bytes)))
+        .collect();
+    assert_eq!(usage, [("stuck", Some(1 << 20))]);
+}
