@@ -8,7 +8,7 @@ use std::{
 };
 
 use evictd::{
-    kernel::ebpf::{KernelProbes, LoadOptions},
+    kernel::ebpf::{ChargeTier, KernelProbes, LoadOptions},
     node::{
         memory::MemoryCgroup,
         signals::{NodeSignalSources, PidSources},
@@ -197,6 +197,25 @@ async fn a_ring_buffer_reader_that_ended_is_reported_by_its_source() {
         return;
     }
     let cg = TestCgroup::new(None);
+    let (tx, rx) = mpsc::channel(4);
+    let mut source = ebpf_source_on(&cg, tx);
+    source.supervise().expect("a running reader is fine");
+    drop(rx);
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.alloc(16);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let err = loop {
+        match source.supervise() {
+            Err(e) => break e,
+            Ok(()) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            Ok(()) => panic!("the reader's channel is closed and charges came, yet the source says it runs"),
+        }
+    };
+    assert!(err.to_string().contains("ring-buffer reader stopped"), "{err}");
+}
+
+/// The eBPF source on a cgroup playing the node, armed to wake on every charge.
+fn ebpf_source_on(cg: &TestCgroup, tx: mpsc::Sender<Wake>) -> Box<dyn wake::WakeSource> {
     let opts = WakeOptions {
         sources: vec![SourceKind::Ebpf],
         housekeeping: Duration::from_secs(1),
@@ -214,24 +233,83 @@ async fn a_ring_buffer_reader_that_ended_is_reported_by_its_source() {
         containerfs: None,
         pids: PidSources::default(),
     };
-    let (tx, rx) = mpsc::channel(4);
     let mut source =
         wake::ebpf::start(&opts, &signals, tx, Arc::new(WakeStats::default())).expect("the eBPF source");
     let observations = Default::default();
     source
         .rearm(&NodeNow { thresholds: &[], observations: &observations, signals: &signals })
         .expect("a wake for every charge");
-    source.supervise().expect("a running reader is fine");
-    drop(rx);
+    source
+}
+
+/// Issue 10: the node cgroup removed and made again at the same path is a new cgroup (a new
+/// id). The eBPF source follows it when told cgroups changed (the daemon does once a second):
+/// the scope of the memcg tracepoints (this host) and the batched hook's watched id (the VMs)
+/// both move to it, so its charge still wakes evictd.
+#[tokio::test]
+async fn the_ebpf_source_follows_a_node_cgroup_made_again_at_the_same_path() {
+    if !privileged("the_ebpf_source_follows_a_node_cgroup_made_again_at_the_same_path") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let (tx, mut rx) = mpsc::channel(1 << 16);
+    let mut source = ebpf_source_on(&cg, tx);
+    let old_id = cg.id();
+    std::fs::remove_dir(&cg.dir).expect("removing the empty test cgroup");
+    std::fs::create_dir(&cg.dir).expect("making it again");
+    assert_ne!(cg.id(), old_id, "a cgroup made again has a new id");
+    source.cgroups_changed().expect("following the new cgroup");
+    while rx.try_recv().is_ok() {}
     let mut hog = MemHog::spawn_in(&cg);
-    hog.alloc(16);
+    hog.alloc(64);
     let deadline = Instant::now() + Duration::from_secs(3);
-    let err = loop {
-        match source.supervise() {
-            Err(e) => break e,
-            Ok(()) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
-            Ok(()) => panic!("the reader's channel is closed and charges came, yet the source says it runs"),
+    let mut charges = 0;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(w)) if w.cause == WakeCause::Charge => charges += 1,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
         }
-    };
-    assert!(err.to_string().contains("ring-buffer reader stopped"), "{err}");
+        if charges > 0 {
+            break;
+        }
+    }
+    assert!(charges > 0, "64 MiB charged to the node cgroup made again sent no charge wake");
+}
+
+/// Issue 10: `--charge-tier` forces one tier. The memcg tracepoints where the kernel has
+/// them (this host, Debian's 7.x), with the batched hook left out; the batched hook where
+/// `auto` picks it (kernels with BPF trampolines: the VMs), with the tracepoints left out.
+/// Where the kernel cannot attach the tier named, the load fails naming the flag (evictd
+/// does not start) instead of falling back to another tier.
+#[tokio::test]
+async fn a_forced_charge_tier_attaches_that_tier_or_fails_naming_the_flag() {
+    if !privileged("a_forced_charge_tier_attaches_that_tier_or_fails_naming_the_flag") {
+        return;
+    }
+    let load = |charge_tier| KernelProbes::load(&LoadOptions { charge_tier, ..LoadOptions::default() });
+    let (auto, _) = load(ChargeTier::Auto).expect("loading with the tier this kernel allows");
+    let has_tracepoints = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|t| std::path::Path::new(t).join("events/memcg/mod_memcg_state").exists());
+    match load(ChargeTier::MemcgTracepoints) {
+        Ok((p, _)) => {
+            assert!(has_tracepoints, "memcg tracepoints attached on a kernel without them");
+            assert!(!p.has_batch_hook() && p.has_charge_programs(), "{:?}", p.programs);
+        }
+        Err(e) => {
+            assert!(!has_tracepoints, "the kernel has the memcg tracepoints, yet: {e}");
+            assert!(e.to_string().starts_with("--charge-tier memcg-tracepoints: "), "{e}");
+        }
+    }
+    match load(ChargeTier::BatchedChargeHook) {
+        Ok((p, _)) => {
+            assert!(auto.has_batch_hook(), "the hook attached where auto did not pick it");
+            assert!(p.has_batch_hook() && !p.has_charge_programs(), "{:?}", p.programs);
+        }
+        Err(e) => {
+            assert!(!auto.has_batch_hook(), "auto picked the hook, but forcing it failed: {e}");
+            assert!(e.to_string().starts_with("--charge-tier batched-charge-hook: "), "{e}");
+        }
+    }
 }

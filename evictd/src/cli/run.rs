@@ -15,7 +15,11 @@ use evictd_policy::{
 use crate::{
     cluster::connect::{self, ApiOptions, ApiSource},
     daemon::{KillOptions, PressureOptions, RunOptions, protect::SelfProtection, urgency::EmergencyLevel},
-    kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items, tracefs},
+    kernel::{
+        btf::KernelBtf,
+        ebpf::{ChargeTier, LoadOptions},
+        stat_items, tracefs,
+    },
     node::{
         cgroups::CgroupMounts,
         memory::MemoryCgroup,
@@ -131,6 +135,11 @@ pub struct RunArgs {
     /// stay attached), or `always` (every page fault pays for them).
     #[arg(long, value_name = "near|always", default_value = "near", value_parser = ["near", "always"])]
     pub charge_probes: String,
+    /// The eBPF charge tier: `auto` (the batched charge hook where the kernel has BPF
+    /// trampolines, else the memcg stat tracepoints: what `evictd probe` names), or one of
+    /// them forced; evictd does not start when the kernel cannot attach the one named.
+    #[arg(long, value_name = "TIER", default_value = "auto", value_parser = ChargeTier::NAMES)]
+    pub charge_tier: String,
     /// Charge growth after which the kernel wakes evictd: `auto` (half the distance to the
     /// nearest memory threshold) or a quantity such as `64Mi` (`0`: every page).
     #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
@@ -386,6 +395,7 @@ impl RunArgs {
             charge_items,
             ring_buffer_bytes: ring as u32,
             min_interval: self.reclaim_min_interval,
+            charge_tier: ChargeTier::parse(&self.charge_tier).unwrap_or_default(),
             ..defaults
         };
         let fill = bytes_flag("--poll-fill-rate", &self.poll_fill_rate)?;

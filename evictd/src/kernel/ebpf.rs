@@ -52,6 +52,37 @@ pub enum EbpfError {
     NothingAttached(String),
     #[error("{what} the charge program {program}: {source}")]
     Charge { what: &'static str, program: &'static str, source: aya::programs::ProgramError },
+    #[error("--charge-tier {tier}: this kernel cannot attach it: {why}")]
+    TierUnavailable { tier: &'static str, why: String },
+}
+
+/// Which charge tier may attach (`--charge-tier`): the fastest this kernel allows, or one
+/// named, so that the other tier can be used (and tested) where both exist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChargeTier {
+    #[default]
+    Auto,
+    BatchedChargeHook,
+    MemcgTracepoints,
+}
+
+impl ChargeTier {
+    /// The names `evictd probe` gives the tiers.
+    pub const NAMES: [&str; 3] = ["auto", "batched-charge-hook", "memcg-tracepoints"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ChargeTier::Auto => "auto",
+            ChargeTier::BatchedChargeHook => "batched-charge-hook",
+            ChargeTier::MemcgTracepoints => "memcg-tracepoints",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [ChargeTier::Auto, ChargeTier::BatchedChargeHook, ChargeTier::MemcgTracepoints]
+            .into_iter()
+            .find(|t| t.name() == name)
+    }
 }
 
 /// Where one program stands after loading.
@@ -97,6 +128,7 @@ pub struct LoadOptions {
     pub ring_buffer_bytes: u32,
     /// Minimum gap between two reclaim or OOM events on one CPU.
     pub min_interval: Duration,
+    pub charge_tier: ChargeTier,
 }
 
 impl Default for LoadOptions {
@@ -106,6 +138,7 @@ impl Default for LoadOptions {
             charge_items: stat_items::DEFAULT_CHARGE_ITEMS.iter().map(|s| s.to_string()).collect(),
             ring_buffer_bytes: 256 * 1024,
             min_interval: Duration::from_millis(10),
+            charge_tier: ChargeTier::Auto,
         }
     }
 }
@@ -170,7 +203,18 @@ impl KernelProbes {
         let mut reclaim_order_off = None;
         // The batched hook first: where the kernel allows it, it sees charges at ~4 calls per
         // MiB where the memcg stat tracepoints cost 512, so they are not attached at all.
-        let batch = attach_batch_hook(&mut ebpf, &btf, &mut programs);
+        let batch = match opts.charge_tier {
+            ChargeTier::MemcgTracepoints => {
+                let why = "not attached: --charge-tier memcg-tracepoints";
+                programs.push(ProgramStatus::of_fexit(PROG_PAGE_COUNTER_TRY_CHARGE, Some(why.into())));
+                None
+            }
+            _ => attach_batch_hook(&mut ebpf, &btf, &mut programs),
+        };
+        if opts.charge_tier == ChargeTier::BatchedChargeHook && batch.is_none() {
+            let why: Vec<String> = programs.iter().map(ProgramStatus::reason).collect();
+            return Err(EbpfError::TierUnavailable { tier: opts.charge_tier.name(), why: why.join("; ") });
+        }
         for tp in &TRACEPOINTS {
             if tp.raw && batch.is_some() {
                 let why = "not attached: the batched charge hook watches charges instead";
@@ -193,6 +237,11 @@ impl KernelProbes {
         if programs.iter().all(|p| p.error.is_some()) {
             let why: Vec<String> = programs.iter().map(ProgramStatus::reason).collect();
             return Err(EbpfError::NothingAttached(why.join("; ")));
+        }
+        if opts.charge_tier == ChargeTier::MemcgTracepoints && charge.is_empty() {
+            let why: Vec<String> =
+                programs.iter().filter(|p| p.is_memcg_stat()).map(ProgramStatus::reason).collect();
+            return Err(EbpfError::TierUnavailable { tier: opts.charge_tier.name(), why: why.join("; ") });
         }
 
         let ring = RingBuf::try_from(ebpf.take_map(MAP_EVENTS).ok_or(EbpfError::MissingMap(MAP_EVENTS))?)

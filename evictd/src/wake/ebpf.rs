@@ -118,6 +118,9 @@ struct EbpfWake {
     band_failing: bool,
     /// When a cgroup plays the node, only its subtree's charge counts.
     scope: Option<PathBuf>,
+    /// The batched hook's watched cgroup: its directory, and the id (inode) the hook
+    /// compares with, which changes when the directory is made again at the same path.
+    watch: Option<(PathBuf, u64)>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
@@ -133,14 +136,17 @@ pub fn start(
     }
     let task = spawn_ring_buffer(ring, tx, stats).map_err(WakeError::RingBuffer)?;
     let scope = (!signals.node.is_root).then(|| signals.node.dir.clone());
+    let mut watch = None;
     if probes.has_batch_hook() {
-        let node_id = cgroup_names::cgroup_id(&signals.node.dir)
-            .map_err(|e| WakeError::NodeCgroup { path: signals.node.dir.clone(), source: e })?;
+        let dir = signals.node.dir.clone();
+        let node_id = cgroup_names::cgroup_id(&dir)
+            .map_err(|e| WakeError::NodeCgroup { path: dir.clone(), source: e })?;
         probes.watch(node_id)?;
         tracing::info!(
             node_cgroup_id = node_id,
             "batched charge hook (fexit page_counter_try_charge) watches the node"
         );
+        watch = Some((dir, node_id));
     }
     let band =
         (opts.charge_probes_near && opts.sources.contains(&SourceKind::Poll) && probes.has_charge_programs())
@@ -152,8 +158,16 @@ pub fn start(
             "charge programs attached only near a memory threshold"
         );
     }
-    let mut source =
-        EbpfWake { probes, mode: opts.watermark, watermark: None, band, band_failing: false, scope, task };
+    let mut source = EbpfWake {
+        probes,
+        mode: opts.watermark,
+        watermark: None,
+        band,
+        band_failing: false,
+        scope,
+        watch,
+        task,
+    };
     source.cgroups_changed()?;
     Ok(Box::new(source))
 }
@@ -189,13 +203,14 @@ impl WakeSource for EbpfWake {
         }
     }
 
-    /// New pods mean new cgroups whose charge must count at once.
+    /// New pods mean new cgroups whose charge must count at once; a node cgroup made again
+    /// at the same path is a new cgroup the hook must watch instead of the old one's id.
     fn cgroups_changed(&mut self) -> Result<(), WakeError> {
         match &self.scope {
             Some(dir) => self.probes.set_scope(Some(&cgroup_names::subtree_ids(dir)))?,
             None => self.probes.set_scope(None)?,
         }
-        Ok(())
+        self.follow_watched_cgroup()
     }
 
     /// The ring-buffer reader ends only on an error of the ring buffer's fd; without it no
@@ -217,6 +232,23 @@ impl WakeSource for EbpfWake {
 }
 
 impl EbpfWake {
+    /// While the node cgroup is gone there is nothing to watch (the poll says it cannot read
+    /// it); once it is back, under a new id, the hook watches that.
+    fn follow_watched_cgroup(&mut self) -> Result<(), WakeError> {
+        let Some((dir, id)) = &mut self.watch else { return Ok(()) };
+        let Ok(now) = cgroup_names::cgroup_id(dir) else { return Ok(()) };
+        if now != *id {
+            self.probes.watch(now)?;
+            tracing::info!(
+                node_cgroup_id = now,
+                was = *id,
+                "the node cgroup was made again: the batched charge hook watches the new one"
+            );
+            *id = now;
+        }
+        Ok(())
+    }
+
     /// Attaches the charge programs on entering the band, detaches them on leaving it. A
     /// failure keeps the source (its reclaim and OOM programs, and the poll, still watch) and
     /// is tried again at the next pass.

@@ -106,6 +106,9 @@ pub enum WakeError {
     Stopped(&'static str),
     #[error("eBPF wake source: the node cgroup {path}: {source}")]
     NodeCgroup { path: std::path::PathBuf, source: std::io::Error },
+    /// Said once, without the "eBPF wake source" chain around it: the flag names it.
+    #[error("{0}")]
+    ForcedTier(crate::kernel::ebpf::EbpfError),
     #[error("no wake source could be started (see the warnings above; --wake-sources timer always works)")]
     NoSource,
 }
@@ -164,7 +167,8 @@ impl Drop for TaskSource {
 }
 
 /// Starts every source in `opts.sources` that this node allows; each one that cannot start
-/// is reported and skipped. Fails only when none starts.
+/// is reported and skipped. Fails when none starts, or when the charge tier named by
+/// `--charge-tier` cannot attach (falling back would hide what was asked for).
 pub fn start(
     opts: &WakeOptions,
     signals: &NodeSignalSources,
@@ -188,6 +192,9 @@ pub fn start(
         match source {
             Ok(Some(s)) => started.push(s),
             Ok(None) => {}
+            Err(WakeError::Ebpf(e @ crate::kernel::ebpf::EbpfError::TierUnavailable { .. })) => {
+                return Err(WakeError::ForcedTier(e));
+            }
             Err(e) => tracing::warn!("{e}; carrying on without it"),
         }
     }
