@@ -47,14 +47,14 @@ pub(crate) fn detach_mounts_under(roots: &[&Path]) {
     }
 }
 
-/// Removes /sys/fs/cgroup/<every hierarchy>/<name> depth-first.
+/// Removes /sys/fs/cgroup/<every hierarchy>/<name> (v1) or /sys/fs/cgroup/<name> (v2)
+/// depth-first.
 pub(crate) fn remove_cgroup_trees(name: &str) {
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else { return };
-    for h in hierarchies.flatten() {
-        let top = h.path().join(name);
-        if top.is_dir() {
-            remove_depth_first(&top);
-        }
+    let root = Path::new("/sys/fs/cgroup");
+    let Ok(hierarchies) = std::fs::read_dir(root) else { return };
+    let tops = hierarchies.flatten().map(|h| h.path().join(name)).chain([root.join(name)]);
+    for top in tops.filter(|t| t.is_dir()) {
+        remove_depth_first(&top);
     }
 }
 

@@ -15,7 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd::runtime::cri::{CriClient, api as cri};
+use evictd::{
+    node::cgroups::CgroupVersion,
+    runtime::cri::{CriClient, api as cri},
+};
 
 use crate::{
     cleanup::{detach_mounts_under, pids_in_tree, pids_with_cmdline, remove_cgroup_trees},
@@ -40,9 +43,14 @@ pub fn available(test: &str) -> bool {
     false
 }
 
+/// Where prebuilt static `pause` and `hog` binaries are, when the test machine has no gcc to
+/// build them (the VM matrix ships them in its initramfs).
+const IMAGE_BIN_ENV: &str = "EVICTD_TEST_IMAGE_BIN";
+
 /// Why a containerd test cannot run here, if it cannot (checked before anything starts).
 pub fn unavailable() -> Option<String> {
-    for bin in ["containerd", "ctr", "runc", "gcc"] {
+    let gcc: &[&str] = if std::env::var_os(IMAGE_BIN_ENV).is_some() { &[] } else { &["gcc"] };
+    for bin in ["containerd", "ctr", "runc"].iter().chain(gcc) {
         if which(bin).is_none() {
             return Some(format!("{bin} is not installed (cargo xtask setup installs it)"));
         }
@@ -68,6 +76,7 @@ pub struct Containerd {
     /// The memory cgroup that plays the node, relative to each hierarchy's root.
     pub node_cgroup: String,
     pub memory_root: PathBuf,
+    memory_version: CgroupVersion,
     pub sandboxes: Vec<String>,
     /// containerd's root directory (images and writable layers: imagefs).
     pub root: PathBuf,
@@ -123,6 +132,7 @@ pub struct TestPod {
     pub ctl_dir: PathBuf,
     /// Its pod cgroup in the memory hierarchy.
     pub cgroup: PathBuf,
+    memory_version: CgroupVersion,
     /// The pod's log directory (the CRI's `log_directory`; the hog logs to `hog/<attempt>.log`).
     pub log_dir: PathBuf,
     sandbox_config: cri::PodSandboxConfig,
@@ -137,8 +147,7 @@ impl TestPod {
 
     /// The pod's memory usage, from its cgroup (0 once gone).
     pub fn usage(&self) -> u64 {
-        let f = self.cgroup.join("memory.usage_in_bytes");
-        std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+        read_u64(&self.cgroup.join(usage_file(self.memory_version)))
     }
 
     /// Waits until the pod's cgroup charges at least `bytes`.
@@ -201,6 +210,7 @@ impl Containerd {
             child: None,
             node_cgroup: format!("/{name}"),
             memory_root: layout.memory_root,
+            memory_version: layout.memory_version,
             sandboxes: Vec::new(),
         };
         // Mounted once `c` exists: its teardown unmounts them, also when a step below fails.
@@ -213,9 +223,22 @@ impl Containerd {
             std::fs::create_dir_all(dir.join("kubelet")).expect("kubelet root");
         }
         let node = c.node_dir();
-        std::fs::create_dir_all(node.join("kubepods/burstable")).expect("node cgroup");
-        std::fs::create_dir_all(node.join("kubepods/besteffort")).expect("node cgroup");
-        std::fs::write(node.join("memory.limit_in_bytes"), node_limit.to_string()).expect("node limit");
+        for qos in ["burstable", "besteffort"] {
+            std::fs::create_dir_all(node.join("kubepods").join(qos)).expect("node cgroup");
+        }
+        if c.memory_version == CgroupVersion::V2 {
+            // Pod cgroups get memory.max from the harness before runc makes theirs.
+            for dir in [
+                node.clone(),
+                node.join("kubepods"),
+                node.join("kubepods/burstable"),
+                node.join("kubepods/besteffort"),
+            ] {
+                std::fs::write(dir.join("cgroup.subtree_control"), "+memory +pids")
+                    .unwrap_or_else(|e| panic!("enabling memory and pids under {}: {e}", dir.display()));
+            }
+        }
+        std::fs::write(node.join(limit_file(c.memory_version)), node_limit.to_string()).expect("node limit");
         c.write_config();
         c.spawn();
         c.import_image();
@@ -230,6 +253,11 @@ impl Containerd {
     /// Bytes available on the test's dedicated imagefs (`start_with_imagefs`).
     pub fn imagefs_available(&self) -> u64 {
         fs_available(self.imagefs.as_ref().expect("a containerd started with an imagefs of its own"))
+    }
+
+    /// The node cgroup's memory usage.
+    pub fn node_usage(&self) -> u64 {
+        read_u64(&self.node_dir().join(usage_file(self.memory_version)))
     }
 
     /// The node cgroup's directory in the memory hierarchy.
@@ -247,6 +275,7 @@ impl Containerd {
 
     fn write_config(&self) {
         let (t, r, root) = (self.tmp.display(), self.run.display(), self.root.display());
+        let (snapshotter, no_pivot) = (snapshotter(), root_is_initramfs());
         let config = format!(
             r#"version = 2
 root = "{root}"
@@ -267,13 +296,14 @@ state = "{r}/state"
       bin_dir = "/usr/lib/cni"
       conf_dir = "{t}/net.d"
     [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "overlayfs"
+      snapshotter = "{snapshotter}"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
           BinaryName = "/usr/sbin/runc"
           Root = "{r}/runc"
+          NoPivotRoot = {no_pivot}
 "#
         );
         std::fs::write(self.tmp.join("config.toml"), config).expect("containerd config");
@@ -290,7 +320,8 @@ state = "{r}/state"
             .spawn()
             .expect("starting containerd");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Seconds here; the VM matrix's TCG is 10–50× slower.
+        let deadline = Instant::now() + Duration::from_secs(60);
         while !self.ctr(&["version"]).status.success() {
             assert!(
                 Instant::now() < deadline,
@@ -328,8 +359,24 @@ state = "{r}/state"
             .expect("running ctr")
     }
 
-    /// Builds the static binaries and a docker-save tarball, and imports it.
+    /// Builds the static binaries (or takes them prebuilt from `$EVICTD_TEST_IMAGE_BIN`) and
+    /// a docker-save tarball, and imports it.
     fn import_image(&self) {
+        let bin = match std::env::var_os(IMAGE_BIN_ENV) {
+            Some(dir) => PathBuf::from(dir),
+            None => self.build_image_binaries(),
+        };
+        let files: Vec<(&str, Vec<u8>)> = ["pause", "hog"]
+            .iter()
+            .map(|n| {
+                (*n, std::fs::read(bin.join(n)).unwrap_or_else(|e| panic!("{}: {e}", bin.join(n).display())))
+            })
+            .collect();
+        self.import(IMAGE, &files);
+    }
+
+    /// `pause` and `hog`, static, from `tests/images/*.c`; returns their directory.
+    fn build_image_binaries(&self) -> PathBuf {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("images");
         let bin = self.tmp.join("image-bin");
         std::fs::create_dir_all(&bin).expect("image dir");
@@ -342,9 +389,7 @@ state = "{r}/state"
                 .expect("running gcc");
             assert!(out.status.success(), "gcc {name}.c: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let files: Vec<(&str, Vec<u8>)> =
-            ["pause", "hog"].iter().map(|n| (*n, std::fs::read(bin.join(n)).expect("binary"))).collect();
-        self.import(IMAGE, &files);
+        bin
     }
 
     /// Imports an image named `tag` holding `files` (each executable).
@@ -367,7 +412,8 @@ state = "{r}/state"
         // The kubelet creates the pod cgroup (with the pod's limit) before the sandbox.
         std::fs::create_dir_all(&pod_cgroup).expect("pod cgroup");
         if let Some(l) = spec.memory_limit {
-            std::fs::write(pod_cgroup.join("memory.limit_in_bytes"), l.to_string()).expect("pod limit");
+            std::fs::write(pod_cgroup.join(limit_file(self.memory_version)), l.to_string())
+                .expect("pod limit");
         }
         let labels: std::collections::HashMap<String, String> = [
             ("io.kubernetes.pod.name", spec.name.to_owned()),
@@ -476,6 +522,7 @@ state = "{r}/state"
             control,
             ctl_dir,
             cgroup: pod_cgroup,
+            memory_version: self.memory_version,
             log_dir,
             sandbox_config,
             container_config: container,
@@ -589,6 +636,46 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         self.teardown();
     }
+}
+
+/// overlayfs where the kernel has it, as on a node; else containerd's `native` snapshotter
+/// (copies): Debian's kernels build overlay as a module, which the VM matrix's initramfs
+/// does not load.
+fn snapshotter() -> &'static str {
+    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if fs.lines().any(|l| l.split_whitespace().last() == Some("overlay")) { "overlayfs" } else { "native" }
+}
+
+/// Whether `/` is the initramfs (`rootfs`, the VM matrix), which runc cannot pivot_root
+/// away from.
+fn root_is_initramfs() -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let root_fstype = info.lines().rev().find(|l| l.split_whitespace().nth(4) == Some("/")).and_then(|l| {
+        let (_, after) = l.split_once(" - ")?;
+        after.split_whitespace().next()
+    });
+    root_fstype.is_none_or(|t| t == "rootfs")
+}
+
+/// A memory cgroup's limit file: v1's, or v2's.
+fn limit_file(version: CgroupVersion) -> &'static str {
+    match version {
+        CgroupVersion::V1 => "memory.limit_in_bytes",
+        CgroupVersion::V2 => "memory.max",
+    }
+}
+
+/// A memory cgroup's usage file: v1's, or v2's.
+fn usage_file(version: CgroupVersion) -> &'static str {
+    match version {
+        CgroupVersion::V1 => "memory.usage_in_bytes",
+        CgroupVersion::V2 => "memory.current",
+    }
+}
+
+/// A number file's value; 0 when it cannot be read (a cgroup gone).
+fn read_u64(path: &Path) -> u64 {
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
 /// A docker-save tarball named `tag` with one layer holding `files` at the root.

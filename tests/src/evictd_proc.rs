@@ -73,7 +73,8 @@ impl Evictd {
         let e = Evictd { child, lines, log };
         // The first summary means it is up and armed. Its start log goes to the other pipe,
         // read by the other thread: wait for that too, so that a test sees it on return.
-        e.wait_for("the first summary", Duration::from_secs(20), |l| {
+        // Under a second here; seconds in the VM matrix's TCG.
+        e.wait_for("the first summary", Duration::from_secs(60), |l| {
             l.iter().any(|v| v["type"] == "summary")
         });
         e.wait_for_log("the start log", Duration::from_secs(5), |log| log.contains(" observing "));

@@ -99,11 +99,3 @@ pub async fn make_pods(ctd: &mut Containerd, defs: &[PodDef]) -> (Vec<TestPod>, 
     std::fs::write(&file, json!({"kind": "PodList", "items": items}).to_string()).expect("pods file");
     (pods, file)
 }
-
-/// The node cgroup's memory usage.
-pub fn node_usage(ctd: &Containerd) -> u64 {
-    std::fs::read_to_string(ctd.node_dir().join("memory.usage_in_bytes"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}

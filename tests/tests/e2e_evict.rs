@@ -13,7 +13,7 @@ use evictd_tests::{
     dies_with_harness,
     evictd_proc::Evictd,
     http_get,
-    scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods, node_usage},
+    scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods},
 };
 
 const MI: u64 = 1 << 20;
@@ -58,7 +58,7 @@ async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
         &["--eviction-hard", "memory.available<400Mi", "--metrics-addr", &addr],
     );
     assert!(evictd.evictions().is_empty(), "nothing to evict yet");
-    let before = node_usage(&ctd);
+    let before = ctd.node_usage();
     worker.set_mib(450);
     let e = evictd.wait_eviction(Duration::from_secs(20));
     assert_eq!(e["name"], "worker", "{e}");
@@ -78,7 +78,7 @@ async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
     assert!(ctd.sandbox_ready(&api.sandbox_id).await && ctd.sandbox_ready(&batch.sandbox_id).await);
     // No process is left; a few KiB of kernel memory may stay charged to the pod cgroup.
     assert!(worker.usage() < MI, "the evicted pod's memory is released: {} bytes left", worker.usage());
-    assert!(node_usage(&ctd) < before, "memory freed: {} → {}", before, node_usage(&ctd));
+    assert!(ctd.node_usage() < before, "memory freed: {} → {}", before, ctd.node_usage());
     // The metrics tell the same story.
     let metrics = http_get(&addr, "/metrics");
     assert!(metrics.contains("evictd_evictions_total{eviction_signal=\"memory.available\"} 1"), "{metrics}");

@@ -39,8 +39,20 @@ struct Kernel {
 const NO_MEMCG_TRACEPOINTS: &str = "needs the memcg stat tracepoints, which this kernel lacks";
 const V1_ONLY: &str = "cgroup v1 only; these VMs run cgroup v2";
 
-/// Debian's 6.1 and 6.12: the batched hook, no memcg stat tracepoints, cgroup v2.
-const WITHOUT_TRACEPOINTS: &[(&str, &str)] = &[
+const E2E_ON_ONE_KERNEL: &str = "the containerd end-to-end tests run on one kernel of the matrix (trixie's 6.12): under TCG they take minutes";
+
+/// Debian's 6.1: the batched hook, no memcg stat tracepoints, cgroup v2.
+const BOOKWORM: &[(&str, &str)] = &[
+    ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
+    ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
+    ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
+    ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
+    (E2E_TESTS[0], E2E_ON_ONE_KERNEL),
+    (E2E_TESTS[1], E2E_ON_ONE_KERNEL),
+];
+
+/// Debian's 6.12: as 6.1, and the containerd end-to-end tests.
+const TRIXIE: &[(&str, &str)] = &[
     ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
@@ -49,28 +61,53 @@ const WITHOUT_TRACEPOINTS: &[(&str, &str)] = &[
 
 /// Debian's 7.3: the batched hook, cgroup v2; the memcg stat tracepoints too, tested with
 /// `--charge-tier memcg-tracepoints`.
-const WITH_TRACEPOINTS: &[(&str, &str)] = &[
+const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
+    (E2E_TESTS[0], E2E_ON_ONE_KERNEL),
+    (E2E_TESTS[1], E2E_ON_ONE_KERNEL),
 ];
 
 /// Debian's kernels have BPF trampolines, so the batched hook on all three; the memcg stat
 /// tracepoints (7.x only) are then not used. This host's own kernel (no trampolines, the
 /// tracepoints, cgroup v1) is `cargo xtask test`'s.
 const MATRIX: &[Kernel] = &[
-    Kernel { suite: "bookworm", tier: "batched-charge-hook", skip: WITHOUT_TRACEPOINTS },
-    Kernel { suite: "trixie", tier: "batched-charge-hook", skip: WITHOUT_TRACEPOINTS },
-    Kernel { suite: "trixie-backports", tier: "batched-charge-hook", skip: WITH_TRACEPOINTS },
+    Kernel { suite: "bookworm", tier: "batched-charge-hook", skip: BOOKWORM },
+    Kernel { suite: "trixie", tier: "batched-charge-hook", skip: TRIXIE },
+    Kernel { suite: "trixie-backports", tier: "batched-charge-hook", skip: TRIXIE_BACKPORTS },
 ];
 
-/// The test binaries run inside (cargo's selections): the kernel-facing library tests, and
-/// the privileged integration tests that need no container runtime.
-const TEST_SELECTIONS: [&[&str]; 2] =
-    [&["-p", "evictd", "--lib"], &["-p", "evictd-tests", "--test", "kernel_wake", "--test", "trace_cli"]];
+/// The test binaries run inside (cargo's selections), and which of their tests (all when
+/// none is named): the kernel-facing library tests, the privileged integration tests that
+/// need no container runtime, and of the end-to-end tests on a real containerd those in
+/// `E2E_TESTS`.
+const TEST_SELECTIONS: [(&[&str], &[&str]); 3] = [
+    (&["-p", "evictd", "--lib"], &[]),
+    (&["-p", "evictd-tests", "--test", "kernel_wake", "--test", "trace_cli"], &[]),
+    (&["-p", "evictd-tests", "--test", "e2e_evict"], &E2E_TESTS),
+];
 
-/// Programs of this machine the tests start (`sleep` as a process to kill), copied with
-/// their libraries.
-const HOST_TOOLS: &[&str] = &["/usr/bin/sleep"];
+/// The end-to-end tests run in the VM: an eviction through the CRI (decided on cgroup v2,
+/// the pod stopped by containerd and runc, its memory freed), and the fast kill
+/// (`cgroup.kill`) of a real pod's cgroup.
+const E2E_TESTS: [&str; 2] = [
+    "evicts_exactly_the_top_ranked_pod_and_frees_its_memory",
+    "a_zero_hard_grace_period_kills_at_once_without_the_runtime",
+];
+
+/// Programs of this machine the tests start (`sleep` as a process to kill; the container
+/// runtime of the end-to-end tests), copied with their libraries.
+const HOST_TOOLS: &[&str] = &[
+    "/usr/bin/sleep",
+    "/usr/bin/containerd",
+    "/usr/bin/containerd-shim-runc-v2",
+    "/usr/bin/ctr",
+    "/usr/sbin/runc",
+];
+
+/// Where the init tells the end-to-end harness the prebuilt image binaries are (no gcc in
+/// the VM): `pause` and `hog`, static, built here from `tests/images/*.c`.
+const IMAGE_BIN: &str = "/vm/image-bin";
 
 const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 
@@ -308,8 +345,8 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     step("building evictd, the VM init and the test binaries (debug)");
     run_status(env.cargo().args(["build", "-p", "evictd", "-p", "evictd-tests", "--bins"]), "cargo build")?;
     let mut tests = Vec::new();
-    for selection in TEST_SELECTIONS {
-        tests.extend(test_executables(env, selection)?);
+    for (selection, only) in TEST_SELECTIONS {
+        tests.extend(test_executables(env, selection)?.into_iter().map(|t| (t, only)));
     }
     let bin_dir = workspace_root().join("target/debug");
     let stage = dir.join("stage");
@@ -331,13 +368,18 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     for bin in ["evictd", "evictd-memhog"] {
         add_stripped(format!("/vm/bin/{bin}"), &bin_dir.join(bin))?;
     }
+    // One line per test binary: its path, then the tests to run (`--exact` names), if not all.
     let mut plan = String::new();
-    for t in &tests {
+    for (t, only) in &tests {
         let name =
             t.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("{}: no name", t.display()))?;
         // Test binaries live in deps/ next to the binaries they start, as in target/.
         let archive = format!("/vm/bin/deps/{name}");
         plan.push_str(&archive);
+        if !only.is_empty() {
+            plan.push_str(" --exact ");
+            plan.push_str(&only.join(" "));
+        }
         plan.push('\n');
         add_stripped(archive, t)?;
     }
@@ -350,6 +392,10 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
         libs.extend(shared_libraries(f)?);
     }
     files.extend(libs.into_iter().map(|l| (l.display().to_string(), l)));
+    // Static: no libraries to look for.
+    for (name, bin) in image_binaries(&stage)? {
+        files.push((format!("{IMAGE_BIN}/{name}"), bin));
+    }
     let plan_file = stage.join("plan");
     fs::write(&plan_file, plan)?;
     files.push(("/vm/plan".into(), plan_file));
@@ -357,6 +403,22 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     write_cpio(&files, &out)?;
     let mib = fs::metadata(&out)?.len() >> 20;
     step(&format!("initramfs: {} files, {mib} MiB ({})", files.len(), out.display()));
+    Ok(out)
+}
+
+/// The end-to-end tests' image binaries, static (the VM has no gcc to build them as the
+/// harness does on a host): `pause` and `hog` from `tests/images/*.c`, built into `stage`.
+fn image_binaries(stage: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
+    let src = workspace_root().join("tests/images");
+    let mut out = Vec::new();
+    for name in ["pause", "hog"] {
+        let bin = stage.join(format!("image-{name}"));
+        run_status(
+            Command::new("gcc").args(["-static", "-O2", "-o"]).arg(&bin).arg(src.join(format!("{name}.c"))),
+            &format!("gcc {name}.c"),
+        )?;
+        out.push((name, bin));
+    }
     Ok(out)
 }
 

@@ -69,9 +69,18 @@ fn prepare() -> Result<(), String> {
     // memory (and pids) controllers down, as systemd does on a node.
     fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory +pids")
         .map_err(|e| format!("enabling memory and pids in /sys/fs/cgroup/cgroup.subtree_control: {e}"))?;
-    // Tests start helpers by name (`sleep`), and the metrics tests listen on 127.0.0.1.
+    // Tests start helpers by name (`sleep`, `containerd`), and the metrics tests listen on
+    // 127.0.0.1; the end-to-end tests take their image binaries prebuilt (no gcc here).
     // SAFETY: set_var before any thread exists (PID 1, single-threaded here).
-    unsafe { std::env::set_var("PATH", "/vm/bin:/usr/bin:/bin") };
+    unsafe {
+        std::env::set_var("PATH", "/vm/bin:/usr/bin:/usr/sbin:/bin");
+        std::env::set_var("EVICTD_TEST_IMAGE_BIN", "/vm/image-bin");
+    }
+    // containerd copies these into a host-network pod's sandbox.
+    fs::create_dir_all("/etc").map_err(|e| format!("mkdir /etc: {e}"))?;
+    for (file, text) in [("/etc/hosts", "127.0.0.1 localhost\n"), ("/etc/resolv.conf", "")] {
+        fs::write(file, text).map_err(|e| format!("writing {file}: {e}"))?;
+    }
     loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
     let uname = nix::sys::utsname::uname().map_err(|e| format!("uname: {e}"))?;
     say(&format!("kernel {}", uname.release().to_string_lossy()));
@@ -134,11 +143,14 @@ fn run_plan() -> usize {
             return failures + 1;
         }
     };
-    for exe in plan.lines().map(str::trim).filter(|l| !l.is_empty()) {
+    // A line: a test binary, then the tests to run when not all (`--exact` names).
+    for line in plan.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let mut words = line.split_whitespace();
+        let Some(exe) = words.next() else { continue };
         let name = Path::new(exe).file_name().map_or(exe.into(), |n| n.to_string_lossy());
         let started = Instant::now();
         let mut cmd = Command::new(exe);
-        cmd.args(["--test-threads=1", "--nocapture"]).env("EVICTD_REQUIRE_PRIVILEGED", "1");
+        cmd.args(words).args(["--test-threads=1", "--nocapture"]).env("EVICTD_REQUIRE_PRIVILEGED", "1");
         for t in &expect.skip {
             cmd.args(["--skip", t]);
         }
