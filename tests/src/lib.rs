@@ -216,12 +216,19 @@ fn sibling_binary(name: &str) -> PathBuf {
 /// A plain HTTP/1.1 GET of `path` from `addr` (evictd's metrics endpoint), the whole response
 /// returned: status line, headers and body.
 pub fn http_get(addr: &str, path: &str) -> String {
+    try_http_get(addr, path).unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
+}
+
+/// `http_get` that gives the error back (a server that turns clients away is not yet a
+/// failure), waiting at most 10 s for the answer.
+pub fn try_http_get(addr: &str, path: &str) -> std::io::Result<String> {
     use std::io::Read as _;
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
     let mut out = String::new();
-    s.read_to_string(&mut out).expect("response");
-    out
+    s.read_to_string(&mut out)?;
+    Ok(out)
 }
 
 /// A tmpfs of the test's own at a fresh directory: a small filesystem a test or benchmark

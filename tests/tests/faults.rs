@@ -15,6 +15,7 @@ use evictd_tests::{
     evictd_proc::Evictd,
     privileged,
     scenario::{PodDef, SOFT_600MI_AFTER_1S, make_pods},
+    try_http_get,
 };
 
 const MI: u64 = 1 << 20;
@@ -243,7 +244,7 @@ async fn a_flooded_metrics_port_delays_no_eviction() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let scrape = loop {
         // Turned away (closed at once) while the slots are full: not an error yet.
-        let answer = try_get(&addr, "/metrics").unwrap_or_default();
+        let answer = try_http_get(&addr, "/metrics").unwrap_or_default();
         if answer.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
             break answer;
         }
@@ -252,15 +253,4 @@ async fn a_flooded_metrics_port_delays_no_eviction() {
     drop(slow);
     assert!(scrape.starts_with("HTTP/1.1 200"), "no scrape answered after the flood: {scrape:?}");
     assert!(scrape.contains("evictd_evictions_total{eviction_signal=\"memory.available\"} 1"), "{scrape}");
-}
-
-/// A GET that gives the error back instead of failing the test.
-fn try_get(addr: &str, path: &str) -> std::io::Result<String> {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
 }

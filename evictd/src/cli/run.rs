@@ -371,6 +371,10 @@ impl RunArgs {
         if sources.is_empty() {
             bail!("--wake-sources: at least one wake source is needed");
         }
+        let charge_tier = ChargeTier::parse(&self.charge_tier).unwrap_or_default();
+        if charge_tier != ChargeTier::Auto && !sources.contains(&SourceKind::Ebpf) {
+            bail!("--charge-tier {}: an eBPF tier, but --wake-sources has no ebpf", self.charge_tier);
+        }
         let watermark = match self.bpf_watermark.as_str() {
             "auto" => Watermark::Auto,
             q => Watermark::Fixed(bytes_flag("--bpf-watermark", q)?),
@@ -395,7 +399,7 @@ impl RunArgs {
             charge_items,
             ring_buffer_bytes: ring as u32,
             min_interval: self.reclaim_min_interval,
-            charge_tier: ChargeTier::parse(&self.charge_tier).unwrap_or_default(),
+            charge_tier,
             ..defaults
         };
         let fill = bytes_flag("--poll-fill-rate", &self.poll_fill_rate)?;
@@ -566,6 +570,7 @@ mod tests {
             (vec!["--oom-score-adj", "low"], "--oom-score-adj"),
             (vec!["--kubeconfig", "/etc/passwd"], "--kubeconfig"),
             (vec!["--kubeconfig", "/nonexistent/kubeconfig", "--no-kube-api"], "--no-kube-api"),
+            (vec!["--charge-tier", "memcg-tracepoints", "--wake-sources", "poll,timer"], "--charge-tier"),
         ] {
             let err = args(&argv).err().unwrap_or_else(|| panic!("{argv:?} should fail"));
             assert!(format!("{err:#}").contains(needle), "{argv:?}: {err:#}");
