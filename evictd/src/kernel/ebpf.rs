@@ -67,7 +67,7 @@ pub enum ChargeTier {
 }
 
 impl ChargeTier {
-    /// The names `evictd probe` gives the tiers.
+    /// `--charge-tier`'s values: `auto`, then the tiers as `evictd probe` names them.
     pub const NAMES: [&str; 3] = ["auto", "batched-charge-hook", "memcg-tracepoints"];
 
     pub fn name(self) -> &'static str {
