@@ -22,12 +22,11 @@ use evictd_policy::{
 };
 use tokio::{
     sync::{mpsc, watch},
-    task::JoinHandle,
     time::Instant,
 };
 
 use super::{
-    NodeNow, SourceKind, Wake, WakeCause, WakeError, WakeSource,
+    NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource,
     poll::{MAX_INTERVAL, interval_for},
 };
 use crate::node::signals::{NodeSignalSources, filesystem_observations};
@@ -68,12 +67,12 @@ struct DiskWake {
     /// The thresholds `Arm::filesystems` was built from.
     thresholds: Vec<Threshold>,
     arm: watch::Sender<Arm>,
-    task: JoinHandle<()>,
+    task: SourceTask<()>,
 }
 
 pub fn start(signals: &NodeSignalSources, rates: FillRates, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> {
     let (arm, rx) = watch::channel(Arm::default());
-    let task = tokio::spawn(poll_filesystems(rx, rates, tx));
+    let task = SourceTask::new("the disk poll", tokio::spawn(poll_filesystems(rx, rates, tx)));
     tracing::info!(
         fill_rate_mib_s = rates.bytes >> 20,
         inodes_per_s = rates.inodes,
@@ -192,16 +191,7 @@ impl WakeSource for DiskWake {
     }
 
     fn supervise(&mut self) -> Result<(), WakeError> {
-        if self.task.is_finished() {
-            return Err(WakeError::Stopped("the disk poll"));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for DiskWake {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.task.check_running()
     }
 }
 

@@ -24,7 +24,9 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{NodeNow, SourceKind, Wake, WakeError, WakeOptions, WakeSource, WakeStats, monotonic_ns};
+use super::{
+    NodeNow, SourceKind, SourceTask, Wake, WakeError, WakeOptions, WakeSource, WakeStats, monotonic_ns,
+};
 use crate::{
     kernel::ebpf::{Counters, KernelProbes},
     node::{cgroup_names, signals::NodeSignalSources},
@@ -121,7 +123,7 @@ struct EbpfWake {
     /// The batched hook's watched cgroup: its directory, and the id (inode) the hook
     /// compares with, which changes when the directory is made again at the same path.
     watch: Option<(PathBuf, u64)>,
-    task: JoinHandle<std::io::Result<()>>,
+    task: SourceTask<std::io::Result<()>>,
 }
 
 pub fn start(
@@ -166,7 +168,7 @@ pub fn start(
         band_failing: false,
         scope,
         watch,
-        task,
+        task: SourceTask::new("the eBPF wake source's ring-buffer reader", task),
     };
     source.cgroups_changed()?;
     Ok(Box::new(source))
@@ -216,10 +218,7 @@ impl WakeSource for EbpfWake {
     /// The ring-buffer reader ends only on an error of the ring buffer's fd; without it no
     /// kernel event arrives, so the source is gone (and the others carry on).
     fn supervise(&mut self) -> Result<(), WakeError> {
-        if self.task.is_finished() {
-            return Err(WakeError::Stopped("the eBPF wake source's ring-buffer reader"));
-        }
-        Ok(())
+        self.task.check_running()
     }
 
     fn kernel_counters(&self) -> Option<Counters> {
@@ -278,12 +277,6 @@ impl EbpfWake {
                 "detached: every memory threshold is far"
             }
         );
-    }
-}
-
-impl Drop for EbpfWake {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{NodeNow, SourceKind, Wake, WakeCause, WakeError, WakeSource};
+use super::{NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource};
 use crate::node::{cgroup_names, cgroups::CgroupVersion, signals::NodeSignalSources};
 
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +97,7 @@ struct Armed {
     /// new cgroup, and the old registration is dead.
     inode: Option<u64>,
     level: u64,
-    task: JoinHandle<()>,
+    task: SourceTask<()>,
 }
 
 pub struct EventfdWake {
@@ -133,16 +133,15 @@ impl EventfdWake {
                 dir: dir.clone(),
                 inode: cgroup_names::cgroup_id(dir).ok(),
                 level: *level,
-                task,
+                task: SourceTask::new("a memory threshold's waiter", task),
             });
         }
         Ok(())
     }
 
     fn disarm(&mut self) {
-        for a in self.armed.drain(..) {
-            a.task.abort();
-        }
+        // Dropping a registration ends its waiter.
+        self.armed.clear();
     }
 }
 
@@ -158,7 +157,7 @@ impl WakeSource for EventfdWake {
     /// A waiter that ended (its eventfd failed) is a threshold nobody watches: disarm all,
     /// so that the next `rearm` registers them afresh.
     fn supervise(&mut self) -> Result<(), WakeError> {
-        if self.armed.iter().any(|a| a.task.is_finished()) {
+        if self.armed.iter().any(|a| a.task.has_ended()) {
             tracing::warn!(
                 "eventfd wake source: a threshold waiter stopped; registering the thresholds again"
             );

@@ -136,33 +136,62 @@ pub trait WakeSource {
     fn watermark(&self) -> Option<u64> {
         None
     }
-    /// Whether the charge programs are attached now (the eBPF source).
     /// The charge tier this source wakes evictd through on memory growth, if any.
     fn charge_tier(&self) -> Option<&'static str> {
         None
     }
-
+    /// Whether the charge programs are attached now (the eBPF source).
     fn charge_probes_attached(&self) -> Option<bool> {
         None
     }
 }
 
+/// The task a source waits in. Dropping the source ends it; a task that ended on its own
+/// (its fd failed) wakes nobody any more, which `supervise` reports.
+pub(crate) struct SourceTask<T> {
+    /// What the task is, for the log: "the adaptive poll".
+    name: &'static str,
+    handle: tokio::task::JoinHandle<T>,
+}
+
+impl<T> SourceTask<T> {
+    pub(crate) fn new(name: &'static str, handle: tokio::task::JoinHandle<T>) -> Self {
+        SourceTask { name, handle }
+    }
+
+    pub(crate) fn has_ended(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// `supervise` for a source that is one task: an ended task drops the source.
+    pub(crate) fn check_running(&self) -> Result<(), WakeError> {
+        if self.has_ended() {
+            return Err(WakeError::Stopped(self.name));
+        }
+        Ok(())
+    }
+}
+
+impl<T> Drop for SourceTask<T> {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
 /// A source that is nothing but a task waiting on the kernel or the clock (PSI, timer):
-/// nothing to re-arm; stopping it ends the task.
+/// nothing to re-arm.
 struct TaskSource {
     kind: SourceKind,
-    task: tokio::task::JoinHandle<()>,
+    task: SourceTask<()>,
 }
 
 impl WakeSource for TaskSource {
     fn kind(&self) -> SourceKind {
         self.kind
     }
-}
 
-impl Drop for TaskSource {
-    fn drop(&mut self) {
-        self.task.abort();
+    fn supervise(&mut self) -> Result<(), WakeError> {
+        self.task.check_running()
     }
 }
 
@@ -344,6 +373,30 @@ mod tests {
         assert_eq!(w.delivery_ns(), Some(2));
         assert!(Wake::from_kernel(&WakeEvent { cause: 99, ..Default::default() }, 0).is_none());
         assert_eq!(Wake::now(WakeCause::Timer).delivery_ns(), None);
+    }
+
+    #[tokio::test]
+    async fn a_source_whose_task_ended_says_so_and_dropping_one_ends_its_task() {
+        let ended = TaskSource {
+            kind: SourceKind::Timer,
+            task: SourceTask::new("the test's task", tokio::spawn(async {})),
+        };
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !ended.task.has_ended() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a task that returns at once ends");
+        let mut ended = ended;
+        assert!(matches!(ended.supervise(), Err(WakeError::Stopped("the test's task"))));
+
+        let (tx, mut rx) = mpsc::channel::<()>(1);
+        let running = SourceTask::new("waits", tokio::spawn(async move { tx.closed().await }));
+        assert!(running.check_running().is_ok());
+        drop(running);
+        // The aborted task dropped its sender: the channel closes.
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), rx.recv()).await, Ok(None));
     }
 
     #[test]

@@ -19,10 +19,10 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::sync::mpsc;
 
 use super::{
-    NodeNow, SourceKind, Wake, WakeCause, WakeError, WakeSource,
+    NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource,
     ebpf::{Distance, MIN_AUTO_WATERMARK, Watermark, watermark_for},
 };
 use crate::node::memory::MemoryCgroup;
@@ -50,7 +50,7 @@ struct Arm {
 struct PollWake {
     node: MemoryCgroup,
     arm: Arc<Arm>,
-    task: JoinHandle<()>,
+    task: SourceTask<()>,
 }
 
 /// Starts polling `node` for a fill of up to `fill_rate` bytes per second. Until the first
@@ -58,7 +58,10 @@ struct PollWake {
 pub fn start(node: &MemoryCgroup, fill_rate: u64, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> {
     let level = node.usage().map_or(0, |u| u.saturating_add(MIN_AUTO_WATERMARK));
     let arm = Arc::new(Arm { level: AtomicU64::new(level), generation: AtomicU64::new(0) });
-    let task = tokio::spawn(poll_node(node.clone(), arm.clone(), fill_rate, tx));
+    let task = SourceTask::new(
+        "the adaptive poll",
+        tokio::spawn(poll_node(node.clone(), arm.clone(), fill_rate, tx)),
+    );
     tracing::info!(
         node = %node.dir.display(),
         fill_rate_mib_s = fill_rate >> 20,
@@ -121,16 +124,7 @@ impl WakeSource for PollWake {
     }
 
     fn supervise(&mut self) -> Result<(), WakeError> {
-        if self.task.is_finished() {
-            return Err(WakeError::Stopped("the adaptive poll"));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for PollWake {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.task.check_running()
     }
 }
 

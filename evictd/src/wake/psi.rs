@@ -12,7 +12,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{SourceKind, TaskSource, Wake, WakeCause, WakeError, WakeSource};
+use super::{SourceKind, SourceTask, TaskSource, Wake, WakeCause, WakeError, WakeSource};
 use crate::node::{cgroups::CgroupVersion, signals::NodeSignalSources};
 
 /// A registered trigger; the kernel keeps it while the file stays open.
@@ -59,7 +59,10 @@ pub fn start(signals: &NodeSignalSources, tx: mpsc::Sender<Wake>) -> Result<Box<
     };
     let task =
         spawn(&path, tx).map_err(|error| WakeError::Psi { path: path.display().to_string(), error })?;
-    Ok(Box::new(TaskSource { kind: SourceKind::Psi, task }))
+    Ok(Box::new(TaskSource {
+        kind: SourceKind::Psi,
+        task: SourceTask::new("the PSI trigger's waiter", task),
+    }))
 }
 
 /// Registers a trigger on `path` (the privileged 500 ms window, else the 2 s one, saying so)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{SourceKind, TaskSource, Wake, WakeCause, WakeSource};
+use super::{SourceKind, SourceTask, TaskSource, Wake, WakeCause, WakeSource};
 
 pub fn start(interval: Duration, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> {
     let task = tokio::spawn(async move {
@@ -19,5 +19,5 @@ pub fn start(interval: Duration, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> 
             }
         }
     });
-    Box::new(TaskSource { kind: SourceKind::Timer, task })
+    Box::new(TaskSource { kind: SourceKind::Timer, task: SourceTask::new("the housekeeping timer", task) })
 }

@@ -4,8 +4,13 @@
 //!   without evictd, with evictd as it runs by default on a node far from every threshold
 //!   (whole node, `memory.available<100Mi`: the charge programs detached, the poll reading
 //!   once a second), and with the charge programs attached as they are within the band near
-//!   a threshold (`--charge-probes always`), interleaved round by round in one run; the
-//!   ratios of the medians are the throughput cost far and near.
+//!   a threshold (`--charge-probes always`). Each round runs the three arms once, in an
+//!   order that cycles through all six so that no arm always follows another (a killed
+//!   daemon's programs are freed after an RCU grace period; a started one has just loaded
+//!   its binary), each after the same settling time. The cost is the median of the per-round
+//!   ratios (arm / without, same round), with a 95 % confidence interval of that median from
+//!   order statistics: slow drift of the machine cancels within a round, and the interval
+//!   says how far the noise lets the number be trusted.
 //! - The BPF programs' own run time per event, from the kernel's BPF statistics
 //!   (`BPF_ENABLE_STATS`, on only while this benchmark holds its fd).
 //! - The time for a process holding 1 GiB to die after SIGKILL (one probe hit per page
@@ -22,11 +27,11 @@ use evictd_tests::{dies_with_harness, evictd_binary};
 
 #[derive(clap::Args, Debug)]
 pub struct Opts {
-    /// Interleaved rounds without and with evictd.
-    #[arg(long, default_value_t = 5)]
+    /// Rounds, each measuring without evictd, far from a threshold and near one.
+    #[arg(long, default_value_t = 36)]
     rounds: usize,
-    /// Length of one round of the fault loop, seconds.
-    #[arg(long, default_value_t = 2.0)]
+    /// Length of one arm's fault loop, seconds.
+    #[arg(long, default_value_t = 1.0)]
     seconds: f64,
     /// The wake sources of the "far" daemon (`--wake-sources`), to tell which one costs
     /// what; evictd's defaults when not given.
@@ -44,8 +49,41 @@ impl Opts {
     }
 }
 
-/// Pages faulted in per second: map 64 MiB, touch each page, unmap, repeat.
+/// Pages faulted in per second: map 64 MiB, touch each page, unmap, repeat. On the last
+/// CPU: a loop that migrates between CPUs reads ±5 % between runs here, and evictd, started
+/// unpinned, still shares the CPU with it whenever it runs there.
 fn fault_rate(seconds: f64) -> f64 {
+    let _pin = PinnedToLastCpu::new();
+    fault_loop(seconds)
+}
+
+/// This thread on the last CPU until dropped (then back on all it had); unpinned when the
+/// affinity cannot be set, which only adds noise.
+struct PinnedToLastCpu(Option<nix::sched::CpuSet>);
+
+impl PinnedToLastCpu {
+    fn new() -> Self {
+        use nix::{sched, unistd::Pid};
+        let Ok(all) = sched::sched_getaffinity(Pid::from_raw(0)) else { return PinnedToLastCpu(None) };
+        let Some(last) = (0..sched::CpuSet::count()).rev().find(|&c| all.is_set(c).unwrap_or(false)) else {
+            return PinnedToLastCpu(None);
+        };
+        let mut one = sched::CpuSet::new();
+        let pinned = one.set(last).is_ok() && sched::sched_setaffinity(Pid::from_raw(0), &one).is_ok();
+        PinnedToLastCpu(pinned.then_some(all))
+    }
+}
+
+impl Drop for PinnedToLastCpu {
+    fn drop(&mut self) {
+        if let Some(all) = &self.0 {
+            // Daemons started next inherit this thread's affinity: they must not be pinned.
+            let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), all);
+        }
+    }
+}
+
+fn fault_loop(seconds: f64) -> f64 {
     const LEN: usize = 64 << 20;
     let page = 4096;
     let start = Instant::now();
@@ -81,6 +119,30 @@ struct Daemon(Child);
 /// The charge programs attached, as within the band near a threshold.
 const NEAR: &[&str] = &["--charge-probes", "always"];
 
+/// Before every arm's fault loop, with or without a daemon: evictd loads and attaches in
+/// well under this, and the arm without one waits as long so that none starts fresher.
+const SETTLE: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Arm {
+    Without,
+    Far,
+    Near,
+}
+
+/// All six orders of the three arms; round r runs order r mod 6.
+const ORDERS: [[Arm; 3]; 6] = {
+    use Arm::*;
+    [
+        [Without, Far, Near],
+        [Far, Near, Without],
+        [Near, Without, Far],
+        [Without, Near, Far],
+        [Near, Far, Without],
+        [Far, Without, Near],
+    ]
+};
+
 impl Daemon {
     fn start(args: &[&str]) -> anyhow::Result<Self> {
         let child = dies_with_harness(&mut Command::new(evictd_binary()))
@@ -90,7 +152,7 @@ impl Daemon {
             .stderr(Stdio::null())
             .spawn()?;
         // Loading and attaching takes a moment; the probes are live once it is armed.
-        std::thread::sleep(Duration::from_millis(1500));
+        std::thread::sleep(SETTLE);
         Ok(Daemon(child))
     }
 
@@ -140,6 +202,52 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Per-round ratios of an arm to the arm without evictd: their median, and a 95 %
+/// confidence interval of that median from order statistics (no assumption on the noise's
+/// shape: the true median lies between the k-th smallest and k-th largest ratio with
+/// probability ≥ 95 %, k from the binomial distribution).
+struct Ratios {
+    median: f64,
+    /// `None` with fewer than 6 rounds: no interval reaches 95 % then.
+    interval: Option<(f64, f64)>,
+}
+
+impl Ratios {
+    fn of(arm: &[f64], without: &[f64]) -> Self {
+        let mut r: Vec<f64> = arm.iter().zip(without).map(|(a, w)| a / w).collect();
+        r.sort_by(f64::total_cmp);
+        let interval = median_interval_rank(r.len()).map(|k| (r[k], r[r.len() - 1 - k]));
+        Ratios { median: median(r), interval }
+    }
+}
+
+/// The largest 0-based rank k with P(Binomial(n, ½) ≤ k) ≤ 2.5 %: [x_k, x_(n-1-k)] covers
+/// the median with at least 95 %.
+fn median_interval_rank(n: usize) -> Option<usize> {
+    let total = 2f64.powi(i32::try_from(n).ok()?);
+    let (mut below, mut choose) = (0.0, 1.0);
+    let mut k = None;
+    for i in 0..n {
+        below += choose;
+        if below / total > 0.025 {
+            break;
+        }
+        k = Some(i);
+        choose = choose * (n - i) as f64 / (i + 1) as f64;
+    }
+    k
+}
+
+impl std::fmt::Display for Ratios {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.4} ({:+.2}%)", self.median, (self.median - 1.0) * 100.0)?;
+        match self.interval {
+            Some((lo, hi)) => write!(f, ", 95% interval {lo:.4} to {hi:.4}"),
+            None => write!(f, ", too few rounds for a 95% interval"),
+        }
+    }
+}
+
 fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .ok()?
@@ -158,7 +266,16 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// Our programs' total run time and count, summed over the evictd programs loaded now.
 fn bpf_totals() -> (u128, u64) {
-    let ours = ["mod_memcg_lruve", "mod_memcg_state", "direct_reclaim_", "memcg_reclaim_b", "mark_victim"];
+    // The kernel keeps the first 15 characters of a program's name.
+    let ours = [
+        "mod_memcg_lruve",
+        "mod_memcg_state",
+        "page_counter_tr",
+        "page_counter_ch",
+        "direct_reclaim_",
+        "memcg_reclaim_b",
+        "mark_victim",
+    ];
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter(|p| p.name_as_str().is_some_and(|n| ours.iter().any(|o| n.starts_with(o))))
@@ -174,38 +291,66 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     let far_args = far_args.as_slice();
     let far_label =
         o.far_wake_sources.as_deref().map_or("defaults".into(), |l| format!("--wake-sources {l}"));
-    eprintln!("[bench] overhead: {} interleaved rounds of {}s each of three ways", o.rounds, o.seconds);
+    eprintln!(
+        "[bench] overhead: {} rounds, each {}s without evictd, far from a threshold and near one, order rotating",
+        o.rounds, o.seconds
+    );
     // Throughput with BPF statistics off: collecting them adds two clock reads to every run.
     let (mut without, mut far, mut with) = (Vec::new(), Vec::new(), Vec::new());
+    // What the far daemon itself ran while the loop did: CPU time it took from the machine.
+    let mut far_daemon_cpu = 0.0;
     for round in 0..o.rounds {
-        without.push(fault_rate(o.seconds));
-        let d = Daemon::start(far_args)?;
-        far.push(fault_rate(o.seconds));
-        drop(d);
-        let d = Daemon::start(NEAR)?;
-        with.push(fault_rate(o.seconds));
-        drop(d);
+        for arm in ORDERS[round % ORDERS.len()] {
+            let rate = match arm {
+                Arm::Without => {
+                    std::thread::sleep(SETTLE);
+                    fault_rate(o.seconds)
+                }
+                Arm::Far => {
+                    let d = Daemon::start(far_args)?;
+                    let c0 = cpu_seconds(d.pid()).unwrap_or(0.0);
+                    let rate = fault_rate(o.seconds);
+                    far_daemon_cpu += cpu_seconds(d.pid()).unwrap_or(0.0) - c0;
+                    rate
+                }
+                Arm::Near => {
+                    let _d = Daemon::start(NEAR)?;
+                    fault_rate(o.seconds)
+                }
+            };
+            match arm {
+                Arm::Without => without.push(rate),
+                Arm::Far => far.push(rate),
+                Arm::Near => with.push(rate),
+            }
+        }
         eprintln!(
-            "[bench] round {}: {:.0} pages/s without, {:.0} far from a threshold, {:.0} near one",
+            "[bench] round {}: {:.0} pages/s without, {:.0} far from a threshold ({:.3}), {:.0} near one ({:.3})",
             round + 1,
             without[round],
             far[round],
-            with[round]
+            far[round] / without[round],
+            with[round],
+            with[round] / without[round],
         );
     }
-    // The programs' own cost, measured apart with statistics on.
-    let (bpf_ns, bpf_runs) = {
+    // The programs' own cost, measured apart with statistics on: near a threshold, and far
+    // from one (where none of them should run at all while pages are faulted).
+    let programs_during_faults = |args: &[&str]| -> anyhow::Result<(u128, u64, u64)> {
         let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
             .map_err(|e| anyhow::anyhow!("enabling BPF run-time statistics: {e}"))?;
-        let d = Daemon::start(NEAR)?;
+        let d = Daemon::start(args)?;
         let (t0, c0) = bpf_totals();
-        fault_rate(o.seconds);
+        let pages = (fault_rate(o.seconds) * o.seconds) as u64;
         let (t1, c1) = bpf_totals();
         drop(d);
-        (t1.saturating_sub(t0), c1.saturating_sub(c0))
+        Ok((t1.saturating_sub(t0), c1.saturating_sub(c0), pages))
     };
+    let (bpf_ns, bpf_runs, _) = programs_during_faults(NEAR)?;
+    let (_, far_bpf_runs, far_pages) = programs_during_faults(far_args)?;
     let (mw, mf, mi) = (median(without.clone()), median(far.clone()), median(with.clone()));
-    let (ratio_far, ratio) = (mf / mw, mi / mw);
+    let far_ratios = Ratios::of(&far, &without);
+    let near_ratios = Ratios::of(&with, &without);
 
     let mut exit_without = Vec::new();
     let mut exit_with = Vec::new();
@@ -227,15 +372,20 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
 
     let per_event = if bpf_runs > 0 { bpf_ns as f64 / bpf_runs as f64 } else { f64::NAN };
     let report = format!(
-        "page-fault throughput (median of {} interleaved rounds): {mw:.0} pages/s without evictd; \
-         {mf:.0} with evictd far from every threshold ({far_label}), ratio {ratio_far:.4} ({:+.2}%); \
-         {mi:.0} with the charge programs attached (near one), ratio {ratio:.4} ({:+.2}%)\n\
+        "page-fault throughput ({} rounds of {}s per arm; medians): {mw:.0} pages/s without evictd, \
+         {mf:.0} with evictd far from every threshold ({far_label}), {mi:.0} with the charge programs attached (near one)\n\
+         far from every threshold / without, median of per-round ratios: {far_ratios}\n\
+         near one (charge programs attached) / without, median of per-round ratios: {near_ratios}\n\
+         far from every threshold, what evictd ran: {far_bpf_runs} runs of its BPF programs while {far_pages} pages were faulted; \
+         its own CPU {:.2}% of the fault loop's time ({:.0} ms in {:.0} s)\n\
          BPF programs: {bpf_runs} runs, {per_event:.0} ns per run on average\n\
          process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with the charge programs attached (median of 3)\n\
          evictd ({far_label}, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
         o.rounds,
-        (ratio_far - 1.0) * 100.0,
-        (ratio - 1.0) * 100.0,
+        o.seconds,
+        far_daemon_cpu / (o.rounds as f64 * o.seconds) * 100.0,
+        far_daemon_cpu * 1e3,
+        o.rounds as f64 * o.seconds,
         median(exit_without),
         median(exit_with),
         rss_kib as f64 / 1024.0,
@@ -243,10 +393,39 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     print!("{report}");
     std::fs::create_dir_all(&o.out)?;
     std::fs::write(o.out.join("overhead.txt"), &report)?;
-    let mut csv = String::from("round,without_pages_s,far_pages_s,near_pages_s\n");
+    let mut csv = String::from("round,order,without_pages_s,far_pages_s,near_pages_s\n");
     for (i, ((a, f), b)) in without.iter().zip(&far).zip(&with).enumerate() {
-        csv += &format!("{},{a:.0},{f:.0},{b:.0}\n", i + 1);
+        let order: Vec<String> = ORDERS[i % ORDERS.len()].iter().map(|a| format!("{a:?}")).collect();
+        csv += &format!("{},{},{a:.0},{f:.0},{b:.0}\n", i + 1, order.join("-"));
     }
     std::fs::write(o.out.join("overhead.csv"), csv)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the published table of the sign test's 95 % ranks (1-based: n = 6 → 1,
+    /// n = 10 → 2, n = 18 → 5, n = 30 → 10).
+    #[test]
+    fn the_median_interval_matches_the_sign_test_table() {
+        assert_eq!(median_interval_rank(5), None);
+        assert_eq!(median_interval_rank(6), Some(0));
+        assert_eq!(median_interval_rank(10), Some(1));
+        assert_eq!(median_interval_rank(18), Some(4));
+        assert_eq!(median_interval_rank(30), Some(9));
+    }
+
+    #[test]
+    fn ratios_pair_each_round_with_its_own_baseline() {
+        let without = [100.0, 200.0, 100.0, 200.0, 100.0, 200.0];
+        let arm = [99.0, 198.0, 99.0, 198.0, 99.0, 198.0];
+        let r = Ratios::of(&arm, &without);
+        assert!((r.median - 0.99).abs() < 1e-12);
+        assert_eq!(
+            r.interval.map(|(lo, hi)| ((lo * 100.0).round(), (hi * 100.0).round())),
+            Some((99.0, 99.0))
+        );
+    }
 }
