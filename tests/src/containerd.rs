@@ -1,7 +1,8 @@
 //! A real containerd, private to one test: its own config, root, state, sockets and runc
 //! root under temporary directories; a locally built image (static pause and hog binaries)
 //! imported without a registry; pods created the way the kubelet creates them (labels,
-//! annotations, cgroup parents under a test node cgroup, limits); and a teardown that runs
+//! annotations, cgroup parents under a test node cgroup, limits — with either of the
+//! kubelet's cgroup drivers, `CgroupDriver`); and a teardown that runs
 //! also when the test fails: sandboxes stopped and removed, containerd ended by PID,
 //! leftover shims and container processes (ours, found by our socket path and our cgroups)
 //! killed by PID, mounts detached, cgroup trees removed depth-first in every hierarchy.
@@ -67,8 +68,25 @@ fn which(bin: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// How pod cgroups are named and made: the kubelet's `cgroupDriver`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupDriver {
+    /// Paths under a node cgroup of the test's own (`<node>/kubepods/<qos>/pod<uid>`), made
+    /// by the harness as the kubelet makes them.
+    Cgroupfs,
+    /// systemd slices (`kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>.slice`),
+    /// made and limited through systemd as the kubelet does, with runc asking systemd for
+    /// each container's scope. `kubepods.slice` plays the node. Needs systemd as PID 1 and
+    /// cgroup v2 (the VM matrix's trixie-systemd boot).
+    Systemd,
+}
+
+/// The systemd driver's top slice, which the kubelet makes under the root.
+const KUBEPODS_SLICE: &str = "kubepods.slice";
+
 pub struct Containerd {
     pub name: String,
+    pub driver: CgroupDriver,
     pub tmp: PathBuf,
     pub run: PathBuf,
     pub socket: PathBuf,
@@ -78,6 +96,9 @@ pub struct Containerd {
     pub memory_root: PathBuf,
     memory_version: CgroupVersion,
     pub sandboxes: Vec<String>,
+    /// Slices given properties through systemd (`CgroupDriver::Systemd`), reverted at
+    /// teardown.
+    slices: Vec<String>,
     /// containerd's root directory (images and writable layers: imagefs).
     pub root: PathBuf,
     /// A size-limited filesystem of the test's own holding `root` and a kubelet root
@@ -168,22 +189,40 @@ impl TestPod {
 impl Containerd {
     /// Starts containerd with a node cgroup of `node_limit` bytes under the memory root.
     pub fn start(node_limit: u64) -> Self {
-        Self::start_in(node_limit, None, None)
+        Self::start_in(CgroupDriver::Cgroupfs, node_limit, None, None)
+    }
+
+    /// As `start`, with the systemd cgroup driver: `kubepods.slice`, limited to `node_limit`
+    /// bytes, plays the node. Panics (naming what is missing) without systemd as PID 1 on
+    /// cgroup v2, or when a `kubepods.slice` exists already: this machine runs pods of its
+    /// own, and the test would take them for its node's.
+    pub fn start_systemd(node_limit: u64) -> Self {
+        Self::start_in(CgroupDriver::Systemd, node_limit, None, None)
     }
 
     /// As `start`, with containerd's root on a tmpfs of `nodefs_bytes` mounted for this test
     /// (unmounted at teardown): a small disk that a test fills on purpose.
     pub fn start_on_nodefs(node_limit: u64, nodefs_bytes: u64) -> Self {
-        Self::start_in(node_limit, Some(nodefs_bytes), None)
+        Self::start_in(CgroupDriver::Cgroupfs, node_limit, Some(nodefs_bytes), None)
     }
 
     /// As `start_on_nodefs`, with containerd's root on a second tmpfs of `imagefs_bytes`:
     /// the kubelet's dedicated imagefs layout.
     pub fn start_with_imagefs(node_limit: u64, nodefs_bytes: u64, imagefs_bytes: u64) -> Self {
-        Self::start_in(node_limit, Some(nodefs_bytes), Some(imagefs_bytes))
+        Self::start_in(CgroupDriver::Cgroupfs, node_limit, Some(nodefs_bytes), Some(imagefs_bytes))
     }
 
-    fn start_in(node_limit: u64, nodefs_bytes: Option<u64>, imagefs_bytes: Option<u64>) -> Self {
+    fn start_in(
+        driver: CgroupDriver,
+        node_limit: u64,
+        nodefs_bytes: Option<u64>,
+        imagefs_bytes: Option<u64>,
+    ) -> Self {
+        if driver == CgroupDriver::Systemd {
+            // Before anything is made: nothing to clean up when it cannot run.
+            let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
+            check_systemd_driver_can_run(&layout.memory_root, layout.memory_version);
+        }
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("evictd-e2e-{}-{n}", std::process::id());
         let tmp = std::env::temp_dir().join(&name);
@@ -200,6 +239,8 @@ impl Containerd {
             (None, None) => tmp.join("root"),
         };
         let mut c = Containerd {
+            driver,
+            slices: Vec::new(),
             root,
             nodefs,
             imagefs,
@@ -208,7 +249,10 @@ impl Containerd {
             tmp,
             run,
             child: None,
-            node_cgroup: format!("/{name}"),
+            node_cgroup: match driver {
+                CgroupDriver::Cgroupfs => format!("/{name}"),
+                CgroupDriver::Systemd => format!("/{KUBEPODS_SLICE}"),
+            },
             memory_root: layout.memory_root,
             memory_version: layout.memory_version,
             sandboxes: Vec::new(),
@@ -222,11 +266,23 @@ impl Containerd {
         if let Some(dir) = &c.nodefs {
             std::fs::create_dir_all(dir.join("kubelet")).expect("kubelet root");
         }
-        let node = c.node_dir();
+        match driver {
+            CgroupDriver::Cgroupfs => c.make_cgroupfs_node(node_limit),
+            CgroupDriver::Systemd => c.make_systemd_node(node_limit),
+        }
+        c.write_config();
+        c.spawn();
+        c.import_image();
+        c
+    }
+
+    /// The node cgroup with its QoS cgroups, as the kubelet makes them with cgroupfs.
+    fn make_cgroupfs_node(&self, node_limit: u64) {
+        let node = self.node_dir();
         for qos in ["burstable", "besteffort"] {
             std::fs::create_dir_all(node.join("kubepods").join(qos)).expect("node cgroup");
         }
-        if c.memory_version == CgroupVersion::V2 {
+        if self.memory_version == CgroupVersion::V2 {
             // Pod cgroups get memory.max from the harness before runc makes theirs.
             for dir in [
                 node.clone(),
@@ -238,11 +294,25 @@ impl Containerd {
                     .unwrap_or_else(|e| panic!("enabling memory and pids under {}: {e}", dir.display()));
             }
         }
-        std::fs::write(node.join(limit_file(c.memory_version)), node_limit.to_string()).expect("node limit");
-        c.write_config();
-        c.spawn();
-        c.import_image();
-        c
+        std::fs::write(node.join(limit_file(self.memory_version)), node_limit.to_string())
+            .expect("node limit");
+    }
+
+    /// `kubepods.slice` and its QoS slices, started through systemd as the kubelet's
+    /// systemd cgroup manager does; the node's limit is the top slice's `MemoryMax`.
+    fn make_systemd_node(&mut self, node_limit: u64) {
+        self.limit_slice(KUBEPODS_SLICE, node_limit);
+        for slice in [KUBEPODS_SLICE, "kubepods-burstable.slice", "kubepods-besteffort.slice"] {
+            systemctl(&["start", slice]);
+        }
+        let limit = read_u64(&self.node_dir().join("memory.max"));
+        assert_eq!(limit, node_limit, "systemd set {KUBEPODS_SLICE}'s memory.max");
+    }
+
+    /// `MemoryMax` on a slice, for this boot only (`--runtime`; reverted at teardown).
+    fn limit_slice(&mut self, slice: &str, bytes: u64) {
+        systemctl(&["set-property", "--runtime", slice, &format!("MemoryMax={bytes}")]);
+        self.slices.push(slice.to_owned());
     }
 
     /// Bytes available on the test's nodefs (`start_on_nodefs`), as statvfs says.
@@ -262,7 +332,7 @@ impl Containerd {
 
     /// The node cgroup's directory in the memory hierarchy.
     pub fn node_dir(&self) -> PathBuf {
-        self.memory_root.join(&self.name)
+        self.memory_root.join(self.node_cgroup.trim_start_matches('/'))
     }
 
     pub fn endpoint(&self) -> String {
@@ -276,6 +346,7 @@ impl Containerd {
     fn write_config(&self) {
         let (t, r, root) = (self.tmp.display(), self.run.display(), self.root.display());
         let (snapshotter, no_pivot) = (snapshotter(), root_is_initramfs());
+        let systemd_cgroup = self.driver == CgroupDriver::Systemd;
         let config = format!(
             r#"version = 2
 root = "{root}"
@@ -300,7 +371,7 @@ state = "{r}/state"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = false
+          SystemdCgroup = {systemd_cgroup}
           BinaryName = "/usr/sbin/runc"
           Root = "{r}/runc"
           NoPivotRoot = {no_pivot}
@@ -407,14 +478,20 @@ state = "{r}/state"
             "guaranteed" => String::new(),
             q => format!("/{q}"),
         };
-        let cgroup_parent = format!("{}/kubepods{qos_dir}/pod{uid}", self.node_cgroup);
-        let pod_cgroup = self.memory_root.join(cgroup_parent.trim_start_matches('/'));
         // The kubelet creates the pod cgroup (with the pod's limit) before the sandbox.
-        std::fs::create_dir_all(&pod_cgroup).expect("pod cgroup");
-        if let Some(l) = spec.memory_limit {
-            std::fs::write(pod_cgroup.join(limit_file(self.memory_version)), l.to_string())
-                .expect("pod limit");
-        }
+        let (cgroup_parent, pod_cgroup) = match self.driver {
+            CgroupDriver::Cgroupfs => {
+                let parent = format!("{}/kubepods{qos_dir}/pod{uid}", self.node_cgroup);
+                let dir = self.memory_root.join(parent.trim_start_matches('/'));
+                std::fs::create_dir_all(&dir).expect("pod cgroup");
+                if let Some(l) = spec.memory_limit {
+                    std::fs::write(dir.join(limit_file(self.memory_version)), l.to_string())
+                        .expect("pod limit");
+                }
+                (parent, dir)
+            }
+            CgroupDriver::Systemd => self.make_pod_slice(spec.qos, &uid, spec.memory_limit),
+        };
         let labels: std::collections::HashMap<String, String> = [
             ("io.kubernetes.pod.name", spec.name.to_owned()),
             ("io.kubernetes.pod.namespace", "e2e".to_owned()),
@@ -529,6 +606,31 @@ state = "{r}/state"
         }
     }
 
+    /// The pod's slice as the kubelet names and starts it with the systemd driver: the
+    /// runtime is given the slice's name (`cgroup_parent`), systemd puts it at the path its
+    /// dashes spell. Returns that name and the directory, spelled out here.
+    fn make_pod_slice(&mut self, qos: &str, uid: &str, limit: Option<u64>) -> (String, PathBuf) {
+        // A dash in the uid would be one more slice level: the kubelet escapes them.
+        let uid = uid.replace('-', "_");
+        let (slice, rel) = match qos {
+            "guaranteed" => {
+                let s = format!("kubepods-pod{uid}.slice");
+                (s.clone(), format!("{KUBEPODS_SLICE}/{s}"))
+            }
+            q => {
+                let s = format!("kubepods-{q}-pod{uid}.slice");
+                (s.clone(), format!("{KUBEPODS_SLICE}/kubepods-{q}.slice/{s}"))
+            }
+        };
+        if let Some(l) = limit {
+            self.limit_slice(&slice, l);
+        }
+        systemctl(&["start", &slice]);
+        let dir = self.memory_root.join(rel);
+        assert!(dir.is_dir(), "systemd started {slice} but {} is not there", dir.display());
+        (slice, dir)
+    }
+
     async fn create_and_start(
         &self,
         sandbox_id: &str,
@@ -626,6 +728,12 @@ state = "{r}/state"
         }
         std::thread::sleep(Duration::from_millis(100));
         detach_mounts_under(&[&self.tmp, &self.run]);
+        if self.driver == CgroupDriver::Systemd {
+            // Stopping the top slice stops (and removes) every slice and scope under it.
+            let _ = Command::new("systemctl").args(["stop", KUBEPODS_SLICE]).status();
+            let slices = std::mem::take(&mut self.slices);
+            let _ = Command::new("systemctl").arg("revert").args(&slices).status();
+        }
         remove_cgroup_trees(&self.name);
         let _ = std::fs::remove_dir_all(&self.run);
         let _ = std::fs::remove_dir_all(&self.tmp);
@@ -636,6 +744,36 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         self.teardown();
     }
+}
+
+/// The systemd driver needs systemd as PID 1 (`sd_booted`: /run/systemd/system) managing a
+/// cgroup v2 hierarchy, and a node without pods of its own in `kubepods.slice`.
+fn check_systemd_driver_can_run(memory_root: &Path, version: CgroupVersion) {
+    assert!(
+        Path::new("/run/systemd/system").is_dir(),
+        "the systemd cgroup driver needs systemd as PID 1 (no /run/systemd/system here); \
+         cargo xtask vm runs these tests in its trixie-systemd VM"
+    );
+    assert_eq!(version, CgroupVersion::V2, "the systemd cgroup driver tests need cgroup v2");
+    let kubepods = memory_root.join(KUBEPODS_SLICE);
+    assert!(
+        !kubepods.exists(),
+        "{} exists: this machine runs pods of its own, which the test would take for its node's",
+        kubepods.display()
+    );
+}
+
+/// `systemctl ARGS`, which must succeed.
+fn systemctl(args: &[&str]) {
+    let out =
+        Command::new("systemctl").args(args).output().unwrap_or_else(|e| panic!("running systemctl: {e}"));
+    assert!(
+        out.status.success(),
+        "systemctl {}: {} {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
 }
 
 /// overlayfs where the kernel has it, as on a node; else containerd's `native` snapshotter

@@ -28,7 +28,25 @@ async fn evicts_exactly_the_top_ranked_pod_and_frees_its_memory() {
     if !containerd::available("evicts_exactly_the_top_ranked_pod_and_frees_its_memory") {
         return;
     }
-    let mut ctd = Containerd::start(1024 * MI);
+    the_top_ranked_pod_is_evicted_and_its_memory_freed(Containerd::start(1024 * MI)).await;
+}
+
+/// (a) with the kubelet's systemd cgroup driver, as most nodes run it: the pods' cgroups are
+/// slices systemd makes (`kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice`),
+/// their containers scopes runc asks systemd for, and the runtime names each pod's cgroup by
+/// its slice alone; evictd must find the directory that name spells, read it and stop the
+/// right pod. `kubepods.slice` plays the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs systemd as PID 1 on cgroup v2: cargo xtask vm runs it in its trixie-systemd VM"]
+async fn evicts_exactly_the_top_ranked_pod_of_the_systemd_slice_layout() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("evicts_exactly_the_top_ranked_pod_of_the_systemd_slice_layout") {
+        return;
+    }
+    the_top_ranked_pod_is_evicted_and_its_memory_freed(Containerd::start_systemd(1024 * MI)).await;
+}
+
+async fn the_top_ranked_pod_is_evicted_and_its_memory_freed(mut ctd: Containerd) {
     let (pods, file) = make_pods(
         &mut ctd,
         &[
@@ -361,7 +379,23 @@ async fn a_zero_hard_grace_period_kills_at_once_without_the_runtime() {
     if !containerd::available("a_zero_hard_grace_period_kills_at_once_without_the_runtime") {
         return;
     }
-    let mut ctd = Containerd::start(1024 * MI);
+    a_stubborn_pod_is_killed_at_once_by_its_cgroup(Containerd::start(1024 * MI)).await;
+}
+
+/// (i) with the systemd cgroup driver: `cgroup.kill` on the pod's slice ends the processes
+/// of the scopes systemd made for runc, and the runtime's stop that follows still succeeds
+/// (systemd may already have removed the emptied scope).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs systemd as PID 1 on cgroup v2: cargo xtask vm runs it in its trixie-systemd VM"]
+async fn a_zero_hard_grace_period_kills_a_pod_of_the_systemd_slice_layout() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_zero_hard_grace_period_kills_a_pod_of_the_systemd_slice_layout") {
+        return;
+    }
+    a_stubborn_pod_is_killed_at_once_by_its_cgroup(Containerd::start_systemd(1024 * MI)).await;
+}
+
+async fn a_stubborn_pod_is_killed_at_once_by_its_cgroup(mut ctd: Containerd) {
     let (pods, file) = make_pods(&mut ctd, &[PodDef::stubborn(30), PodDef::bystander()]).await;
     let (stubborn, bystander) = (&pods[0], &pods[1]);
     stubborn.set_mib(300);

@@ -8,7 +8,9 @@
 //! privileged test binaries, their shared libraries and `evictd-vm-init` as `/init`, and
 //! boots it under QEMU's TCG (`/dev/kvm` here cannot run a stock kernel). Inside, the init
 //! checks that `evictd probe` picks the wake tier the matrix expects and runs the tests;
-//! its `evictd-vm:` lines on the serial console are the results. TCG is 10–50× slower than
+//! its `evictd-vm:` lines on the serial console are the results. One VM boots systemd as
+//! PID 1 (this machine's own systemd, which starts the init as a service) for the systemd
+//! cgroup driver's end-to-end tests. TCG is 10–50× slower than
 //! the host: the VMs test behaviour, the benchmarks stay on the host.
 
 use std::{
@@ -27,9 +29,13 @@ use clap::Args;
 
 use crate::{BuildEnv, output, run_status, setup, step, workspace_root};
 
-/// One kernel of the matrix: a Debian suite's cloud kernel and what evictd must make of it.
+/// One kernel of the matrix: a Debian suite's cloud kernel, how it boots, and what evictd
+/// must make of it.
 struct Kernel {
+    /// The VM's name (`--suites`, its log): the suite, or the suite and its init.
+    name: &'static str,
     suite: &'static str,
+    init: Init,
     /// The charge wake tier `evictd probe` must choose there.
     tier: &'static str,
     /// Tests that need what this kernel does not offer, and why (`--skip`, printed).
@@ -38,6 +44,16 @@ struct Kernel {
 
 const NO_MEMCG_TRACEPOINTS: &str = "needs the memcg stat tracepoints, which this kernel lacks";
 const V1_ONLY: &str = "cgroup v1 only; these VMs run cgroup v2";
+
+/// PID 1 of a VM.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Init {
+    /// `evictd-vm-init` itself: quickest, and all the kernel-facing tests need.
+    TestInit,
+    /// systemd, which starts `evictd-vm-init` as a service: for the systemd cgroup driver,
+    /// whose cgroups runc makes by asking systemd (D-Bus, on systemd's private socket).
+    Systemd,
+}
 
 const E2E_ON_ONE_KERNEL: &str = "the containerd end-to-end tests run on one kernel of the matrix (trixie's 6.12): under TCG they take minutes";
 
@@ -71,20 +87,95 @@ const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
 /// Debian's kernels have BPF trampolines, so the batched hook on all three; the memcg stat
 /// tracepoints (7.x only) are then not used. This host's own kernel (no trampolines, the
 /// tracepoints, cgroup v1) is `cargo xtask test`'s.
+/// trixie-systemd boots the 6.12 kernel again with systemd as PID 1 for the systemd driver's
+/// end-to-end tests (`SYSTEMD_PLAN`) alone: the rest ran in trixie.
 const MATRIX: &[Kernel] = &[
-    Kernel { suite: "bookworm", tier: "batched-charge-hook", skip: BOOKWORM },
-    Kernel { suite: "trixie", tier: "batched-charge-hook", skip: TRIXIE },
-    Kernel { suite: "trixie-backports", tier: "batched-charge-hook", skip: TRIXIE_BACKPORTS },
+    Kernel {
+        name: "bookworm",
+        suite: "bookworm",
+        init: Init::TestInit,
+        tier: "batched-charge-hook",
+        skip: BOOKWORM,
+    },
+    Kernel {
+        name: "trixie",
+        suite: "trixie",
+        init: Init::TestInit,
+        tier: "batched-charge-hook",
+        skip: TRIXIE,
+    },
+    Kernel {
+        name: "trixie-systemd",
+        suite: "trixie",
+        init: Init::Systemd,
+        tier: "batched-charge-hook",
+        skip: &[],
+    },
+    Kernel {
+        name: "trixie-backports",
+        suite: "trixie-backports",
+        init: Init::TestInit,
+        tier: "batched-charge-hook",
+        skip: TRIXIE_BACKPORTS,
+    },
 ];
 
-/// The test binaries run inside (cargo's selections), and which of their tests (all when
-/// none is named): the kernel-facing library tests, the privileged integration tests that
-/// need no container runtime, and of the end-to-end tests on a real containerd those in
-/// `E2E_TESTS`.
-const TEST_SELECTIONS: [(&[&str], &[&str]); 3] = [
-    (&["-p", "evictd", "--lib"], &[]),
-    (&["-p", "evictd-tests", "--test", "kernel_wake", "--test", "trace_cli"], &[]),
-    (&["-p", "evictd-tests", "--test", "e2e_evict"], &E2E_TESTS),
+/// What one VM runs: a list of test binaries (cargo's selections), each with the flags it
+/// is given and which of its tests run (all when none is named).
+struct Plan {
+    /// Where the init finds it (`evictd_vm.plan=`).
+    file: &'static str,
+    lines: &'static [PlanLine],
+}
+
+struct PlanLine {
+    selection: &'static [&'static str],
+    flags: &'static [&'static str],
+    only: &'static [&'static str],
+}
+
+/// The kernel-facing library tests, the privileged integration tests that need no container
+/// runtime, and of the end-to-end tests on a real containerd those in `E2E_TESTS`.
+const MAIN_PLAN: Plan = Plan {
+    file: "/vm/plan",
+    lines: &[
+        PlanLine { selection: &["-p", "evictd", "--lib"], flags: &[], only: &[] },
+        PlanLine {
+            selection: &["-p", "evictd-tests", "--test", "kernel_wake", "--test", "trace_cli"],
+            flags: &[],
+            only: &[],
+        },
+        PlanLine { selection: &["-p", "evictd-tests", "--test", "e2e_evict"], flags: &[], only: &E2E_TESTS },
+    ],
+};
+
+/// Under systemd: the end-to-end tests of the systemd cgroup driver, `#[ignore]`d where
+/// systemd is not PID 1 (every host run), so run here with `--ignored`.
+const SYSTEMD_PLAN: Plan = Plan {
+    file: "/vm/plan-systemd",
+    lines: &[PlanLine {
+        selection: &["-p", "evictd-tests", "--test", "e2e_evict"],
+        flags: &["--ignored"],
+        only: &[
+            "evicts_exactly_the_top_ranked_pod_of_the_systemd_slice_layout",
+            "a_zero_hard_grace_period_kills_a_pod_of_the_systemd_slice_layout",
+        ],
+    }],
+};
+
+/// systemd starts the init as a service, its output on the serial console, once the
+/// manager is up; nothing else (no default target, no getty).
+const SYSTEMD_UNITS: [(&str, &str); 2] = [
+    (
+        "/etc/systemd/system/evictd-vm.target",
+        "[Unit]\nDescription=evictd VM tests\nDefaultDependencies=no\nRequires=evictd-vm.service\n\
+         After=evictd-vm.service\nAllowIsolate=yes\n",
+    ),
+    (
+        "/etc/systemd/system/evictd-vm.service",
+        "[Unit]\nDescription=evictd VM tests\nDefaultDependencies=no\n\n[Service]\nType=oneshot\n\
+         ExecStart=/init\nStandardOutput=tty\nStandardError=tty\nTTYPath=/dev/ttyS0\n",
+    ),
 ];
 
 /// The end-to-end tests run in the VM: an eviction through the CRI (decided on cgroup v2,
@@ -103,6 +194,8 @@ const HOST_TOOLS: &[&str] = &[
     "/usr/bin/containerd-shim-runc-v2",
     "/usr/bin/ctr",
     "/usr/sbin/runc",
+    "/usr/lib/systemd/systemd",
+    "/usr/bin/systemctl",
 ];
 
 /// Where the init tells the end-to-end harness the prebuilt image binaries are (no gcc in
@@ -116,8 +209,8 @@ const DEFAULT_TIMEOUT_MINUTES: u64 = 25;
 
 #[derive(Args)]
 pub(crate) struct VmArgs {
-    /// Debian suites whose kernels to boot (default: the whole matrix: bookworm, trixie,
-    /// trixie-backports).
+    /// The matrix's VMs to boot, by name (default: all of them: bookworm, trixie,
+    /// trixie-systemd, trixie-backports).
     #[arg(long, value_delimiter = ',')]
     suites: Vec<String>,
     /// VMs at a time (each takes one host CPU under TCG).
@@ -144,14 +237,14 @@ pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
         args.suites
             .iter()
             .map(|s| {
-                MATRIX.iter().find(|k| k.suite == s).ok_or_else(|| {
-                    let known: Vec<&str> = MATRIX.iter().map(|k| k.suite).collect();
+                MATRIX.iter().find(|k| k.name == s).ok_or_else(|| {
+                    let known: Vec<&str> = MATRIX.iter().map(|k| k.name).collect();
                     anyhow!("--suites: {s} is not in the matrix ({})", known.join(", "))
                 })
             })
             .collect::<Result<_>>()?
     };
-    setup::ensure_debian_packages(&["qemu-system-x86"])?;
+    setup::ensure_debian_packages(&["qemu-system-x86", "systemd"])?;
     let dir = workspace_root().join("target/vm");
     let initramfs = build_initramfs(env, &dir)?;
     let mut images = Vec::new();
@@ -165,10 +258,10 @@ pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
     let mut failed = Vec::new();
     for (k, r) in kernels.iter().zip(&outcomes) {
         match r {
-            Ok(o) => step(&format!("vm {}: {} ({:.0}s)", k.suite, o.summary, o.seconds)),
+            Ok(o) => step(&format!("vm {}: {} ({:.0}s)", k.name, o.summary, o.seconds)),
             Err(e) => {
-                step(&format!("vm {}: FAILED: {e:#}", k.suite));
-                failed.push(k.suite);
+                step(&format!("vm {}: FAILED: {e:#}", k.name));
+                failed.push(k.name);
             }
         }
     }
@@ -344,10 +437,6 @@ fn check_bzimage(path: &Path) -> Result<()> {
 fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     step("building evictd, the VM init and the test binaries (debug)");
     run_status(env.cargo().args(["build", "-p", "evictd", "-p", "evictd-tests", "--bins"]), "cargo build")?;
-    let mut tests = Vec::new();
-    for (selection, only) in TEST_SELECTIONS {
-        tests.extend(test_executables(env, selection)?.into_iter().map(|t| (t, only)));
-    }
     let bin_dir = workspace_root().join("target/debug");
     let stage = dir.join("stage");
     if stage.exists() {
@@ -368,21 +457,38 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     for bin in ["evictd", "evictd-memhog"] {
         add_stripped(format!("/vm/bin/{bin}"), &bin_dir.join(bin))?;
     }
-    // One line per test binary: its path, then the tests to run (`--exact` names), if not all.
-    let mut plan = String::new();
-    for (t, only) in &tests {
-        let name =
-            t.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("{}: no name", t.display()))?;
-        // Test binaries live in deps/ next to the binaries they start, as in target/.
-        let archive = format!("/vm/bin/deps/{name}");
-        plan.push_str(&archive);
-        if !only.is_empty() {
-            plan.push_str(" --exact ");
-            plan.push_str(&only.join(" "));
+    // One line per test binary: its path, its flags, then the tests to run (`--exact`
+    // names), if not all. Each binary goes in once, whichever plans name it.
+    let mut packed = BTreeSet::new();
+    let mut texts = Vec::new();
+    for plan in [&MAIN_PLAN, &SYSTEMD_PLAN] {
+        let mut text = String::new();
+        for line in plan.lines {
+            for t in test_executables(env, line.selection)? {
+                let name = t
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .ok_or_else(|| anyhow!("{}: no name", t.display()))?;
+                // Test binaries live in deps/ next to the binaries they start, as in target/.
+                let archive = format!("/vm/bin/deps/{name}");
+                text.push_str(&archive);
+                for f in line.flags {
+                    text.push(' ');
+                    text.push_str(f);
+                }
+                if !line.only.is_empty() {
+                    text.push_str(" --exact ");
+                    text.push_str(&line.only.join(" "));
+                }
+                text.push('\n');
+                if packed.insert(archive.clone()) {
+                    add_stripped(archive, &t)?;
+                }
+            }
         }
-        plan.push('\n');
-        add_stripped(archive, t)?;
+        texts.push((plan.file, text));
     }
+    texts.extend(SYSTEMD_UNITS.iter().map(|(path, text)| (*path, text.to_string())));
     // Programs the tests start by name.
     for tool in HOST_TOOLS {
         files.push((tool.to_string(), PathBuf::from(tool)));
@@ -396,9 +502,12 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     for (name, bin) in image_binaries(&stage)? {
         files.push((format!("{IMAGE_BIN}/{name}"), bin));
     }
-    let plan_file = stage.join("plan");
-    fs::write(&plan_file, plan)?;
-    files.push(("/vm/plan".into(), plan_file));
+    // Text, after `ldd` has looked at every program.
+    for (path, text) in texts {
+        let staged = stage.join(path.trim_start_matches('/').replace('/', "_"));
+        fs::write(&staged, text)?;
+        files.push((path.into(), staged));
+    }
     let out = dir.join("initramfs.cpio");
     write_cpio(&files, &out)?;
     let mib = fs::metadata(&out)?.len() >> 20;
@@ -511,7 +620,7 @@ fn run_all(
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some((k, image)) = images.get(i) else { return mine };
-                        let log = logs.join(format!("{}.log", k.suite));
+                        let log = logs.join(format!("{}.log", k.name));
                         mine.push((i, boot(k, image, initramfs, &log, timeout)));
                     }
                 })
@@ -537,11 +646,18 @@ fn boot(
     let started = Instant::now();
     let skip: Vec<&str> = k.skip.iter().map(|(t, _)| *t).collect();
     for (t, why) in k.skip {
-        step(&format!("vm {} ({}): not run: {t}: {why}", k.suite, image.release));
+        step(&format!("vm {} ({}): not run: {t}: {why}", k.name, image.release));
     }
-    let append =
+    let mut append =
         format!("console=ttyS0 panic=-1 evictd_vm.tier={} evictd_vm.skip={}", k.tier, skip.join(","));
-    step(&format!("vm {}: booting {} under QEMU TCG", k.suite, image.release));
+    if k.init == Init::Systemd {
+        append.push_str(&format!(
+            " rdinit=/usr/lib/systemd/systemd systemd.unit=evictd-vm.target systemd.show_status=false \
+             evictd_vm.plan={}",
+            SYSTEMD_PLAN.file
+        ));
+    }
+    step(&format!("vm {}: booting {} under QEMU TCG", k.name, image.release));
     // thread=single: with multi-threaded TCG the guest oopsed when BPF patched a memcg
     // tracepoint (toolchain notes). -cx16: Debian's 6.12 double-faulted in SLUB's
     // cmpxchg16b fast path during boot in 2 of 8 TCG boots with it, in none of 8 without
@@ -580,7 +696,7 @@ fn boot(
                 writeln!(log_file, "{line}")?;
                 let line = line.trim_end_matches('\r');
                 if let Some(r) = line.strip_prefix("evictd-vm: ") {
-                    step(&format!("vm {}: {r}", k.suite));
+                    step(&format!("vm {}: {r}", k.name));
                     if let Some(rest) = r.strip_prefix("done ") {
                         done = Some(rest.to_owned());
                     }
@@ -588,7 +704,7 @@ fn boot(
                 } else if line.contains("panicked at")
                     || (line.starts_with("test ") && line.ends_with("FAILED"))
                 {
-                    step(&format!("vm {}: {line}", k.suite));
+                    step(&format!("vm {}: {line}", k.name));
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,

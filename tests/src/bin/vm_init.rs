@@ -1,15 +1,18 @@
 //! `/init` of the VM test matrix (`cargo xtask vm`): PID 1 of a distribution kernel booted in
-//! QEMU from an initramfs that holds evictd, the test binaries and their libraries.
+//! QEMU from an initramfs that holds evictd, the test binaries and their libraries — or,
+//! where the matrix boots systemd as PID 1 (the systemd cgroup driver's tests), a service
+//! systemd starts once it is up.
 //!
-//! It mounts what a node has (proc, sysfs, devtmpfs, cgroup2 with the memory controller
-//! delegated to children), checks that `evictd probe` picks the wake tier the matrix expects
+//! As PID 1 it mounts what a node has (proc, sysfs, devtmpfs, cgroup2 with the memory
+//! controller delegated to children; under systemd, systemd did), checks that `evictd probe` picks the wake tier the matrix expects
 //! for this kernel, runs the privileged test binaries listed in `/vm/plan`, and powers the
 //! VM off. Every result is one `evictd-vm:` line on the console, which the host parses;
 //! everything else on the console is the tests' own output, kept in the host's log.
 //!
 //! The kernel command line carries this kernel's part of the matrix:
-//! `evictd_vm.tier=<memcg-tracepoints|adaptive-poll>` and `evictd_vm.skip=<test>,<test>`
-//! (tests that need a tier this kernel does not offer; the host says which and why).
+//! `evictd_vm.tier=<memcg-tracepoints|adaptive-poll>`, `evictd_vm.skip=<test>,<test>`
+//! (tests that need a tier this kernel does not offer; the host says which and why) and
+//! `evictd_vm.plan=<file>` (which plan, `/vm/plan` when not given).
 
 use std::{
     fs,
@@ -27,7 +30,7 @@ use nix::{
     unistd::Pid,
 };
 
-const PLAN: &str = "/vm/plan";
+const DEFAULT_PLAN: &str = "/vm/plan";
 
 fn main() {
     let started = Instant::now();
@@ -49,6 +52,34 @@ fn say(line: &str) {
 }
 
 fn prepare() -> Result<(), String> {
+    if std::process::id() == 1 {
+        mount_what_a_node_has()?;
+    }
+    fs::create_dir_all("/tmp").map_err(|e| format!("mkdir /tmp: {e}"))?;
+    // The tests make cgroups under the root and set memory.max: the root must hand the
+    // memory (and pids) controllers down, as systemd does on a node.
+    fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory +pids")
+        .map_err(|e| format!("enabling memory and pids in /sys/fs/cgroup/cgroup.subtree_control: {e}"))?;
+    // Tests start helpers by name (`sleep`, `containerd`), and the metrics tests listen on
+    // 127.0.0.1; the end-to-end tests take their image binaries prebuilt (no gcc here).
+    // SAFETY: set_var before any thread exists (single-threaded here).
+    unsafe {
+        std::env::set_var("PATH", "/vm/bin:/usr/bin:/usr/sbin:/bin");
+        std::env::set_var("EVICTD_TEST_IMAGE_BIN", "/vm/image-bin");
+    }
+    // containerd copies these into a host-network pod's sandbox.
+    fs::create_dir_all("/etc").map_err(|e| format!("mkdir /etc: {e}"))?;
+    for (file, text) in [("/etc/hosts", "127.0.0.1 localhost\n"), ("/etc/resolv.conf", "")] {
+        fs::write(file, text).map_err(|e| format!("writing {file}: {e}"))?;
+    }
+    loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
+    let uname = nix::sys::utsname::uname().map_err(|e| format!("uname: {e}"))?;
+    say(&format!("kernel {}", uname.release().to_string_lossy()));
+    Ok(())
+}
+
+/// What systemd would have mounted, for a PID 1 that is not systemd.
+fn mount_what_a_node_has() -> Result<(), String> {
     for dir in ["/proc", "/sys", "/dev", "/tmp", "/run"] {
         fs::create_dir_all(dir).map_err(|e| format!("mkdir {dir}: {e}"))?;
     }
@@ -65,25 +96,6 @@ fn prepare() -> Result<(), String> {
         mount(Some(source), target, Some(fstype), MsFlags::empty(), none)
             .map_err(|e| format!("mount {fstype} on {target}: {e}"))?;
     }
-    // The tests make cgroups under the root and set memory.max: the root must hand the
-    // memory (and pids) controllers down, as systemd does on a node.
-    fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory +pids")
-        .map_err(|e| format!("enabling memory and pids in /sys/fs/cgroup/cgroup.subtree_control: {e}"))?;
-    // Tests start helpers by name (`sleep`, `containerd`), and the metrics tests listen on
-    // 127.0.0.1; the end-to-end tests take their image binaries prebuilt (no gcc here).
-    // SAFETY: set_var before any thread exists (PID 1, single-threaded here).
-    unsafe {
-        std::env::set_var("PATH", "/vm/bin:/usr/bin:/usr/sbin:/bin");
-        std::env::set_var("EVICTD_TEST_IMAGE_BIN", "/vm/image-bin");
-    }
-    // containerd copies these into a host-network pod's sandbox.
-    fs::create_dir_all("/etc").map_err(|e| format!("mkdir /etc: {e}"))?;
-    for (file, text) in [("/etc/hosts", "127.0.0.1 localhost\n"), ("/etc/resolv.conf", "")] {
-        fs::write(file, text).map_err(|e| format!("writing {file}: {e}"))?;
-    }
-    loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
-    let uname = nix::sys::utsname::uname().map_err(|e| format!("uname: {e}"))?;
-    say(&format!("kernel {}", uname.release().to_string_lossy()));
     Ok(())
 }
 
@@ -119,6 +131,7 @@ fn loopback_up() -> std::io::Result<()> {
 struct Expect {
     tier: Option<String>,
     skip: Vec<String>,
+    plan: String,
 }
 
 fn expectations() -> Expect {
@@ -129,6 +142,7 @@ fn expectations() -> Expect {
         skip: param("evictd_vm.skip=")
             .map(|s| s.split(',').filter(|t| !t.is_empty()).map(str::to_owned).collect())
             .unwrap_or_default(),
+        plan: param("evictd_vm.plan=").unwrap_or_else(|| DEFAULT_PLAN.to_owned()),
     }
 }
 
@@ -136,10 +150,10 @@ fn expectations() -> Expect {
 fn run_plan() -> usize {
     let expect = expectations();
     let mut failures = usize::from(!check_tier(expect.tier.as_deref()));
-    let plan = match fs::read_to_string(PLAN) {
+    let plan = match fs::read_to_string(&expect.plan) {
         Ok(p) => p,
         Err(e) => {
-            say(&format!("FAIL reading {PLAN}: {e}"));
+            say(&format!("FAIL reading {}: {e}", expect.plan));
             return failures + 1;
         }
     };

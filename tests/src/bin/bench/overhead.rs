@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd_tests::{dies_with_harness, evictd_binary};
+use evictd_tests::{api_double::free_port, dies_with_harness, evictd_binary, try_http_get};
 
 #[derive(clap::Args, Debug)]
 pub struct Opts {
@@ -119,8 +119,9 @@ struct Daemon(Child);
 /// The charge programs attached, as within the band near a threshold.
 const NEAR: &[&str] = &["--charge-probes", "always"];
 
-/// Before every arm's fault loop, with or without a daemon: evictd loads and attaches in
-/// well under this, and the arm without one waits as long so that none starts fresher.
+/// Before every arm's fault loop, with or without a daemon (after it is ready): a detached
+/// program is freed after an RCU grace period, and the arm without one waits as long so
+/// that none starts fresher.
 const SETTLE: Duration = Duration::from_millis(500);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -145,15 +146,30 @@ const ORDERS: [[Arm; 3]; 6] = {
 
 impl Daemon {
     fn start(args: &[&str]) -> anyhow::Result<Self> {
+        let addr = format!("127.0.0.1:{}", free_port());
         let child = dies_with_harness(&mut Command::new(evictd_binary()))
-            .args(["--cri-endpoint", "none"])
+            .args(["--cri-endpoint", "none", "--metrics-addr", &addr])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        // Loading and attaching takes a moment; the probes are live once it is armed.
+        let d = Daemon(child);
+        d.wait_ready(&addr)?;
         std::thread::sleep(SETTLE);
-        Ok(Daemon(child))
+        Ok(d)
+    }
+
+    /// Until /readyz answers 200: the first pass is done, and with it the charge programs
+    /// detached when every threshold is far (a debug build takes a second or more).
+    fn wait_ready(&self, addr: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if try_http_get(addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+                return Ok(());
+            }
+            anyhow::ensure!(Instant::now() < deadline, "evictd not ready on {addr}/readyz within 60 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -377,7 +393,7 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
          far from every threshold / without, median of per-round ratios: {far_ratios}\n\
          near one (charge programs attached) / without, median of per-round ratios: {near_ratios}\n\
          far from every threshold, what evictd ran: {far_bpf_runs} runs of its BPF programs while {far_pages} pages were faulted; \
-         its own CPU {:.2}% of the fault loop's time ({:.0} ms in {:.0} s)\n\
+         its own CPU {:.2}% of the fault loop's time ({:.0} ms in {:.1} s)\n\
          BPF programs: {bpf_runs} runs, {per_event:.0} ns per run on average\n\
          process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with the charge programs attached (median of 3)\n\
          evictd ({far_label}, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
