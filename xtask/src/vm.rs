@@ -10,8 +10,8 @@
 //! checks that `evictd probe` picks the wake tier the matrix expects and runs the tests;
 //! its `evictd-vm:` lines on the serial console are the results. One VM boots systemd as
 //! PID 1 (this machine's own systemd, which starts the init as a service) for the systemd
-//! cgroup driver's end-to-end tests. TCG is 10–50× slower than
-//! the host: the VMs test behaviour, the benchmarks stay on the host.
+//! cgroup driver's end-to-end tests. TCG is 10–50× slower than the host: the VMs test
+//! behaviour, the benchmarks stay on the host.
 
 use std::{
     collections::BTreeSet,
@@ -35,6 +35,7 @@ struct Kernel {
     /// The VM's name (`--suites`, its log): the suite, or the suite and its init.
     name: &'static str,
     suite: &'static str,
+    /// What runs as PID 1, and so which plan.
     init: Init,
     /// The charge wake tier `evictd probe` must choose there.
     tier: &'static str,
@@ -87,6 +88,7 @@ const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
 /// Debian's kernels have BPF trampolines, so the batched hook on all three; the memcg stat
 /// tracepoints (7.x only) are then not used. This host's own kernel (no trampolines, the
 /// tracepoints, cgroup v1) is `cargo xtask test`'s.
+///
 /// trixie-systemd boots the 6.12 kernel again with systemd as PID 1 for the systemd driver's
 /// end-to-end tests (`SYSTEMD_PLAN`) alone: the rest ran in trixie.
 const MATRIX: &[Kernel] = &[
