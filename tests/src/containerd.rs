@@ -742,7 +742,27 @@ state = "{r}/state"
 
 impl Drop for Containerd {
     fn drop(&mut self) {
+        // A failing test's runtime side is in containerd's log, which the teardown deletes
+        // (and which is lost with a VM): show its end first.
+        if std::thread::panicking() {
+            self.print_log_tail(60);
+        }
         self.teardown();
+    }
+}
+
+impl Containerd {
+    fn print_log_tail(&self, lines: usize) {
+        let log = std::fs::read_to_string(self.tmp.join("containerd.log")).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        let tail = &all[all.len().saturating_sub(lines)..];
+        let _ = writeln!(
+            std::io::stderr(),
+            "--- the last {} lines of containerd's log ({}) ---\n{}\n---",
+            tail.len(),
+            self.tmp.join("containerd.log").display(),
+            tail.join("\n")
+        );
     }
 }
 
