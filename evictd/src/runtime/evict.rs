@@ -228,7 +228,7 @@ impl Stop<'_> {
         for c in self.pod.containers.iter().filter(|c| c.running) {
             let client = self.client.clone();
             let id = c.id.clone();
-            stops.spawn(async move { client.stop_container(&id, grace).await });
+            stops.spawn(async move { client.stop_container_confirmed(&id, grace).await });
         }
     }
 
