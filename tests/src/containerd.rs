@@ -168,7 +168,7 @@ impl TestPod {
 
     /// The pod's memory usage, from its cgroup (0 once gone).
     pub fn usage(&self) -> u64 {
-        read_u64(&self.cgroup.join(usage_file(self.memory_version)))
+        usage_of(&self.cgroup, self.memory_version)
     }
 
     /// Waits until the pod's cgroup charges at least `bytes`.
@@ -218,9 +218,9 @@ impl Containerd {
         nodefs_bytes: Option<u64>,
         imagefs_bytes: Option<u64>,
     ) -> Self {
+        let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
         if driver == CgroupDriver::Systemd {
             // Before anything is made: nothing to clean up when it cannot run.
-            let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
             check_systemd_driver_can_run(&layout.memory_root, layout.memory_version);
         }
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
@@ -230,7 +230,6 @@ impl Containerd {
         for d in [tmp.join("net.d"), tmp.join("logs"), tmp.join("ctl"), run.clone()] {
             std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
         }
-        let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
         let nodefs = nodefs_bytes.map(|_| tmp.join("nodefs"));
         let imagefs = imagefs_bytes.map(|_| tmp.join("imagefs"));
         let root = match (&imagefs, &nodefs) {
@@ -327,7 +326,7 @@ impl Containerd {
 
     /// The node cgroup's memory usage.
     pub fn node_usage(&self) -> u64 {
-        read_u64(&self.node_dir().join(usage_file(self.memory_version)))
+        usage_of(&self.node_dir(), self.memory_version)
     }
 
     /// The node cgroup's directory in the memory hierarchy.
@@ -823,12 +822,9 @@ fn limit_file(version: CgroupVersion) -> &'static str {
     }
 }
 
-/// A memory cgroup's usage file: v1's, or v2's.
-fn usage_file(version: CgroupVersion) -> &'static str {
-    match version {
-        CgroupVersion::V1 => "memory.usage_in_bytes",
-        CgroupVersion::V2 => "memory.current",
-    }
+/// A (non-root) memory cgroup's usage, read as evictd reads it; 0 once the cgroup is gone.
+fn usage_of(dir: &Path, version: CgroupVersion) -> u64 {
+    evictd::node::memory::MemoryCgroup::new(dir, version, false).usage().unwrap_or(0)
 }
 
 /// A number file's value; 0 when it cannot be read (a cgroup gone).

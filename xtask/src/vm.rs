@@ -14,7 +14,7 @@
 //! behaviour, the benchmarks stay on the host.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs,
     io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
@@ -35,8 +35,10 @@ struct Kernel {
     /// The VM's name (`--suites`, its log): the suite, or the suite and its init.
     name: &'static str,
     suite: &'static str,
-    /// What runs as PID 1, and so which plan.
+    /// What runs as PID 1.
     init: Init,
+    /// The tests it runs.
+    plan: &'static Plan,
     /// The charge wake tier `evictd probe` must choose there.
     tier: &'static str,
     /// Tests that need what this kernel does not offer, and why (`--skip`, printed).
@@ -90,12 +92,13 @@ const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
 /// tracepoints, cgroup v1) is `cargo xtask test`'s.
 ///
 /// trixie-systemd boots the 6.12 kernel again with systemd as PID 1 for the systemd driver's
-/// end-to-end tests (`SYSTEMD_PLAN`) alone: the rest ran in trixie.
+/// end-to-end tests alone (`SYSTEMD_PLAN`): the rest ran in trixie.
 const MATRIX: &[Kernel] = &[
     Kernel {
         name: "bookworm",
         suite: "bookworm",
         init: Init::TestInit,
+        plan: &MAIN_PLAN,
         tier: "batched-charge-hook",
         skip: BOOKWORM,
     },
@@ -103,6 +106,7 @@ const MATRIX: &[Kernel] = &[
         name: "trixie",
         suite: "trixie",
         init: Init::TestInit,
+        plan: &MAIN_PLAN,
         tier: "batched-charge-hook",
         skip: TRIXIE,
     },
@@ -110,6 +114,7 @@ const MATRIX: &[Kernel] = &[
         name: "trixie-systemd",
         suite: "trixie",
         init: Init::Systemd,
+        plan: &SYSTEMD_PLAN,
         tier: "batched-charge-hook",
         skip: &[],
     },
@@ -117,6 +122,7 @@ const MATRIX: &[Kernel] = &[
         name: "trixie-backports",
         suite: "trixie-backports",
         init: Init::TestInit,
+        plan: &MAIN_PLAN,
         tier: "batched-charge-hook",
         skip: TRIXIE_BACKPORTS,
     },
@@ -462,11 +468,15 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     // One line per test binary: its path, its flags, then the tests to run (`--exact`
     // names), if not all. Each binary goes in once, whichever plans name it.
     let mut packed = BTreeSet::new();
+    let mut built: BTreeMap<&[&str], Vec<PathBuf>> = BTreeMap::new();
     let mut texts = Vec::new();
     for plan in [&MAIN_PLAN, &SYSTEMD_PLAN] {
         let mut text = String::new();
         for line in plan.lines {
-            for t in test_executables(env, line.selection)? {
+            if !built.contains_key(line.selection) {
+                built.insert(line.selection, test_executables(env, line.selection)?);
+            }
+            for t in &built[line.selection] {
                 let name = t
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -484,7 +494,7 @@ fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
                 }
                 text.push('\n');
                 if packed.insert(archive.clone()) {
-                    add_stripped(archive, &t)?;
+                    add_stripped(archive, t)?;
                 }
             }
         }
@@ -650,14 +660,16 @@ fn boot(
     for (t, why) in k.skip {
         step(&format!("vm {} ({}): not run: {t}: {why}", k.name, image.release));
     }
-    let mut append =
-        format!("console=ttyS0 panic=-1 evictd_vm.tier={} evictd_vm.skip={}", k.tier, skip.join(","));
+    let mut append = format!(
+        "console=ttyS0 panic=-1 evictd_vm.tier={} evictd_vm.skip={} evictd_vm.plan={}",
+        k.tier,
+        skip.join(","),
+        k.plan.file
+    );
     if k.init == Init::Systemd {
-        append.push_str(&format!(
-            " rdinit=/usr/lib/systemd/systemd systemd.unit=evictd-vm.target systemd.show_status=false \
-             evictd_vm.plan={}",
-            SYSTEMD_PLAN.file
-        ));
+        append.push_str(
+            " rdinit=/usr/lib/systemd/systemd systemd.unit=evictd-vm.target systemd.show_status=false",
+        );
     }
     step(&format!("vm {}: booting {} under QEMU TCG", k.name, image.release));
     // thread=single: with multi-threaded TCG the guest oopsed when BPF patched a memcg

@@ -377,7 +377,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_source_whose_task_ended_says_so_and_dropping_one_ends_its_task() {
-        let ended = TaskSource {
+        let mut ended = TaskSource {
             kind: SourceKind::Timer,
             task: SourceTask::new("the test's task", tokio::spawn(async {})),
         };
@@ -388,7 +388,6 @@ mod tests {
         })
         .await
         .expect("a task that returns at once ends");
-        let mut ended = ended;
         assert!(matches!(ended.supervise(), Err(WakeError::Stopped("the test's task"))));
 
         let (tx, mut rx) = mpsc::channel::<()>(1);

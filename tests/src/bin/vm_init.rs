@@ -6,8 +6,9 @@
 //! As PID 1 it mounts what a node has (proc, sysfs, devtmpfs, cgroup2 with the memory
 //! controller delegated to children; under systemd, systemd did), checks that `evictd
 //! probe` picks the wake tier the matrix expects for this kernel, runs the privileged test
-//! binaries listed in its plan, and powers the VM off. Every result is one `evictd-vm:` line on the console, which the host parses;
-//! everything else on the console is the tests' own output, kept in the host's log.
+//! binaries listed in its plan, and powers the VM off. Every result is one `evictd-vm:`
+//! line on the console, which the host parses; everything else on the console is the
+//! tests' own output, kept in the host's log.
 //!
 //! The kernel command line carries this kernel's part of the matrix:
 //! `evictd_vm.tier=<memcg-tracepoints|adaptive-poll>`, `evictd_vm.skip=<test>,<test>`

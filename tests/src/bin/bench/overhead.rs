@@ -317,28 +317,24 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     let mut far_daemon_cpu = 0.0;
     for round in 0..o.rounds {
         for arm in ORDERS[round % ORDERS.len()] {
-            let rate = match arm {
+            let (rates, rate) = match arm {
                 Arm::Without => {
                     std::thread::sleep(SETTLE);
-                    fault_rate(o.seconds)
+                    (&mut without, fault_rate(o.seconds))
                 }
                 Arm::Far => {
                     let d = Daemon::start(far_args)?;
                     let c0 = cpu_seconds(d.pid()).unwrap_or(0.0);
                     let rate = fault_rate(o.seconds);
                     far_daemon_cpu += cpu_seconds(d.pid()).unwrap_or(0.0) - c0;
-                    rate
+                    (&mut far, rate)
                 }
                 Arm::Near => {
                     let _d = Daemon::start(NEAR)?;
-                    fault_rate(o.seconds)
+                    (&mut with, fault_rate(o.seconds))
                 }
             };
-            match arm {
-                Arm::Without => without.push(rate),
-                Arm::Far => far.push(rate),
-                Arm::Near => with.push(rate),
-            }
+            rates.push(rate);
         }
         eprintln!(
             "[bench] round {}: {:.0} pages/s without, {:.0} far from a threshold ({:.3}), {:.0} near one ({:.3})",
