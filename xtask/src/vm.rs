@@ -273,11 +273,76 @@ pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
             }
         }
     }
+    // CI keeps only the end of what it printed, and a clean clone's logs are gone with it:
+    // what failed, in the failing tests' own words, goes last.
+    for name in &failed {
+        for line in failure_excerpt(&logs.join(format!("{name}.log"))) {
+            step(&format!("vm {name}: | {line}"));
+        }
+    }
     step(&format!("VM matrix: {} kernels in {:.0}s", kernels.len(), started.elapsed().as_secs_f64()));
     if !failed.is_empty() {
         bail!("the VM tests failed on {} (logs in {})", failed.join(", "), logs.display());
     }
     Ok(())
+}
+
+/// A failing VM's log, cut to what says why: each panic's message, and the warnings and
+/// errors in the ends of evictd's and containerd's logs that the test harness prints when a
+/// test fails.
+fn failure_excerpt(log: &Path) -> Vec<String> {
+    let Ok(text) = fs::read_to_string(log) else { return vec![format!("no log at {}", log.display())] };
+    excerpt_of(&text)
+}
+
+fn excerpt_of(text: &str) -> Vec<String> {
+    const PANIC_LINES: usize = 12;
+    const LOG_LINES: usize = 6;
+    let mut out = Vec::new();
+    let mut lines = text.lines().map(|l| l.trim_end_matches('\r'));
+    while let Some(line) = lines.next() {
+        if line.contains("panicked at") {
+            out.push(line.to_owned());
+            let message = lines.by_ref().take_while(|l| !l.is_empty() && !l.starts_with("note: "));
+            out.extend(message.take(PANIC_LINES).map(str::to_owned));
+        } else if let Some(whose) = line.strip_prefix("--- the last ").and_then(log_block_owner) {
+            let block: Vec<String> = lines.by_ref().take_while(|l| *l != "---").map(without_ansi).collect();
+            let notable: Vec<&String> = block.iter().filter(|l| is_warning_or_error(l)).collect();
+            let last = &notable[notable.len().saturating_sub(LOG_LINES)..];
+            out.extend(last.iter().map(|l| format!("{whose}: {l}")));
+        }
+    }
+    out
+}
+
+/// "12 lines of containerd's log (/tmp/…) ---" → "containerd".
+fn log_block_owner(header: &str) -> Option<&str> {
+    let (_, rest) = header.split_once(" lines of ")?;
+    rest.split_once("'s log").map(|(whose, _)| whose)
+}
+
+/// containerd's logrus levels, evictd's tracing levels.
+fn is_warning_or_error(line: &str) -> bool {
+    ["level=error", "level=warning", " WARN ", " ERROR "].iter().any(|m| line.contains(m))
+}
+
+/// tracing colours its levels even into a pipe.
+fn without_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC '[' parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------
@@ -755,4 +820,35 @@ fn boot(
     }
     let passed = results.iter().filter(|r| r.starts_with("ok")).count();
     Ok(VmOutcome { summary: format!("kernel {}: {passed} checks passed", image.release), seconds })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::excerpt_of;
+
+    #[test]
+    fn a_failure_excerpt_keeps_the_panic_message_and_the_runtime_errors() {
+        let log = "running 1 test\n\
+            thread 'evicts' (630) panicked at tests/tests/e2e_evict.rs:85:5:\n\
+            {\"error\":\"StopContainer failed\"}\n\
+            note: run with `RUST_BACKTRACE=1`\n\
+            --- the last 3 lines of containerd's log (/tmp/x/containerd.log) ---\n\
+            time=1 level=info msg=\"StopContainer\"\n\
+            time=2 level=error msg=\"ttrpc: closed\"\r\n\
+            ---\n\
+            --- the last 2 lines of evictd's log ---\n\
+            \x1b[2m2026-11-23T04:43:12Z\x1b[0m \x1b[33m WARN\x1b[0m evictd::daemon: stopping default/worker failed\n\
+            \x1b[32m INFO\x1b[0m evictd: observing\n\
+            ---\n\
+            test evicts ... FAILED\n";
+        assert_eq!(
+            excerpt_of(log),
+            [
+                "thread 'evicts' (630) panicked at tests/tests/e2e_evict.rs:85:5:",
+                "{\"error\":\"StopContainer failed\"}",
+                "containerd: time=2 level=error msg=\"ttrpc: closed\"",
+                "evictd: 2026-11-23T04:43:12Z  WARN evictd::daemon: stopping default/worker failed",
+            ]
+        );
+    }
 }

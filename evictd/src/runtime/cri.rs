@@ -2,7 +2,11 @@
 //! way the kubelet does. Every call has a deadline; the channel reconnects by itself when the
 //! runtime restarts; every error names the endpoint and the call.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use hyper_util::rt::TokioIo;
 pub use k8s_cri::v1 as api;
@@ -62,6 +66,21 @@ fn gone_is_done<T>(r: Result<T, CriError>) -> Result<(), CriError> {
     }
 }
 
+/// What a confirmed stop stops.
+enum Stoppable<'a> {
+    Container { id: &'a str, grace_seconds: i64 },
+    Sandbox { id: &'a str },
+}
+
+impl std::fmt::Display for Stoppable<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stoppable::Container { id, .. } => write!(f, "container {id}"),
+            Stoppable::Sandbox { id } => write!(f, "sandbox {id}"),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct CriClient {
     endpoint: String,
@@ -103,6 +122,11 @@ pub const CALLS: [&str; 14] = [
     "ListImages",
     "RemoveImage",
 ];
+
+/// How long a stop the runtime failed is watched for the exit it may still have caused
+/// (bounded by the CRI timeout too). containerd records an exit when its shim's event
+/// arrives: up to 3 s after the SIGKILL under the VM matrix's TCG.
+const EXIT_WATCH: Duration = Duration::from_secs(5);
 
 /// `msg` as a request whose deadline the runtime sees.
 fn deadline<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
@@ -233,27 +257,9 @@ impl CriClient {
         gone_is_done(self.call("StopContainer", limit, c.stop_container(deadline(req, limit))).await)
     }
 
-    /// `stop_container`, and when the runtime answers with an error, the container's own
-    /// state decides: one that has exited is stopped, whatever the answer said (the kubelet
-    /// finds it stopped at its next sync and moves on). containerd 1.6 answered "ttrpc:
-    /// closed" to the SIGKILL at the end of a grace period once in the VM matrix, when the
-    /// container's exit and that SIGKILL met. A container still running, or whose state
-    /// cannot be read, keeps the error.
+    /// `stop_container`, made to stick: see `stop_confirmed`.
     pub async fn stop_container_confirmed(&self, id: &str, grace_seconds: i64) -> Result<(), CriError> {
-        let Err(stop_error) = self.stop_container(id, grace_seconds).await else { return Ok(()) };
-        let exited = |r: &cri::ContainerStatusResponse| {
-            r.status.as_ref().is_some_and(|s| s.state == cri::ContainerState::ContainerExited as i32)
-        };
-        match self.container_status(id).await {
-            Ok(r) if exited(&r) => {
-                tracing::warn!(
-                    container = id,
-                    "the runtime failed the stop ({stop_error}), but the container has exited"
-                );
-                Ok(())
-            }
-            _ => Err(stop_error),
-        }
+        self.stop_confirmed(Stoppable::Container { id, grace_seconds }).await
     }
 
     pub async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
@@ -262,6 +268,75 @@ impl CriClient {
         gone_is_done(
             self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(deadline(req, self.timeout))).await,
         )
+    }
+
+    /// `stop_pod_sandbox`, made to stick: see `stop_confirmed`.
+    pub async fn stop_pod_sandbox_confirmed(&self, id: &str) -> Result<(), CriError> {
+        self.stop_confirmed(Stoppable::Sandbox { id }).await
+    }
+
+    /// A stop the runtime answered with an error is judged by the object's own state, as
+    /// the kubelet's next sync would: one that has stopped is stopped, whatever the answer
+    /// said. containerd 1.6 learns of an exit from its shim's event, after the stop may have
+    /// failed: in the VM matrix it answered "ttrpc: closed" to the SIGKILL at the end of a
+    /// grace period, when the container's exit and that SIGKILL met. So the state is watched
+    /// for a while (`EXIT_WATCH`), and an object still running then is stopped once more.
+    /// The runtime's error stands when that fails too and the object still runs, or when its
+    /// state cannot be read: a stop is never assumed.
+    async fn stop_confirmed(&self, target: Stoppable<'_>) -> Result<(), CriError> {
+        let started = Instant::now();
+        let Err(failed) = self.stop_once(&target, Duration::ZERO).await else { return Ok(()) };
+        let watch_until = Instant::now() + EXIT_WATCH.min(self.timeout);
+        loop {
+            match self.has_stopped(&target).await {
+                Ok(true) => {
+                    tracing::warn!("the runtime failed to stop {target} ({failed}), but it has stopped");
+                    return Ok(());
+                }
+                Ok(false) if Instant::now() < watch_until => {}
+                Ok(false) => break,
+                Err(_) => return Err(failed),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::warn!("the runtime failed to stop {target} ({failed}) and it still runs: stopping it again");
+        match self.stop_once(&target, started.elapsed()).await {
+            Ok(()) => Ok(()),
+            Err(again) if matches!(self.has_stopped(&target).await, Ok(true)) => {
+                tracing::warn!("the second stop of {target} failed too ({again}), but it has stopped");
+                Ok(())
+            }
+            Err(again) => Err(again),
+        }
+    }
+
+    /// One stop call; a container's second one gets what is left of its grace period after
+    /// `spent`.
+    async fn stop_once(&self, target: &Stoppable<'_>, spent: Duration) -> Result<(), CriError> {
+        match *target {
+            Stoppable::Container { id, grace_seconds } => {
+                let spent = i64::try_from(spent.as_secs()).unwrap_or(i64::MAX);
+                self.stop_container(id, grace_seconds.saturating_sub(spent).max(0)).await
+            }
+            Stoppable::Sandbox { id } => self.stop_pod_sandbox(id).await,
+        }
+    }
+
+    /// An exited container, a sandbox no longer ready, or one the runtime no longer knows.
+    async fn has_stopped(&self, target: &Stoppable<'_>) -> Result<bool, CriError> {
+        let state =
+            match *target {
+                Stoppable::Container { id, .. } => self.container_status(id).await.map(|r| {
+                    r.status.is_some_and(|s| s.state == cri::ContainerState::ContainerExited as i32)
+                }),
+                Stoppable::Sandbox { id } => self.pod_sandbox_status(id).await.map(|r| {
+                    r.status.is_some_and(|s| s.state == cri::PodSandboxState::SandboxNotready as i32)
+                }),
+            };
+        match state {
+            Err(e) if e.is_not_found() => Ok(true),
+            state => state,
+        }
     }
 
     pub async fn remove_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
@@ -474,10 +549,28 @@ mod tests {
         }
     }
 
-    /// A listener that fails every StopContainer as containerd 1.6 once did in the VM matrix
-    /// ("ttrpc: closed") and reports the container in `state`. Not a runtime: containerd
-    /// cannot be made to fail this way on purpose, so two calls are answered by hand.
-    fn runtime_failing_stops(sock: &std::path::Path, state: cri::ContainerState) {
+    /// How the hand-made runtime below answers: the first `failing_stops` stops fail as
+    /// containerd 1.6's once did in the VM matrix ("ttrpc: closed"), and the object's status
+    /// shows it running for the first `running_polls` reads (`None`: always), stopped after.
+    #[derive(Clone, Copy)]
+    struct Script {
+        failing_stops: usize,
+        running_polls: Option<usize>,
+    }
+
+    /// How often the hand-made runtime was asked to stop, and for a status.
+    #[derive(Default)]
+    struct Asked {
+        stops: std::sync::atomic::AtomicUsize,
+        polls: std::sync::atomic::AtomicUsize,
+    }
+
+    /// Not a runtime: containerd cannot be made to fail a stop on purpose, so the four calls
+    /// a confirmed stop makes (StopContainer, ContainerStatus, StopPodSandbox,
+    /// PodSandboxStatus) are answered by hand, as `script` says.
+    fn scripted_runtime(sock: &std::path::Path, script: Script) -> Arc<Asked> {
+        use std::sync::atomic::Ordering::SeqCst;
+
         use futures::stream;
         use http_body_util::StreamBody;
         use hyper::{
@@ -485,62 +578,123 @@ mod tests {
             body::{Bytes, Frame},
             service::service_fn,
         };
+        let asked = Arc::new(Asked::default());
         let listener = tokio::net::UnixListener::bind(sock).unwrap();
+        let a = asked.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let answer = service_fn(move |req: hyper::Request<hyper::body::Incoming>| async move {
+                let a = a.clone();
+                let answer = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let path = req.uri().path().to_owned();
                     let reply = Response::builder().header("content-type", "application/grpc");
-                    let mut frames = Vec::new();
-                    let reply = if req.uri().path().ends_with("/ContainerStatus") {
-                        let status = cri::ContainerStatus {
-                            id: "c1".into(),
-                            state: state as i32,
-                            ..Default::default()
-                        };
-                        let msg = prost::Message::encode_to_vec(&cri::ContainerStatusResponse {
-                            status: Some(status),
-                            ..Default::default()
-                        });
-                        // gRPC's length-prefixed message: no compression, u32 length.
-                        let mut framed = vec![0u8];
-                        framed.extend(u32::try_from(msg.len()).unwrap().to_be_bytes());
-                        framed.extend(msg);
-                        let mut trailers = hyper::HeaderMap::new();
-                        trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
-                        frames.push(Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(framed))));
-                        frames.push(Ok(Frame::trailers(trailers)));
-                        reply
+                    let message = if path.ends_with("Status") {
+                        let poll = a.polls.fetch_add(1, SeqCst);
+                        let running = script.running_polls.is_none_or(|n| poll < n);
+                        Some(if path.ends_with("/ContainerStatus") {
+                            let state = if running {
+                                cri::ContainerState::ContainerRunning
+                            } else {
+                                cri::ContainerState::ContainerExited
+                            };
+                            let status = cri::ContainerStatus { state: state as i32, ..Default::default() };
+                            prost::Message::encode_to_vec(&cri::ContainerStatusResponse {
+                                status: Some(status),
+                                ..Default::default()
+                            })
+                        } else {
+                            let state = if running {
+                                cri::PodSandboxState::SandboxReady
+                            } else {
+                                cri::PodSandboxState::SandboxNotready
+                            };
+                            let status = cri::PodSandboxStatus { state: state as i32, ..Default::default() };
+                            prost::Message::encode_to_vec(&cri::PodSandboxStatusResponse {
+                                status: Some(status),
+                                ..Default::default()
+                            })
+                        })
+                    } else if a.stops.fetch_add(1, SeqCst) >= script.failing_stops {
+                        // Stop responses are empty messages.
+                        Some(Vec::new())
                     } else {
-                        reply
-                            .header("grpc-status", "2")
-                            .header("grpc-message", "failed to kill container: ttrpc: closed")
+                        None
                     };
-                    reply.body(StreamBody::new(stream::iter(frames)))
+                    let mut frames = Vec::new();
+                    let reply = match message {
+                        Some(msg) => {
+                            // gRPC's length-prefixed message: no compression, u32 length.
+                            let mut framed = vec![0u8];
+                            framed.extend(u32::try_from(msg.len()).unwrap().to_be_bytes());
+                            framed.extend(msg);
+                            let mut trailers = hyper::HeaderMap::new();
+                            trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
+                            frames.push(Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(framed))));
+                            frames.push(Ok(Frame::trailers(trailers)));
+                            reply
+                        }
+                        None => reply
+                            .header("grpc-status", "2")
+                            .header("grpc-message", "failed to kill container: ttrpc: closed"),
+                    };
+                    async move { reply.body(StreamBody::new(stream::iter(frames))) }
                 });
                 let http2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
                 tokio::spawn(http2.serve_connection(TokioIo::new(stream), answer));
             }
         });
+        asked
     }
 
-    /// A stop the runtime failed counts as done when the container has exited, and as
-    /// failed, with the runtime's own error, when it still runs.
+    /// A stop the runtime failed is judged by the object's state: one that has stopped
+    /// (at once, or once the runtime learns of the exit) is stopped; one still running is
+    /// stopped once more; the runtime's own error stands when that fails too.
     #[tokio::test(flavor = "current_thread")]
-    async fn a_failed_stop_of_a_container_that_exited_is_a_stop() {
-        for (state, stopped) in
-            [(cri::ContainerState::ContainerExited, true), (cri::ContainerState::ContainerRunning, false)]
-        {
-            let dir = tempfile::tempdir().unwrap();
-            let sock = dir.path().join("cri.sock");
-            runtime_failing_stops(&sock, state);
-            let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(3)).unwrap();
-            let plain = client.stop_container("c1", 0).await;
-            assert!(plain.is_err_and(|e| e.to_string().contains("ttrpc: closed")), "{state:?}");
-            match client.stop_container_confirmed("c1", 0).await {
-                Ok(()) => assert!(stopped, "{state:?}: a running container was taken for stopped"),
-                Err(e) => {
-                    assert!(!stopped, "{state:?}: {e}");
-                    assert!(e.to_string().contains("ttrpc: closed"), "the runtime's error stands: {e}");
+    async fn a_failed_stop_is_judged_by_the_state_and_tried_once_more() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let never = usize::MAX;
+        // (script, stopped, stop calls, status reads)
+        let cases = [
+            (Script { failing_stops: never, running_polls: Some(0) }, true, 1, Some(1)),
+            (Script { failing_stops: never, running_polls: Some(3) }, true, 1, Some(4)),
+            (Script { failing_stops: 1, running_polls: None }, true, 2, None),
+            (Script { failing_stops: never, running_polls: None }, false, 2, None),
+        ];
+        for sandbox in [false, true] {
+            for (script, stopped, stops, polls) in cases {
+                let dir = tempfile::tempdir().unwrap();
+                let sock = dir.path().join("cri.sock");
+                let asked = scripted_runtime(&sock, script);
+                // The state is watched for the CRI timeout at most: a second here.
+                let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(1)).unwrap();
+                let r = if sandbox {
+                    client.stop_pod_sandbox_confirmed("s1").await
+                } else {
+                    client.stop_container_confirmed("c1", 0).await
+                };
+                let case = format!(
+                    "sandbox {sandbox}, {} failing stops, {:?} running polls",
+                    script.failing_stops, script.running_polls
+                );
+                match r {
+                    Ok(()) => assert!(stopped, "{case}: a running object was taken for stopped"),
+                    Err(e) => {
+                        assert!(!stopped, "{case}: {e}");
+                        assert!(
+                            e.to_string().contains("ttrpc: closed"),
+                            "{case}: the runtime's error stands: {e}"
+                        );
+                    }
+                }
+                assert_eq!(asked.stops.load(SeqCst), stops, "{case}: stop calls");
+                if let Some(polls) = polls {
+                    assert_eq!(asked.polls.load(SeqCst), polls, "{case}: status reads");
+                } else {
+                    // Watched for the whole second, every 100 ms.
+                    assert!(
+                        asked.polls.load(SeqCst) >= 8,
+                        "{case}: {} status reads",
+                        asked.polls.load(SeqCst)
+                    );
                 }
             }
         }

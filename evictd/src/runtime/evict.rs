@@ -133,7 +133,7 @@ pub async fn stop(
     phases.stop_containers_ms = ms(t);
 
     let t = Instant::now();
-    client.stop_pod_sandbox(&pod.sandbox_id).await.map_err(cri_err)?;
+    client.stop_pod_sandbox_confirmed(&pod.sandbox_id).await.map_err(cri_err)?;
     phases.stop_sandbox_ms = ms(t);
     Ok(phases)
 }
