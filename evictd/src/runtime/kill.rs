@@ -298,12 +298,12 @@ fn list_tree(dir: &Path, pids: &mut Vec<i32>) -> Result<(), KillError> {
     let procs = dir.join("cgroup.procs");
     match std::fs::read_to_string(&procs) {
         Ok(s) => pids.extend(s.lines().filter_map(|l| l.trim().parse::<i32>().ok())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if removed(&e) => return Ok(()),
         Err(source) => return Err(KillError::List { path: procs, source }),
     }
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if removed(&e) => return Ok(()),
         Err(source) => return Err(KillError::List { path: dir.to_path_buf(), source }),
     };
     for entry in entries.flatten() {
@@ -312,6 +312,11 @@ fn list_tree(dir: &Path, pids: &mut Vec<i32>) -> Result<(), KillError> {
         }
     }
     Ok(())
+}
+
+/// ENOENT before the open; ENODEV when kernfs removed the cgroup between open and read.
+fn removed(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
 }
 
 fn write(path: &Path, value: &str) -> Result<(), KillError> {
@@ -523,7 +528,8 @@ mod tests {
     }
 
     /// The guard before any stop, on a fixture tree: evictd's own pid anywhere in the pod's
-    /// tree refuses the stop; a pod cgroup that is gone holds nobody.
+    /// tree refuses the stop; a pod cgroup that is gone (also between open and read: ENODEV)
+    /// holds nobody; one that cannot be read holds evictd, as far as a stop is concerned.
     #[test]
     fn evictd_in_a_pods_tree_is_found() {
         let d = tempfile::tempdir().unwrap();
@@ -535,6 +541,11 @@ mod tests {
         std::fs::write(ctr.join("cgroup.procs"), format!("1\n{}\n", std::process::id())).unwrap();
         assert!(holds_evictd(d.path()));
         assert!(!holds_evictd(&d.path().join("gone")));
+        assert!(removed(&io::Error::from_raw_os_error(libc::ENODEV)));
+        assert!(!removed(&io::Error::from_raw_os_error(libc::EIO)));
+        let unreadable = d.path().join("unreadable");
+        std::fs::create_dir_all(unreadable.join("cgroup.procs")).unwrap();
+        assert!(holds_evictd(&unreadable), "EISDIR is no cgroup gone");
     }
 
     /// A pod that holds evictd is never killed (its own pod not recognised, say).
