@@ -102,7 +102,8 @@ pub fn pod_stats(
         })
         .collect();
     let volume = disk.map(|d| local_volume_stats(rec, &d.kubelet_root)).unwrap_or_default();
-    let ephemeral_storage = disk.map(|_| ephemeral_storage(rec, &containers, &volume));
+    let ephemeral_storage =
+        disk.map(|d| ephemeral_storage(rec, &containers, &volume, pod_level_files(rec, d)));
     Ok(PodStats {
         pod_ref: PodRef { name: rec.name.clone(), namespace: rec.namespace.clone(), uid: rec.uid.clone() },
         containers,
@@ -123,20 +124,45 @@ fn container_working_set(pod: &PodCgroups, id: &str, layout: &CgroupMounts) -> O
 }
 
 /// The pod's ephemeral-storage usage, as the kubelet's `calcEphemeralStorage` sums it: its
-/// containers' writable layers and logs, and its local ephemeral volumes (not those in memory).
-fn ephemeral_storage(rec: &PodRecord, containers: &[ContainerStats], volumes: &[VolumeStats]) -> FsStats {
+/// containers' writable layers and logs, its local ephemeral volumes (not those in memory),
+/// and its pod-level files (`pod_level_files`).
+fn ephemeral_storage(
+    rec: &PodRecord,
+    containers: &[ContainerStats],
+    volumes: &[VolumeStats],
+    pod_level: (u64, u64),
+) -> FsStats {
     let fs = |f: &Option<FsStats>| {
         f.as_ref().map_or((0, 0), |f| (f.used_bytes.unwrap_or(0), f.inodes_used.unwrap_or(0)))
     };
     let local: Vec<&str> = rec.spec.local_volume_names().collect();
-    let parts = containers.iter().flat_map(|c| [fs(&c.rootfs), fs(&c.logs)]).chain(
-        volumes
-            .iter()
-            .filter(|v| local.contains(&v.name.as_str()))
-            .map(|v| (v.used_bytes.unwrap_or(0), v.inodes_used.unwrap_or(0))),
-    );
+    let parts = containers
+        .iter()
+        .flat_map(|c| [fs(&c.rootfs), fs(&c.logs)])
+        .chain(
+            volumes
+                .iter()
+                .filter(|v| local.contains(&v.name.as_str()))
+                .map(|v| (v.used_bytes.unwrap_or(0), v.inodes_used.unwrap_or(0))),
+        )
+        .chain([pod_level]);
     let (bytes, inodes) = parts.fold((0, 0), |(b, i), (pb, pi)| (b + pb, i + pi));
     fs_stats((bytes, inodes))
+}
+
+/// What the kubelet's host stats provider adds to a pod's total beside its containers and
+/// volumes: the files directly in the pod's log directory (its containers' directories are
+/// counted with them) and the `/etc/hosts` it writes for the pod (`<root>/pods/<uid>/etc-hosts`;
+/// none for a pod that mounts its own).
+fn pod_level_files(rec: &PodRecord, disk: &DiskSources) -> (u64, u64) {
+    let log_files: Vec<PathBuf> = rec
+        .log_directory
+        .as_deref()
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .map(|d| d.flatten().filter(|e| e.file_type().is_ok_and(|t| !t.is_dir())).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let etc_hosts = disk.kubelet_root.join("pods").join(&rec.uid).join("etc-hosts");
+    log_files.iter().chain([&etc_hosts]).map(|f| du(f)).fold((0, 0), |(b, i), (fb, fi)| (b + fb, i + fi))
 }
 
 /// The pod's volumes whose usage the kubelet reads for eviction, measured where it mounts
@@ -253,8 +279,9 @@ mod tests {
     /// Issue 13, item 2: a pod's disk usage as the kubelet counts it. Only running containers
     /// (the exited first instance of `app`, with a big writable layer, is not counted), each
     /// container's own log directory once (not the pod's whole log directory per container
-    /// record), and the local volumes of its spec under the kubelet's root (a Memory emptyDir
-    /// and a secret are not local disk).
+    /// record), the local volumes of its spec under the kubelet's root (a Memory emptyDir
+    /// and a secret are not local disk), and the files directly in the pod's log directory
+    /// and its etc-hosts.
     #[test]
     fn disk_usage_counts_running_containers_own_logs_and_local_volumes_once() {
         use crate::runtime::inventory::{
@@ -279,6 +306,9 @@ mod tests {
         file("logs/ns_p_u/app/0.log", 64 << 10);
         file("logs/ns_p_u/app/1.log", 32 << 10);
         file("logs/ns_p_u/sidecar/0.log", 16 << 10);
+        // Pod-level: a file directly in the pod's log directory, and the kubelet's etc-hosts.
+        file("logs/ns_p_u/pod.log", 8 << 10);
+        file("kubelet/pods/u/etc-hosts", 200);
         let volumes = "kubelet/pods/u/volumes";
         file(&format!("{volumes}/kubernetes.io~empty-dir/scratch/data/blob"), 1 << 20);
         file(&format!("{volumes}/kubernetes.io~configmap/conf/app.yaml"), 3000);
@@ -347,10 +377,15 @@ mod tests {
         );
         assert!(vols[0].1.0 >= 1 << 20 && vols[0].1.0 < 2 << 20, "the hard link counted once: {vols:?}");
 
-        // The pod's total: its running containers' layers and logs and its local volumes.
+        // The pod's total: its running containers' layers and logs, its local volumes, and
+        // its pod-level files.
         let total = stats.ephemeral_storage.as_ref().and_then(|f| f.used_bytes).unwrap();
-        let sum = 4096 + 8192 + app_logs.0 + sidecar_logs.0 + vols[0].1.0 + vols[1].1.0;
+        let file_bytes = |rel: &str| made(&d.path().join(rel), &[]).0;
+        let pod_level = file_bytes("logs/ns_p_u/pod.log") + file_bytes("kubelet/pods/u/etc-hosts");
+        let sum = 4096 + 8192 + app_logs.0 + sidecar_logs.0 + vols[0].1.0 + vols[1].1.0 + pod_level;
         assert_eq!(total, sum);
+        let inodes = stats.ephemeral_storage.as_ref().and_then(|f| f.inodes_used).unwrap();
+        assert_eq!(inodes, 3 + 5 + app_logs.1 + sidecar_logs.1 + vols[0].1.1 + vols[1].1.1 + 2);
         // A memory emptyDir with a sizeLimit is measured (its limit applies), not counted in the total.
         rec.spec.spec.volumes[3].empty_dir.as_mut().unwrap().size_limit = Some("1Mi".parse().unwrap());
         let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&disk)).unwrap();
