@@ -187,6 +187,28 @@ async fn an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path() {
     );
 }
 
+/// The kernel signals only crossings after a registration, so a level the usage passed
+/// between the observation that set it and the registration would never wake evictd (the
+/// reaction benchmark's eventfd-only mode once ended in a kernel OOM kill this way): one
+/// armed below the usage wakes at once, with no charge after it.
+#[tokio::test]
+async fn an_eventfd_threshold_armed_below_the_usage_wakes_at_once() {
+    if !privileged("an_eventfd_threshold_armed_below_the_usage_wakes_at_once") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.alloc(64);
+    let (tx, mut rx) = mpsc::channel(64);
+    let mut eventfd = EventfdWake::new(tx);
+    eventfd.update(&[(cg.dir.clone(), 32u64 << 20, 0)]).expect("arming a threshold at 32 MiB");
+    let wake = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+    assert!(
+        matches!(wake, Ok(Some(w)) if w.cause == WakeCause::Eventfd),
+        "a threshold armed at 32 MiB with 64 MiB charged sent no wake: {wake:?}"
+    );
+}
+
 /// Issue 12, defect 10: the eBPF source's ring-buffer reader ending is noticed by the
 /// source's once-a-second check (the daemon then drops the source, and says so) instead of
 /// leaving a source that looks alive and never wakes anyone. The reader is ended here the

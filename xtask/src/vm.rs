@@ -65,6 +65,7 @@ const BOOKWORM: &[(&str, &str)] = &[
     ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
+    ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     (E2E_TESTS[0], E2E_ON_ONE_KERNEL),
     (E2E_TESTS[1], E2E_ON_ONE_KERNEL),
@@ -75,6 +76,7 @@ const TRIXIE: &[(&str, &str)] = &[
     ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
+    ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
 ];
 
@@ -82,6 +84,7 @@ const TRIXIE: &[(&str, &str)] = &[
 /// `--charge-tier memcg-tracepoints`.
 const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
+    ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     (E2E_TESTS[0], E2E_ON_ONE_KERNEL),
     (E2E_TESTS[1], E2E_ON_ONE_KERNEL),

@@ -35,7 +35,26 @@ pub struct UsageThreshold {
     pub eventfd: OwnedFd,
     pub bytes: u64,
     // The watched file must stay open for the registration to live.
-    _usage: File,
+    usage: File,
+}
+
+impl UsageThreshold {
+    /// memory.usage_in_bytes now, read through the registration's own file.
+    pub fn usage_now(&self) -> std::io::Result<u64> {
+        use std::os::unix::fs::FileExt as _;
+        let mut buf = [0u8; 32];
+        let n = self.usage.read_at(&mut buf, 0)?;
+        let text = std::str::from_utf8(&buf[..n]).unwrap_or_default().trim();
+        text.parse()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{text:?}: {e}")))
+    }
+
+    /// The kernel signals only crossings after the registration: a level the usage had
+    /// passed already (between the observation that set it and the registration; 10 ms at
+    /// 500 MiB/s is 5 MiB) counts as crossed and is never signalled.
+    fn passed_already(&self) -> bool {
+        self.usage_now().is_ok_and(|u| u >= self.bytes)
+    }
 }
 
 /// Registers a threshold of `bytes` on `<dir>/memory.usage_in_bytes`.
@@ -54,7 +73,7 @@ pub fn register(dir: &Path, bytes: u64) -> Result<UsageThreshold, ThresholdError
     // One write(2): the kernel parses each write on its own, and write! may split it.
     let line = format!("{} {} {}", efd.as_raw_fd(), usage.as_raw_fd(), bytes);
     control.write_all(line.as_bytes()).map_err(io(&control_path))?;
-    Ok(UsageThreshold { eventfd: efd.into(), bytes, _usage: usage })
+    Ok(UsageThreshold { eventfd: efd.into(), bytes, usage })
 }
 
 /// Re-register only when the level moved by more than this (or by 1/16 of the distance).
@@ -127,6 +146,7 @@ impl EventfdWake {
         for (dir, level, _) in levels {
             tracing::debug!(cgroup = %dir.display(), level, "arming memory.usage_in_bytes threshold");
             let t = register(dir, *level)?;
+            let passed = t.passed_already();
             let task = spawn_waiter(t, self.tx.clone())
                 .map_err(|source| ThresholdError::Io { path: dir.display().to_string(), source })?;
             self.armed.push(Armed {
@@ -135,6 +155,10 @@ impl EventfdWake {
                 level: *level,
                 task: SourceTask::new("a memory threshold's waiter", task),
             });
+            if passed {
+                tracing::debug!(cgroup = %dir.display(), level, "the usage passed the level before it was armed");
+                let _ = self.tx.try_send(Wake::now(WakeCause::Eventfd));
+            }
         }
         Ok(())
     }
