@@ -744,24 +744,15 @@ impl Drop for Containerd {
         // A failing test's runtime side is in containerd's log, which the teardown deletes
         // (and which is lost with a VM): show its end first.
         if std::thread::panicking() {
-            self.print_log_tail(60);
+            let log = self.tmp.join("containerd.log");
+            crate::print_log_tail(
+                "containerd",
+                Some(&log),
+                &std::fs::read_to_string(&log).unwrap_or_default(),
+                60,
+            );
         }
         self.teardown();
-    }
-}
-
-impl Containerd {
-    fn print_log_tail(&self, lines: usize) {
-        let log = std::fs::read_to_string(self.tmp.join("containerd.log")).unwrap_or_default();
-        let all: Vec<&str> = log.lines().collect();
-        let tail = &all[all.len().saturating_sub(lines)..];
-        let _ = writeln!(
-            std::io::stderr(),
-            "--- the last {} lines of containerd's log ({}) ---\n{}\n---",
-            tail.len(),
-            self.tmp.join("containerd.log").display(),
-            tail.join("\n")
-        );
     }
 }
 

@@ -139,10 +139,7 @@ impl Drop for Evictd {
         // A failing test's daemon side (why a stop failed, say) is in this log, which only
         // the test holds: show its end. The VM matrix echoes its warnings and errors.
         if std::thread::panicking() {
-            let log = self.log();
-            let all: Vec<&str> = log.lines().collect();
-            let tail = &all[all.len().saturating_sub(40)..];
-            eprintln!("--- the last {} lines of evictd's log ---\n{}\n---", tail.len(), tail.join("\n"));
+            crate::print_log_tail("evictd", None, &self.log(), 40);
         }
         // Ours, by PID.
         let _ = self.child.kill();

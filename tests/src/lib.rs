@@ -191,6 +191,16 @@ impl Drop for MemHog {
     }
 }
 
+/// Prints the last `lines` lines of `whose` log (`text`, kept at `path` when it has one) to
+/// stderr, for a failing test: the teardown deletes the log, and a VM loses it. `cargo xtask
+/// vm` reads this header back to echo the warnings and errors at the end of its output.
+pub fn print_log_tail(whose: &str, path: Option<&std::path::Path>, text: &str, lines: usize) {
+    let all: Vec<&str> = text.lines().collect();
+    let tail = &all[all.len().saturating_sub(lines)..];
+    let at = path.map(|p| format!(" ({})", p.display())).unwrap_or_default();
+    eprintln!("--- the last {} lines of {whose}'s log{at} ---\n{}\n---", tail.len(), tail.join("\n"));
+}
+
 /// The evictd binary built next to the test binaries (target/<profile>/evictd).
 pub fn evictd_binary() -> PathBuf {
     sibling_binary("evictd")

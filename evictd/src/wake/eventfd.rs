@@ -39,21 +39,16 @@ pub struct UsageThreshold {
 }
 
 impl UsageThreshold {
-    /// memory.usage_in_bytes now, read through the registration's own file.
-    pub fn usage_now(&self) -> std::io::Result<u64> {
-        use std::os::unix::fs::FileExt as _;
-        let mut buf = [0u8; 32];
-        let n = self.usage.read_at(&mut buf, 0)?;
-        let text = std::str::from_utf8(&buf[..n]).unwrap_or_default().trim();
-        text.parse()
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{text:?}: {e}")))
-    }
-
     /// The kernel signals only crossings after the registration: a level the usage had
     /// passed already (between the observation that set it and the registration; 10 ms at
-    /// 500 MiB/s is 5 MiB) counts as crossed and is never signalled.
+    /// 500 MiB/s is 5 MiB) counts as crossed and is never signalled. Read through the
+    /// registration's own file; unreadable is not passed (the next pass reads again).
     fn passed_already(&self) -> bool {
-        self.usage_now().is_ok_and(|u| u >= self.bytes)
+        use std::os::unix::fs::FileExt as _;
+        let mut buf = [0u8; 32];
+        let Ok(n) = self.usage.read_at(&mut buf, 0) else { return false };
+        let usage = std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.trim().parse::<u64>().ok());
+        usage.is_some_and(|u| u >= self.bytes)
     }
 }
 
