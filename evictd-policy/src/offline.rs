@@ -1,6 +1,6 @@
 //! `evictd check-config`, `simulate` and `replay`: the decision engine on recorded data, in
 //! the formats users already have (a kubelet Summary API document per step, a PodList from
-//! `kubectl get pods -o json`). The JSON shapes are a stable contract (see the README).
+//! `kubectl get pods -o json`). The JSON shapes are a stable contract (docs/operating.md).
 
 use std::{
     io::{BufRead, Write},

@@ -290,7 +290,7 @@ mod tests {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
     }
 
-    /// Issue 12, defect 10: exponents at the ends of i32 are errors or round, never overflow.
+    /// Exponents at the ends of i32 are errors or round, never overflow.
     #[test]
     fn extreme_exponents_do_not_overflow() {
         assert_eq!("1e2147483647".parse::<Quantity>(), Err(QuantityError::TooLarge));

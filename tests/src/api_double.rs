@@ -379,16 +379,16 @@ fn object_for(path: &str, body: Value) -> Value {
 }
 
 /// An eviction of `shop/web-1` for memory, as the act step hands it to the reporter.
-pub fn eviction_record() -> evictd::report::record::EvictionRecord {
+pub fn eviction_record() -> evictd::vocab::EvictionRecord {
     use std::collections::BTreeMap;
 
     use evictd_policy::policy::Signal;
 
-    evictd::report::record::EvictionRecord {
+    evictd::vocab::EvictionRecord {
         namespace: "shop".into(),
         name: "web-1".into(),
         uid: "6f1d7c1e-0000-4000-8000-000000000001".into(),
-        signal: evictd::report::record::EvictionCause::Signal(Signal::MemoryAvailable),
+        signal: evictd::vocab::EvictionCause::Signal(Signal::MemoryAvailable),
         available: 50 << 20,
         threshold: 100 << 20,
         grace_period_seconds: 1,

@@ -122,10 +122,10 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
     assert_eq!(stats.process_stats.and_then(|p| p.process_count), Some(2));
 }
 
-/// Issue 13, item 4: node-level reclaim is the kubelet's container GC, then image GC. In a
-/// running pod the newest dead instance of a container stays (restart count, `logs
-/// --previous`) and older ones go; a pod whose sandbox is stopped loses every dead container;
-/// images no container or sandbox uses go, images in use stay.
+/// Node-level reclaim is the kubelet's container GC, then image GC. In a running pod the
+/// newest dead instance of a container stays (restart count, `logs --previous`) and older
+/// ones go; a pod whose sandbox is stopped loses every dead container; images no container
+/// or sandbox uses go, images in use stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     if !containerd::available("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
@@ -164,9 +164,9 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     assert!(ctd.sandbox_ready(&app.sandbox_id).await, "reclaim never touches running pods");
 }
 
-/// Issue 12, defect 2: a node whose sandboxes carry large annotations (any tenant can add
-/// them) answers ListPodSandbox with more than tonic's default 4 MiB. evictd accepts what
-/// the kubelet accepts (16 MiB), so the inventory keeps working.
+/// A node whose sandboxes carry large annotations (any tenant can add them) answers
+/// ListPodSandbox with more than tonic's default 4 MiB. evictd accepts what the kubelet
+/// accepts (16 MiB), so the inventory keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_pod_sandbox_response_over_4_mib_is_read() {
     if !containerd::available("a_list_pod_sandbox_response_over_4_mib_is_read") {

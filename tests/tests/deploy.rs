@@ -5,7 +5,7 @@
 //! the test's API double (no API server can run here) from evictd's own watch and reporter,
 //! the only code that talks to the API.
 
-use std::{collections::BTreeSet, path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use clap::Parser as _;
 use evictd::{
@@ -16,7 +16,7 @@ use evictd::{
         reporter::{Reporter, Retry},
     },
     report::metrics::Metrics,
-    wake::monotonic_ns,
+    vocab::monotonic_ns,
 };
 use evictd_policy::policy::NodeCondition;
 use evictd_tests::api_double::{ApiDouble, Recorded, api_options, eviction_record};
@@ -199,11 +199,11 @@ async fn the_cluster_role_grants_exactly_the_calls_evictd_makes() {
     let api = ApiDouble::start();
     let opts = api_options(api.kubeconfig());
     let client = connect::client(&opts).await.unwrap();
-    let metrics = Arc::new(Metrics::default());
-    let mut pods = spawn_pod_watch(client.clone(), &opts.node_name, metrics.clone());
+    let metrics = Metrics::default();
+    let mut pods = spawn_pod_watch(client.clone(), &opts.node_name, metrics.api.clone());
     let listed = tokio::time::timeout(Duration::from_secs(10), pods.wait_for(Option::is_some)).await;
     assert!(matches!(listed, Ok(Ok(_))), "the first list");
-    let (reporter, task) = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics);
+    let (reporter, task) = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.api);
     reporter.pod_evicted(&eviction_record(), monotonic_ns());
     reporter.node_conditions(&[NodeCondition::MemoryPressure], &NodeCondition::ALL);
     api.wait_for("the watch, the records and the conditions", Duration::from_secs(10), |r| {

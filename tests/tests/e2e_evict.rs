@@ -227,7 +227,7 @@ async fn a_pod_ignoring_sigterm_is_killed_after_its_grace_period() {
     let (pods, file) = make_pods(&mut ctd, &[PodDef::stubborn(2)]).await;
     pods[0].set_mib(500);
     pods[0].wait_usage_at_least(500 * MI, Duration::from_secs(10));
-    let started_ns = evictd::wake::monotonic_ns();
+    let started_ns = evictd::vocab::monotonic_ns();
     let evictd = Evictd::start(&ctd, Some(&file), &SOFT_600MI_AFTER_1S);
     let e = evictd.wait_eviction(Duration::from_secs(30));
     assert_eq!(e["name"], "stubborn");
@@ -261,9 +261,9 @@ impl Drop for Squatter {
     }
 }
 
-/// (f) Issue 12, defect 4: the runtime stops the victim, but its cgroup keeps a process the
-/// runtime does not own (as one stuck in D state would): the completed stop is the eviction,
-/// reported as not released, and the next candidate is left alone.
+/// (f) The runtime stops the victim, but its cgroup keeps a process the runtime does not
+/// own (as one stuck in D state would): the completed stop is the eviction, reported as not
+/// released, and the next candidate is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_pod_whose_cgroup_keeps_a_process_is_still_one_eviction() {
     let _serial = SERIAL.lock().await;
@@ -326,9 +326,9 @@ async fn stubborn_under_soft_pressure(ctd: &mut Containerd) -> (TestPod, Evictd)
     (pod, evictd)
 }
 
-/// (g) Issue 12, defect 6: a hard threshold is never waiting behind a soft eviction's grace
-/// period. The soft eviction gives the pod 30 s; when the node then crosses the hard
-/// threshold, the stop is cut to the hard eviction's 1 s.
+/// (g) A hard threshold is never waiting behind a soft eviction's grace period. The soft
+/// eviction gives the pod 30 s; when the node then crosses the hard threshold, the stop is
+/// cut to the hard eviction's 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hard_threshold_cuts_a_soft_evictions_grace_period_short() {
     let _serial = SERIAL.lock().await;
@@ -354,7 +354,7 @@ async fn a_hard_threshold_cuts_a_soft_evictions_grace_period_short() {
     );
 }
 
-/// (h) Issue 12, defect 6: SIGTERM is answered while a soft eviction's grace period runs.
+/// (h) SIGTERM is answered while a soft eviction's grace period runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_is_answered_during_a_long_grace_period() {
     let _serial = SERIAL.lock().await;
@@ -369,10 +369,10 @@ async fn sigterm_is_answered_during_a_long_grace_period() {
     assert!(took.is_some(), "evictd did not exit within 5 s of SIGTERM during a 30 s grace period");
 }
 
-/// (i) Issue 11: `--hard-eviction-grace-period 0` kills at once, without the runtime: the
-/// pod ignores SIGTERM and asks for 30 s, yet it is killed by evictd (`cgroup.kill` on this
-/// node, whose runc places containers in the unified hierarchy too), and the CRI stop that
-/// follows only does the runtime's bookkeeping.
+/// (i) `--hard-eviction-grace-period 0` kills at once, without the runtime: the pod ignores
+/// SIGTERM and asks for 30 s, yet it is killed by evictd (`cgroup.kill` on this node, whose
+/// runc places containers in the unified hierarchy too), and the CRI stop that follows only
+/// does the runtime's bookkeeping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_hard_grace_period_kills_at_once_without_the_runtime() {
     let _serial = SERIAL.lock().await;
@@ -421,9 +421,9 @@ async fn a_stubborn_pod_is_killed_at_once_by_its_cgroup(mut ctd: Containerd) {
     assert_eq!(evictd.evictions().len(), 1, "one pod per decision: {:?}", evictd.evictions());
 }
 
-/// (j) Issue 11: a soft eviction's stop (30 s, SIGTERM ignored) is under way when the node
-/// falls below the emergency level: the pod is killed at once rather than left to the
-/// kernel's OOM killer.
+/// (j) A soft eviction's stop (30 s, SIGTERM ignored) is under way when the node falls
+/// below the emergency level: the pod is killed at once rather than left to the kernel's
+/// OOM killer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emergency_during_a_grace_period_kills_at_once() {
     let _serial = SERIAL.lock().await;
@@ -450,9 +450,9 @@ async fn an_emergency_during_a_grace_period_kills_at_once() {
     assert!(evictd.log().contains("killing now"), "{}", evictd.log());
 }
 
-/// (k) Issue 9: with an API server (the test's double: none can run here), an eviction ends
-/// with the pod's sandbox stopped and its Failed/Evicted status patch recorded, with the
-/// pod's uid as precondition, then the events; evictd's node condition turns True.
+/// (k) With an API server (the test's double: none can run here), an eviction ends with the
+/// pod's sandbox stopped and its Failed/Evicted status patch recorded, with the pod's uid as
+/// precondition, then the events; evictd's node condition turns True.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
     let _serial = SERIAL.lock().await;
@@ -517,9 +517,9 @@ async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
     println!("kill → status patch recorded: {window}");
 }
 
-/// (l) Issue 9: an API server that never answers costs the kill nothing: the pod is stopped
-/// while evictd's status patch is still waiting for its answer, and evictd still exits
-/// promptly on SIGTERM (the flush of what is queued is bounded).
+/// (l) An API server that never answers costs the kill nothing: the pod is stopped while
+/// evictd's status patch is still waiting for its answer, and evictd still exits promptly on
+/// SIGTERM (the flush of what is queued is bounded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_that_never_answers_does_not_delay_the_kill() {
     let _serial = SERIAL.lock().await;
@@ -557,10 +557,10 @@ async fn an_api_server_that_never_answers_does_not_delay_the_kill() {
     assert!(took < Duration::from_secs(10), "exit took {took:?}");
 }
 
-/// (m) Issue 9, item 1: pod specs from the API server drive the ranking. No pods file: the
-/// double serves this node's pods (and one of another node's). Inferred from the node, the
-/// two burstable pods would both be priority 0 and the bigger one would go first (as in (a));
-/// the API says the bigger one has priority 1000, so the smaller one is evicted.
+/// (m) Pod specs from the API server drive the ranking. No pods file: the double serves this
+/// node's pods (and one of another node's). Inferred from the node, the two burstable pods
+/// would both be priority 0 and the bigger one would go first (as in (a)); the API says the
+/// bigger one has priority 1000, so the smaller one is evicted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_specs_from_the_api_server_drive_the_ranking() {
     let _serial = SERIAL.lock().await;
@@ -628,7 +628,8 @@ async fn pod_specs_from_the_api_server_drive_the_ranking() {
     assert!(list.path.contains("fieldSelector=spec.nodeName%3De2e-node"), "{}", list.path);
 }
 
-/// The node's (max tasks, tasks now), read as the kubelet reads them (issue 13, item 3).
+/// The node's (max tasks, tasks now), read as the kubelet reads them: the lower of pid_max
+/// and threads-max, and the task count in /proc/loadavg.
 fn node_pids() -> (i64, i64) {
     let read = |p: &str| std::fs::read_to_string(p).expect(p).trim().parse::<i64>().expect(p);
     let max = read("/proc/sys/kernel/pid_max").min(read("/proc/sys/kernel/threads-max"));

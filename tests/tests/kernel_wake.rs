@@ -8,13 +8,14 @@ use std::{
 };
 
 use evictd::{
-    kernel::ebpf::{ChargeTier, KernelProbes, LoadOptions},
+    kernel::ebpf::{KernelProbes, LoadOptions},
     node::{
         memory::MemoryCgroup,
         signals::{NodeSignalSources, PidSources},
     },
+    vocab::{ChargeTier, WakeCause},
     wake::{
-        self, NodeNow, SourceKind, Wake, WakeCause, WakeOptions, WakeStats, disk::FillRates, ebpf::Watermark,
+        self, NodeNow, SourceKind, Wake, WakeOptions, WakeStats, disk::FillRates, ebpf::Watermark,
         eventfd::EventfdWake,
     },
 };
@@ -160,8 +161,8 @@ async fn hitting_the_limit_sends_reclaim_and_oom_kill_wakes() {
     assert!(oom.amount_bytes >= 64 << 20, "victim RSS {} too small", oom.amount_bytes);
 }
 
-/// Issue 12, defect 10: a node cgroup removed and made again at the same path is a new
-/// cgroup; its memory threshold must be registered again, not kept as "unchanged".
+/// A node cgroup removed and made again at the same path is a new cgroup; its memory
+/// threshold must be registered again, not kept as "unchanged".
 #[tokio::test]
 async fn an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path() {
     if !privileged("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path") {
@@ -209,10 +210,10 @@ async fn an_eventfd_threshold_armed_below_the_usage_wakes_at_once() {
     );
 }
 
-/// Issue 12, defect 10: the eBPF source's ring-buffer reader ending is noticed by the
-/// source's once-a-second check (the daemon then drops the source, and says so) instead of
-/// leaving a source that looks alive and never wakes anyone. The reader is ended here the
-/// way a closed channel ends it: the next kernel event finds nobody to send to.
+/// The eBPF source's ring-buffer reader ending is noticed by the source's once-a-second
+/// check (the daemon then drops the source, and says so) instead of leaving a source that
+/// looks alive and never wakes anyone. The reader is ended here the way a closed channel
+/// ends it: the next kernel event finds nobody to send to.
 #[tokio::test]
 async fn a_ring_buffer_reader_that_ended_is_reported_by_its_source() {
     if !privileged("a_ring_buffer_reader_that_ended_is_reported_by_its_source") {
@@ -264,9 +265,9 @@ fn ebpf_source_on(cg: &TestCgroup, tx: mpsc::Sender<Wake>) -> Box<dyn wake::Wake
     source
 }
 
-/// Issue 10: the node cgroup removed and made again at the same path is a new cgroup (a new
-/// id). The eBPF source follows it when told cgroups changed (the daemon does once a second):
-/// the scope of the memcg tracepoints (this host) and the batched hook's watched id (the VMs)
+/// The node cgroup removed and made again at the same path is a new cgroup (a new id). The
+/// eBPF source follows it when told cgroups changed (the daemon does once a second): the
+/// scope of the memcg tracepoints (this host) and the batched hook's watched id (the VMs)
 /// both move to it, so its charge still wakes evictd.
 #[tokio::test]
 async fn the_ebpf_source_follows_a_node_cgroup_made_again_at_the_same_path() {
@@ -299,22 +300,22 @@ async fn the_ebpf_source_follows_a_node_cgroup_made_again_at_the_same_path() {
     assert!(charges > 0, "64 MiB charged to the node cgroup made again sent no charge wake");
 }
 
-/// Issue 10: `--charge-tier` forces one tier. The memcg tracepoints where the kernel has
-/// them (this host, Debian's 7.x), with the batched hook left out; the batched hook where
-/// `auto` picks it (kernels with BPF trampolines: the VMs), with the tracepoints left out.
-/// Where the kernel cannot attach the tier named, the load fails naming the flag (evictd
-/// does not start) instead of falling back to another tier.
+/// `--charge-tier` forces one tier. The memcg tracepoints where the kernel has them (this
+/// host, Debian's 7.x), with the batched hook left out; the batched hook where `auto` picks
+/// it (kernels with BPF trampolines: the VMs), with the tracepoints left out. Where the
+/// kernel cannot attach the tier named, the load fails naming the flag (evictd does not
+/// start) instead of falling back to another tier.
 #[tokio::test]
 async fn a_forced_charge_tier_attaches_that_tier_or_fails_naming_the_flag() {
     if !privileged("a_forced_charge_tier_attaches_that_tier_or_fails_naming_the_flag") {
         return;
     }
     let load = |charge_tier| KernelProbes::load(&LoadOptions { charge_tier, ..LoadOptions::default() });
-    let (auto, _) = load(ChargeTier::Auto).expect("loading with the tier this kernel allows");
+    let (auto, _) = load(None).expect("loading with the tier this kernel allows");
     let has_tracepoints = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .iter()
         .any(|t| std::path::Path::new(t).join("events/memcg/mod_memcg_state").exists());
-    match load(ChargeTier::MemcgTracepoints) {
+    match load(Some(ChargeTier::MemcgTracepoints)) {
         Ok((p, _)) => {
             assert!(has_tracepoints, "memcg tracepoints attached on a kernel without them");
             assert!(!p.has_batch_hook() && p.has_charge_programs(), "{:?}", p.programs);
@@ -324,7 +325,7 @@ async fn a_forced_charge_tier_attaches_that_tier_or_fails_naming_the_flag() {
             assert!(e.to_string().starts_with("--charge-tier memcg-tracepoints: "), "{e}");
         }
     }
-    match load(ChargeTier::BatchedChargeHook) {
+    match load(Some(ChargeTier::BatchedChargeHook)) {
         Ok((p, _)) => {
             assert!(auto.has_batch_hook(), "the hook attached where auto did not pick it");
             assert!(p.has_batch_hook() && !p.has_charge_programs(), "{:?}", p.programs);

@@ -55,10 +55,10 @@ fn check_config_prints_the_policy_contract() {
     assert!(t.iter().any(|t| t["signal"] == "allocatableMemory.available"));
 }
 
-/// Issue 13, item 6: a percentage is the kubelet's float32 (`parsePercentage`: the number
-/// parsed as float32, divided by 100 in float32), printed as the shortest decimal that reads
-/// back as that float32; `check-config` and `simulate`'s `thresholds_met` print the same
-/// number for the same threshold (0.7% is 0.0069999998, not 0.007: that is the kubelet's).
+/// A percentage is the kubelet's float32 (`parsePercentage`: the number parsed as float32,
+/// divided by 100 in float32), printed as the shortest decimal that reads back as that
+/// float32; `check-config` and `simulate`'s `thresholds_met` print the same number for the
+/// same threshold (0.7% is 0.0069999998, not 0.007: that is the kubelet's).
 #[test]
 fn percentages_print_as_the_kubelets_float32_in_every_command() {
     for pct in ["20%", "20.3%", "10.1%", "0.7%", "33.333%", "99.99%"] {
@@ -84,9 +84,9 @@ fn percentages_print_as_the_kubelets_float32_in_every_command() {
     assert_eq!(stdout_json_lines(&o)[0]["thresholds"][0]["value"]["percentage"], 0.0069999998);
 }
 
-/// Issue 13, item 1: pods over their own ephemeral-storage limits are all evicted, with the
-/// kubelet's messages and a 1 s grace period, with no threshold met, and instead of any
-/// threshold eviction; `--local-storage-capacity-isolation false` turns it off.
+/// Pods over their own ephemeral-storage limits are all evicted, with the kubelet's messages
+/// and a 1 s grace period, with no threshold met, and instead of any threshold eviction;
+/// `--local-storage-capacity-isolation false` turns it off.
 #[test]
 fn simulate_lists_every_pod_over_its_own_storage_limit() {
     let d = tempfile::tempdir().unwrap();
@@ -234,10 +234,10 @@ fn bad_input_files_are_named() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Issue 13: `simulate` told the layout. imagefs short of space: with a dedicated imagefs
-/// holding the writable layers, dead containers and images are reclaimed and the pod writing
-/// most to its layer goes first; with the split containerfs, imagefs holds images only: image
-/// GC alone, and no pod's usage counts (PodList order decides).
+/// `simulate` ranks and reclaims by the disk layout it is told. imagefs short of space: with
+/// a dedicated imagefs holding the writable layers, dead containers and images are reclaimed
+/// and the pod writing most to its layer goes first; with the split containerfs, imagefs
+/// holds images only: image GC alone, and no pod's usage counts (PodList order decides).
 #[test]
 fn simulate_ranks_and_reclaims_by_the_disk_layout_it_is_told() {
     let d = tempfile::tempdir().unwrap();

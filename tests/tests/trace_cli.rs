@@ -58,10 +58,10 @@ fn trace_json_reports_charge_in_the_node_cgroup() {
     assert_eq!(e["threshold_distance_bytes"].as_i64(), Some(avail - (100 << 20)));
 }
 
-/// Issue 10: watching the whole node (no --node-cgroup), charge in any cgroup wakes evictd,
-/// whichever charge tier the kernel gives: the memcg tracepoints count every memcg here, and
-/// in the VMs the batched hook watches the root's page counter, which every charge reaches
-/// through the ancestors (the root itself is never charged directly).
+/// Watching the whole node (no --node-cgroup), charge in any cgroup wakes evictd, whichever
+/// charge tier the kernel gives: the memcg tracepoints count every memcg here, and in the
+/// VMs the batched hook watches the root's page counter, which every charge reaches through
+/// the ancestors (the root itself is never charged directly).
 #[test]
 fn charge_anywhere_on_the_node_wakes_evictd() {
     if !privileged("charge_anywhere_on_the_node_wakes_evictd") {
@@ -102,9 +102,9 @@ fn charge_anywhere_on_the_node_wakes_evictd() {
     assert!(e["amount_bytes"].as_i64().is_some_and(|b| b > 0), "{e}");
 }
 
-/// Issue 12: the summary line shows memory.available as read that second, and the tuning
-/// view names the cgroup that grew. With no wake at all (only a timer that never fires), a
-/// workload growing by 256 MiB in a child of the node cgroup must show in both.
+/// The summary line shows memory.available as read that second, and the tuning view names
+/// the cgroup that grew. With no wake at all (only a timer that never fires), a workload
+/// growing by 256 MiB in a child of the node cgroup must show in both.
 #[test]
 fn the_summary_shows_memory_as_read_that_second() {
     if !privileged("the_summary_shows_memory_as_read_that_second") {
@@ -182,9 +182,9 @@ fn evictd_traced(cmd: &mut Command) -> Traced {
     (evictd, rx, reader)
 }
 
-/// Issue 10: the adaptive poll alone (no kernel source, the timer an hour away) wakes evictd
-/// once usage passes half the distance to the threshold, not before, and again and again,
-/// in smaller steps, until a pass sees the threshold crossed.
+/// The adaptive poll alone (no kernel source, the timer an hour away) wakes evictd once
+/// usage passes half the distance to the threshold, not before, and again and again, in
+/// smaller steps, until a pass sees the threshold crossed.
 #[test]
 fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
     if !privileged("the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing") {
@@ -241,12 +241,12 @@ fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
     );
 }
 
-/// Issue 10: with the poll running, the eBPF charge programs are attached only within the
-/// band below the threshold (here 1 GiB/s × 120 ms ≈ 123 MiB; detached beyond twice that):
-/// detached far away — growth there sends no charge event —, attached near, where charge
-/// events flow, and detached again once memory is back far away. The memcg tracepoint tier
-/// is forced: kernels with BPF trampolines (Debian's 7.x in the VM matrix) would otherwise
-/// use the batched hook, which is not moved.
+/// With the poll running, the eBPF charge programs are attached only within the band below
+/// the threshold (here 1 GiB/s × 120 ms ≈ 123 MiB; detached beyond twice that): detached far
+/// away — growth there sends no charge event —, attached near, where charge events flow,
+/// and detached again once memory is back far away. The memcg tracepoint tier is forced:
+/// kernels with BPF trampolines (Debian's 7.x in the VM matrix) would otherwise use the
+/// batched hook, which is not moved.
 #[test]
 fn charge_probes_are_attached_only_near_a_threshold() {
     if !privileged("charge_probes_are_attached_only_near_a_threshold") {
@@ -307,9 +307,9 @@ fn charge_probes_are_attached_only_near_a_threshold() {
     assert_eq!(after, Some(false), "memory back far away, the charge programs must be detached again");
 }
 
-/// Issue 9, item 8: SIGHUP reads the `--config` file again. A new threshold is in force at
-/// once (the metrics show it); a file that no longer reads leaves the policy in force and
-/// says why; the daemon keeps running throughout.
+/// SIGHUP reads the `--config` file again. A new threshold is in force at once (the metrics
+/// show it); a file that no longer reads leaves the policy in force and says why; the daemon
+/// keeps running throughout.
 #[test]
 fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
     if !privileged("sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad") {
@@ -388,10 +388,10 @@ fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
     let _ = evictd.wait();
 }
 
-/// Issue 13: the disk poll alone (no timer for an hour) sees a nodefs threshold crossed
-/// within moments, not at the next housekeeping tick; wakes nobody while the filesystem is
-/// above it; while it stays met looks again about once a second (not back to back), and no
-/// more once the space is back. (The transition period is 1 s: with 0 the kubelet, and so
+/// The disk poll alone (no timer for an hour) sees a nodefs threshold crossed within
+/// moments, not at the next housekeeping tick; wakes nobody while the filesystem is above
+/// it; while it stays met looks again about once a second (not back to back), and no more
+/// once the space is back. (The transition period is 1 s: with 0 the kubelet, and so
 /// evictd, never reports a condition at all.)
 #[test]
 fn the_disk_poll_alone_sees_a_nodefs_threshold_crossed() {

@@ -8,8 +8,9 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use evictd_policy::{flags::PolicyArgs, offline, podspec::Pod, policy::Policy, rank::FsLayout};
 
-use crate::{daemon, kernel::probe};
+use crate::daemon;
 
+mod probe;
 mod run;
 
 pub use run::{HostPath, KUBELET_POD_LOGS, RunArgs};

@@ -15,11 +15,7 @@ use evictd_policy::{
 use crate::{
     cluster::connect::{self, ApiOptions, ApiSource},
     daemon::{KillOptions, PressureOptions, RunOptions, protect::SelfProtection, urgency::EmergencyLevel},
-    kernel::{
-        btf::KernelBtf,
-        ebpf::{ChargeTier, LoadOptions},
-        stat_items, tracefs,
-    },
+    kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items, tracefs},
     node::{
         cgroups::CgroupMounts,
         memory::MemoryCgroup,
@@ -28,6 +24,7 @@ use crate::{
     },
     report::trace::TraceFormat,
     runtime::cri,
+    vocab::ChargeTier,
     wake::{SourceKind, WakeOptions, Watermark, disk::FillRates},
 };
 
@@ -138,7 +135,7 @@ pub struct RunArgs {
     /// The eBPF charge tier: `auto` (the batched charge hook where the kernel has BPF
     /// trampolines, else the memcg stat tracepoints: what `evictd probe` names), or one of
     /// them forced; evictd does not start when the kernel cannot attach the one named.
-    #[arg(long, value_name = "TIER", default_value = "auto", value_parser = ChargeTier::NAMES)]
+    #[arg(long, value_name = "TIER", default_value = "auto", value_parser = charge_tier_flag_values())]
     pub charge_tier: String,
     /// Charge growth after which the kernel wakes evictd: `auto` (half the distance to the
     /// nearest memory threshold) or a quantity such as `64Mi` (`0`: every page).
@@ -224,6 +221,14 @@ pub struct HostPath {
 /// Where the kubelet writes pods' logs (the CRI's `log_directory` is under it): disk ranking
 /// reads their usage.
 pub const KUBELET_POD_LOGS: &str = "/var/log/pods";
+
+/// `--charge-tier`'s values: `auto`, then the eBPF tiers as `evictd probe` names them.
+fn charge_tier_flag_values() -> clap::builder::PossibleValuesParser {
+    let tiers = ChargeTier::EBPF.map(|t| clap::builder::PossibleValue::new(t.as_str()));
+    clap::builder::PossibleValuesParser::new(
+        std::iter::once(clap::builder::PossibleValue::new("auto")).chain(tiers),
+    )
+}
 
 impl RunArgs {
     /// The host paths evictd opens with these flags: what a container running it must see
@@ -371,8 +376,9 @@ impl RunArgs {
         if sources.is_empty() {
             bail!("--wake-sources: at least one wake source is needed");
         }
-        let charge_tier = ChargeTier::parse(&self.charge_tier).unwrap_or_default();
-        if charge_tier != ChargeTier::Auto && !sources.contains(&SourceKind::Ebpf) {
+        // clap has checked the name: anything but `auto` is one of the eBPF tiers.
+        let charge_tier = ChargeTier::parse(&self.charge_tier);
+        if charge_tier.is_some() && !sources.contains(&SourceKind::Ebpf) {
             bail!("--charge-tier {}: an eBPF tier, but --wake-sources has no ebpf", self.charge_tier);
         }
         let watermark = match self.bpf_watermark.as_str() {

@@ -5,11 +5,13 @@
 //! API server never delays a kill.
 //!
 //! - `connect`: the client, from `--kubeconfig` or the pod's service account;
+//! - `metrics`: the API calls by outcome, the time to record an eviction;
 //! - `pods`: the specs of the pods bound to this node, watched (read-only, also in a dry run);
 //! - `records`: the bodies the kubelet writes (pure);
 //! - `reporter`: the queue and the task that sends it.
 
 pub mod connect;
+pub mod metrics;
 pub mod pods;
 pub mod records;
 pub mod reporter;

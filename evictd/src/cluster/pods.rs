@@ -16,17 +16,12 @@ use kube::{
 };
 use tokio::sync::watch;
 
-use crate::report::metrics::Metrics;
-
-/// The pods bound to this node, by UID, as last listed and watched.
-pub type ApiPods = Arc<HashMap<String, Pod>>;
-
-/// The latest snapshot, `None` until the first list has completed.
-pub type ApiPodsReceiver = watch::Receiver<Option<ApiPods>>;
+use super::metrics::{ApiCall, ApiMetrics, ApiOutcome};
+use crate::runtime::inventory::{ApiPods, ApiPodsReceiver};
 
 /// Starts the watch on `node`'s pods; the receiver sees a new map after the first complete
 /// list and after every change.
-pub fn spawn_pod_watch(client: Client, node: &str, metrics: Arc<Metrics>) -> ApiPodsReceiver {
+pub fn spawn_pod_watch(client: Client, node: &str, metrics: ApiMetrics) -> ApiPodsReceiver {
     let (tx, rx) = watch::channel(None);
     let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client);
     // `any_semantic`: the first list is served from the API server's watch cache
@@ -51,7 +46,7 @@ pub fn spawn_pod_watch(client: Client, node: &str, metrics: Arc<Metrics>) -> Api
                     }
                 }
                 Err(e) => {
-                    metrics.api_call("watch_pods", "error");
+                    metrics.call(ApiCall::WatchPods, ApiOutcome::Error);
                     if healthy != Some(false) {
                         tracing::warn!(
                             "watching this node's pods in the Kubernetes API: {e}; specs stay as last \

@@ -28,14 +28,11 @@ use tokio::{
     task::JoinSet,
 };
 
-use super::records::{self, Involved};
-use crate::{
-    report::{
-        metrics::Metrics,
-        record::{EvictionCause, EvictionRecord},
-    },
-    wake::monotonic_ns,
+use super::{
+    metrics::{ApiCall, ApiMetrics, ApiOutcome},
+    records::{self, Involved},
 };
+use crate::vocab::{EvictionCause, EvictionRecord, monotonic_ns};
 
 /// Calls waiting at most; an eviction takes three.
 const QUEUE: usize = 1024;
@@ -75,12 +72,11 @@ enum Call {
 }
 
 impl Call {
-    /// The metric label and the log's name of the call.
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> ApiCall {
         match self {
-            Call::PodStatus { .. } => "pod_status",
-            Call::Event(_) => "event",
-            Call::NodeStatus(_) => "node_status",
+            Call::PodStatus { .. } => ApiCall::PodStatus,
+            Call::Event(_) => ApiCall::Event,
+            Call::NodeStatus(_) => ApiCall::NodeStatus,
         }
     }
 
@@ -110,7 +106,7 @@ pub struct Reporter {
     /// The node's events and conditions.
     node_calls: mpsc::Sender<Queued>,
     node: Arc<str>,
-    metrics: Arc<Metrics>,
+    metrics: ApiMetrics,
 }
 
 /// The tasks behind the reporters, for a bounded flush at shutdown.
@@ -124,7 +120,7 @@ impl Reporter {
         client: Client,
         node: String,
         retry: Retry,
-        metrics: Arc<Metrics>,
+        metrics: ApiMetrics,
     ) -> (Reporter, ReporterTask) {
         let (closing, closed) = watch::channel(false);
         let node: Arc<str> = node.into();
@@ -189,7 +185,7 @@ impl Reporter {
             let call = match e {
                 mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q.call,
             };
-            self.metrics.api_call(kind, "dropped");
+            self.metrics.call(kind, ApiOutcome::Dropped);
             tracing::warn!(
                 "Kubernetes API: {} not sent: the report queue is full or closed",
                 call.describe(&self.node)
@@ -214,7 +210,7 @@ struct Worker {
     client: Client,
     node: Arc<str>,
     retry: Retry,
-    metrics: Arc<Metrics>,
+    metrics: ApiMetrics,
     closing: watch::Receiver<bool>,
 }
 
@@ -250,7 +246,7 @@ impl Worker {
         loop {
             let err = match self.send(&q.call).await {
                 Ok(()) => {
-                    self.metrics.api_call(kind, "ok");
+                    self.metrics.call(kind, ApiOutcome::Ok);
                     self.delivered(&q.call, &what);
                     return;
                 }
@@ -258,16 +254,16 @@ impl Worker {
             };
             let closing = *self.closing.borrow();
             if !retriable(&err) {
-                self.metrics.api_call(kind, "refused");
+                self.metrics.call(kind, ApiOutcome::Refused);
                 tracing::warn!("Kubernetes API refused {what}: {err}");
                 return;
             }
             if closing || q.queued.elapsed() + wait > self.retry.give_up {
-                self.metrics.api_call(kind, "given_up");
+                self.metrics.call(kind, ApiOutcome::GivenUp);
                 tracing::error!("Kubernetes API: giving up on {what} after {:?}: {err}", q.queued.elapsed());
                 return;
             }
-            self.metrics.api_call(kind, "retried");
+            self.metrics.call(kind, ApiOutcome::Retried);
             tracing::warn!("Kubernetes API: {what} failed, retrying in {wait:?}: {err}");
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}

@@ -32,7 +32,7 @@ use tokio::{
 use crate::{
     cluster::{
         connect::{self, ApiOptions},
-        pods::{self, ApiPodsReceiver},
+        pods,
         reporter::{Reporter, ReporterTask, Retry},
     },
     node::{cgroups::CgroupMounts, growth::GrowthTracker, signals::NodeSignalSources},
@@ -40,13 +40,13 @@ use crate::{
         Report,
         endpoint::{self, Health},
         metrics::Metrics,
-        record::EvictionRecord,
         trace::{MemoryView, TraceFormat},
     },
     runtime::{
         cri::CriClient,
-        inventory::{self, Inventory, PodRecord},
+        inventory::{self, ApiPodsReceiver, Inventory, PodRecord},
     },
+    vocab::{EvictionRecord, Urgency, monotonic_ns},
     wake::{self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats},
 };
 
@@ -57,8 +57,6 @@ pub mod urgency;
 
 use pressure::Pressure;
 use urgency::{EmergencyLevel, NodeScope};
-
-use crate::runtime::evict::Urgency;
 
 /// Wakes buffered between passes; a full channel only means a look is already pending.
 const WAKE_CHANNEL: usize = 64 * 1024;
@@ -123,7 +121,7 @@ pub struct KillOptions {
 /// so that a wall-clock step (NTP, an operator) can neither cut a grace period short nor
 /// hold a pressure condition for hours.
 fn engine_ns() -> i64 {
-    wake::monotonic_ns() as i64
+    monotonic_ns() as i64
 }
 
 fn memory_view(thresholds: &[Threshold], obs: &Observations) -> MemoryView {
@@ -236,7 +234,9 @@ impl Daemon {
     async fn start(mut opts: RunOptions, tx: mpsc::Sender<Wake>) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let client = match &opts.pressure.cri_endpoint {
-            Some(ep) => Some(CriClient::new(ep, opts.pressure.cri_timeout)?.with_metrics(metrics.clone())),
+            Some(ep) => {
+                Some(CriClient::new(ep, opts.pressure.cri_timeout)?.with_metrics(metrics.cri.clone()))
+            }
             None => None,
         };
         // Before the sources start: the disk poll watches the filesystems the layout names.
@@ -495,13 +495,13 @@ async fn start_api(
         return Ok((None, None));
     };
     let client = connect::client(opts).await?;
-    let pods = pods::spawn_pod_watch(client.clone(), &opts.node_name, metrics.clone());
+    let pods = pods::spawn_pod_watch(client.clone(), &opts.node_name, metrics.api.clone());
     if dry_run {
         tracing::info!("dry run: pod specs are read from the Kubernetes API; nothing is written to it");
         return Ok((None, Some(pods)));
     }
     tracing::info!(node = %opts.node_name, "recording evictions in the Kubernetes API");
-    let reporter = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.clone());
+    let reporter = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.api.clone());
     Ok((Some(reporter), Some(pods)))
 }
 

@@ -25,15 +25,15 @@ use super::{KillOptions, PressureOptions};
 use crate::{
     cluster::reporter::Reporter,
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
-    report::record::{EvictionCause, EvictionRecord},
     runtime::{
         cri::CriClient,
-        evict::{self, StopPlan, Urgency},
+        evict::{self, StopPlan},
         inventory::PodRecord,
         kill::KillTarget,
         reclaim, usage,
     },
-    wake::{Wake, WakeCause, monotonic_ns},
+    vocab::{EvictionCause, EvictionRecord, Urgency, WakeCause, monotonic_ns},
+    wake::Wake,
 };
 
 /// Candidates tried in one decision when kills fail.

@@ -17,8 +17,8 @@ use crate::{
         cgroup_names::pid_in_cgroup,
         cgroups::{CgroupMounts, CgroupVersion},
     },
-    runtime::evict::Urgency,
-    wake::{Wake, WakeCause},
+    vocab::{Urgency, WakeCause},
+    wake::Wake,
 };
 
 /// Below which a memory signal is an emergency (`--emergency-available`).

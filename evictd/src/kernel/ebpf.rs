@@ -21,10 +21,13 @@ use evictd_common::{
     tracepoints::{BATCH_PROGRAMS, PROG_PAGE_COUNTER_TRY_CHARGE},
 };
 
-use crate::kernel::{
-    btf::{BatchPath, BtfError, KernelBtf},
-    stat_items::{self, StatItem, StatItemError},
-    tracefs::{self, TracefsError},
+use crate::{
+    kernel::{
+        btf::{BatchPath, BtfError, KernelBtf},
+        stat_items::{self, StatItem, StatItemError},
+        tracefs::{self, TracefsError},
+    },
+    vocab::ChargeTier,
 };
 
 /// The object built from `evictd-ebpf` by build.rs.
@@ -53,36 +56,7 @@ pub enum EbpfError {
     #[error("{what} the charge program {program}: {source}")]
     Charge { what: &'static str, program: &'static str, source: aya::programs::ProgramError },
     #[error("--charge-tier {tier}: this kernel cannot attach it: {why}")]
-    TierUnavailable { tier: &'static str, why: String },
-}
-
-/// Which charge tier may attach (`--charge-tier`): the fastest this kernel allows, or one
-/// named, so that the other tier can be used (and tested) where both exist.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ChargeTier {
-    #[default]
-    Auto,
-    BatchedChargeHook,
-    MemcgTracepoints,
-}
-
-impl ChargeTier {
-    /// `--charge-tier`'s values: `auto`, then the tiers as `evictd probe` names them.
-    pub const NAMES: [&str; 3] = ["auto", "batched-charge-hook", "memcg-tracepoints"];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ChargeTier::Auto => "auto",
-            ChargeTier::BatchedChargeHook => "batched-charge-hook",
-            ChargeTier::MemcgTracepoints => "memcg-tracepoints",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        [ChargeTier::Auto, ChargeTier::BatchedChargeHook, ChargeTier::MemcgTracepoints]
-            .into_iter()
-            .find(|t| t.name() == name)
-    }
+    TierUnavailable { tier: ChargeTier, why: String },
 }
 
 /// Where one program stands after loading.
@@ -128,7 +102,9 @@ pub struct LoadOptions {
     pub ring_buffer_bytes: u32,
     /// Minimum gap between two reclaim or OOM events on one CPU.
     pub min_interval: Duration,
-    pub charge_tier: ChargeTier,
+    /// The eBPF charge tier `--charge-tier` insists on; `None`: the fastest this kernel
+    /// allows. Insisting lets the other tier be used (and tested) where both exist.
+    pub charge_tier: Option<ChargeTier>,
 }
 
 impl Default for LoadOptions {
@@ -138,7 +114,7 @@ impl Default for LoadOptions {
             charge_items: stat_items::DEFAULT_CHARGE_ITEMS.iter().map(|s| s.to_string()).collect(),
             ring_buffer_bytes: 256 * 1024,
             min_interval: Duration::from_millis(10),
-            charge_tier: ChargeTier::Auto,
+            charge_tier: None,
         }
     }
 }
@@ -204,16 +180,19 @@ impl KernelProbes {
         // The batched hook first: where the kernel allows it, it sees charges at ~4 calls per
         // MiB where the memcg stat tracepoints cost 512, so they are not attached at all.
         let batch = match opts.charge_tier {
-            ChargeTier::MemcgTracepoints => {
+            Some(ChargeTier::MemcgTracepoints) => {
                 let why = "not attached: --charge-tier memcg-tracepoints";
                 programs.push(ProgramStatus::of_fexit(PROG_PAGE_COUNTER_TRY_CHARGE, Some(why.into())));
                 None
             }
             _ => attach_batch_hook(&mut ebpf, &btf, &mut programs),
         };
-        if opts.charge_tier == ChargeTier::BatchedChargeHook && batch.is_none() {
+        if opts.charge_tier == Some(ChargeTier::BatchedChargeHook) && batch.is_none() {
             let why: Vec<String> = programs.iter().map(ProgramStatus::reason).collect();
-            return Err(EbpfError::TierUnavailable { tier: opts.charge_tier.name(), why: why.join("; ") });
+            return Err(EbpfError::TierUnavailable {
+                tier: ChargeTier::BatchedChargeHook,
+                why: why.join("; "),
+            });
         }
         for tp in &TRACEPOINTS {
             if tp.raw && batch.is_some() {
@@ -238,10 +217,13 @@ impl KernelProbes {
             let why: Vec<String> = programs.iter().map(ProgramStatus::reason).collect();
             return Err(EbpfError::NothingAttached(why.join("; ")));
         }
-        if opts.charge_tier == ChargeTier::MemcgTracepoints && charge.is_empty() {
+        if opts.charge_tier == Some(ChargeTier::MemcgTracepoints) && charge.is_empty() {
             let why: Vec<String> =
                 programs.iter().filter(|p| p.is_memcg_stat()).map(ProgramStatus::reason).collect();
-            return Err(EbpfError::TierUnavailable { tier: opts.charge_tier.name(), why: why.join("; ") });
+            return Err(EbpfError::TierUnavailable {
+                tier: ChargeTier::MemcgTracepoints,
+                why: why.join("; "),
+            });
         }
 
         let ring = RingBuf::try_from(ebpf.take_map(MAP_EVENTS).ok_or(EbpfError::MissingMap(MAP_EVENTS))?)

@@ -1,9 +1,8 @@
 //! The kernel side of the eBPF wake source, from userspace: BTF (stat item numbers,
 //! tracepoint prototypes, struct offsets), tracefs (record layouts), loading and attaching
-//! the programs, and `evictd probe`, which checks all of it for real.
+//! the programs. `evictd probe` (in `cli`) checks all of it for real.
 
 pub mod btf;
 pub mod ebpf;
-pub mod probe;
 pub mod stat_items;
 pub mod tracefs;

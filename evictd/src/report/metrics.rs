@@ -1,13 +1,11 @@
-//! Prometheus metrics: the node's signals, capacities and thresholds, evictd's node
-//! conditions, the wake sources and charge tier in use, wakes by source, evictions by signal
-//! (the kubelet's `kubelet_evictions`) and by namespace, latency histograms for every
-//! decision (wake → decision by wake source, kernel → userspace delivery, each eviction
-//! phase, kill → status recorded), ring-buffer drops, kernel-side, CRI and API errors, and
-//! the pods by spec source. Served by `endpoint` at /metrics.
+//! Prometheus metrics, composed: the components register their own families (the wake
+//! sources' in `wake::metrics`, the CRI client's in `runtime::cri`, the API link's in
+//! `cluster::metrics`), and this module adds the report's: the node's signals, capacities
+//! and thresholds, evictd's node conditions, evictions by signal (the kubelet's
+//! `kubelet_evictions`) and by namespace, latency histograms for every decision (wake →
+//! decision by wake source, each eviction phase), and the pods by spec source. Served by
+//! `endpoint` at /metrics.
 
-use std::time::Duration;
-
-use evictd_common::KernelError;
 use evictd_policy::{
     observations::Observations,
     policy::{NodeCondition, Resource, Signal, Threshold, ThresholdValue},
@@ -19,9 +17,10 @@ use prometheus_client::{
 };
 
 use crate::{
-    report::record::EvictionRecord,
-    runtime::inventory::SpecSource,
-    wake::{SourceKind, Wake, WakeCause},
+    cluster::metrics::ApiMetrics,
+    runtime::cri::CriMetrics,
+    vocab::{EvictionRecord, SpecSource, WakeCause, metrics::latency_buckets},
+    wake::metrics::WakeMetrics,
 };
 
 /// One label set per family shape; prometheus-client wants named fields.
@@ -37,19 +36,9 @@ labels! {
     SignalLabel { eviction_signal }
     ThresholdLabel { eviction_signal, threshold }
     NamespaceLabel { namespace }
-    ApiCallLabel { call, outcome }
-    CriErrorLabel { call }
     SpecSourceLabel { spec_source }
     PhaseLabel { phase }
     ConditionLabel { condition }
-    SourceLabel { source }
-    TierLabel { tier }
-    ErrorLabel { error }
-}
-
-/// 10 µs .. ~80 s, doubling: wide enough for eBPF wakes and 10 s polling alike.
-fn latency_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(1e-5, 2.0, 24)
 }
 
 /// The unit of a signal's values, which names its gauge families (Prometheus: one unit per
@@ -74,29 +63,6 @@ const PHASES: [&str; 6] = [
     "fast_kill_reaped",
 ];
 
-/// The API calls and their outcomes (`cluster::reporter`, `cluster::pods`).
-const API_CALLS: [(&str, &str); 16] = [
-    ("pod_status", "ok"),
-    ("pod_status", "retried"),
-    ("pod_status", "refused"),
-    ("pod_status", "given_up"),
-    ("pod_status", "dropped"),
-    ("event", "ok"),
-    ("event", "retried"),
-    ("event", "refused"),
-    ("event", "given_up"),
-    ("event", "dropped"),
-    ("node_status", "ok"),
-    ("node_status", "retried"),
-    ("node_status", "refused"),
-    ("node_status", "given_up"),
-    ("node_status", "dropped"),
-    ("watch_pods", "error"),
-];
-
-/// The charge tiers `evictd probe` names, fastest first.
-pub const CHARGE_TIERS: [&str; 3] = ["batched-charge-hook", "memcg-tracepoints", "adaptive-poll"];
-
 type Gauges<L> = [Family<L, Gauge>; 3];
 
 /// Every family is registered, and every label value known in advance created, at start: a
@@ -104,25 +70,22 @@ type Gauges<L> = [Family<L, Gauge>; 3];
 /// waits for its first eviction: its label values are not known in advance.)
 pub struct Metrics {
     registry: Registry,
-    wakes: Family<CauseLabel, Counter>,
+    /// The wake sources' families, which the report updates from what the sources tell it.
+    pub wake: WakeMetrics,
+    /// Handed to the CRI client, which counts its own failures.
+    pub cri: CriMetrics,
+    /// Handed to the pod watch and the reporter.
+    pub api: ApiMetrics,
     evictions: Family<SignalLabel, Counter>,
     evictions_by_namespace: Family<NamespaceLabel, Counter>,
     failed_evictions: Counter,
     detection: Family<CauseLabel, Histogram>,
-    delivery: Histogram,
     phases: Family<PhaseLabel, Histogram>,
-    api_calls: Family<ApiCallLabel, Counter>,
-    cri_errors: Family<CriErrorLabel, Counter>,
-    status_window: Histogram,
     pods: Family<SpecSourceLabel, Gauge>,
     available: Gauges<SignalLabel>,
     capacity: Gauges<SignalLabel>,
     thresholds: Gauges<ThresholdLabel>,
     conditions: Family<ConditionLabel, Gauge>,
-    wake_sources: Family<SourceLabel, Gauge>,
-    charge_tier: Family<TierLabel, Gauge>,
-    ring_drops: Counter,
-    kernel_errors: Family<ErrorLabel, Counter>,
 }
 
 fn histograms<L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static>()
@@ -145,17 +108,18 @@ where
 impl Default for Metrics {
     fn default() -> Self {
         let mut r = Registry::with_prefix("evictd");
+        let wake = WakeMetrics::register(&mut r);
+        let cri = CriMetrics::register(&mut r);
+        let api = ApiMetrics::register(&mut r);
         let m = Metrics {
-            wakes: Family::default(),
+            wake,
+            cri,
+            api,
             evictions: Family::default(),
             evictions_by_namespace: Family::default(),
             failed_evictions: Counter::default(),
             detection: histograms(),
-            delivery: Histogram::new(latency_buckets()),
             phases: histograms(),
-            api_calls: Family::default(),
-            cri_errors: Family::default(),
-            status_window: Histogram::new(latency_buckets()),
             pods: Family::default(),
             available: gauges_by_unit(
                 &mut r,
@@ -173,13 +137,8 @@ impl Default for Metrics {
                 "Each eviction threshold (hard or soft), resolved against the signal's capacity",
             ),
             conditions: Family::default(),
-            wake_sources: Family::default(),
-            charge_tier: Family::default(),
-            ring_drops: Counter::default(),
-            kernel_errors: Family::default(),
             registry: Registry::default(),
         };
-        r.register("wakes", "Wake events, by source", m.wakes.clone());
         r.register("evictions", "Pods evicted, by the signal that drove it", m.evictions.clone());
         r.register(
             "evictions_by_namespace",
@@ -192,27 +151,7 @@ impl Default for Metrics {
             "From the wake's origin (kernel event time, or receipt) to the eviction decision, by wake source",
             m.detection.clone(),
         );
-        r.register(
-            "wake_delivery_seconds",
-            "From a kernel event to its receipt by evictd",
-            m.delivery.clone(),
-        );
         r.register("eviction_phase_seconds", "Time spent in each phase of an eviction", m.phases.clone());
-        r.register(
-            "kube_api_calls",
-            "Kubernetes API calls (pod_status, event, node_status, watch_pods) by outcome: ok, retried, refused, given_up, dropped, error",
-            m.api_calls.clone(),
-        );
-        r.register(
-            "cri_errors",
-            "Failed CRI calls (an error, or past evictd's deadline), by call",
-            m.cri_errors.clone(),
-        );
-        r.register(
-            "eviction_recorded_seconds",
-            "From an evicted pod's kill to its Failed/Evicted status accepted by the API server",
-            m.status_window.clone(),
-        );
         r.register(
             "pods",
             "Pods on the node, by where their spec comes from (api, pods_file, inferred: priority unknown)",
@@ -223,63 +162,23 @@ impl Default for Metrics {
             "1 while evictd's rule holds the node condition (MemoryPressure, DiskPressure, PIDPressure)",
             m.conditions.clone(),
         );
-        r.register("wake_source_active", "1 for each wake source running", m.wake_sources.clone());
-        r.register(
-            "charge_wake_tier",
-            "1 for the tier that wakes evictd on memory growth (batched-charge-hook, memcg-tracepoints, adaptive-poll)",
-            m.charge_tier.clone(),
-        );
-        r.register(
-            "ring_buffer_drops",
-            "Kernel wake events dropped on a full ring buffer",
-            m.ring_drops.clone(),
-        );
-        r.register(
-            "kernel_errors",
-            "Failures counted by the eBPF programs, by kind",
-            m.kernel_errors.clone(),
-        );
         for source in SpecSource::ALL {
             m.pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(0);
         }
         for c in NodeCondition::ALL {
             m.conditions.get_or_create(&ConditionLabel { condition: c.as_str().into() }).set(0);
         }
-        for kind in SourceKind::ALL {
-            m.wake_sources.get_or_create(&SourceLabel { source: kind.as_str().into() }).set(0);
-        }
-        for tier in CHARGE_TIERS {
-            m.charge_tier.get_or_create(&TierLabel { tier: tier.into() }).set(0);
-        }
         for cause in WakeCause::ALL {
-            let label = CauseLabel { cause: cause.as_str().into() };
-            m.wakes.get_or_create(&label).inc_by(0);
-            let _ = m.detection.get_or_create(&label);
+            let _ = m.detection.get_or_create(&CauseLabel { cause: cause.as_str().into() });
         }
         for phase in PHASES {
             let _ = m.phases.get_or_create(&PhaseLabel { phase: phase.into() });
-        }
-        for (call, outcome) in API_CALLS {
-            m.api_calls.get_or_create(&ApiCallLabel { call: call.into(), outcome: outcome.into() }).inc_by(0);
-        }
-        for call in crate::runtime::cri::CALLS {
-            m.cri_errors.get_or_create(&CriErrorLabel { call: call.into() }).inc_by(0);
-        }
-        for e in KernelError::ALL {
-            m.kernel_errors.get_or_create(&ErrorLabel { error: e.as_str().into() }).inc_by(0);
         }
         Metrics { registry: r, ..m }
     }
 }
 
 impl Metrics {
-    pub fn wake(&self, w: &Wake) {
-        self.wakes.get_or_create(&CauseLabel { cause: w.cause.as_str().into() }).inc();
-        if let Some(ns) = w.delivery_ns() {
-            self.delivery.observe(ns as f64 / 1e9);
-        }
-    }
-
     /// The thresholds in force (at start, and after a SIGHUP): the signals evictd acts on are
     /// created at 0 so that evictions read 0 before the first, and the threshold gauges of a
     /// previous policy go (`observed` sets the current ones).
@@ -373,43 +272,11 @@ impl Metrics {
         }
     }
 
-    /// The wake sources running, and the charge tier among them (`None`: none wakes on growth).
-    pub fn wake_sources(&self, running: &[SourceKind], tier: Option<&str>) {
-        for kind in SourceKind::ALL {
-            self.wake_sources
-                .get_or_create(&SourceLabel { source: kind.as_str().into() })
-                .set(running.contains(&kind).into());
-        }
-        for t in CHARGE_TIERS {
-            self.charge_tier.get_or_create(&TierLabel { tier: t.into() }).set((tier == Some(t)).into());
-        }
-    }
-
-    /// What the kernel side counted since the last call.
-    pub fn kernel(&self, ring_drops: u64, errors: &[(KernelError, u64)]) {
-        self.ring_drops.inc_by(ring_drops);
-        for (e, n) in errors {
-            self.kernel_errors.get_or_create(&ErrorLabel { error: e.as_str().into() }).inc_by(*n);
-        }
-    }
-
-    pub fn cri_error(&self, call: &str) {
-        self.cri_errors.get_or_create(&CriErrorLabel { call: call.into() }).inc();
-    }
-
-    pub fn api_call(&self, call: &str, outcome: &str) {
-        self.api_calls.get_or_create(&ApiCallLabel { call: call.into(), outcome: outcome.into() }).inc();
-    }
-
     /// The inventory's pods, counted by spec source.
     pub fn pods_by_spec_source(&self, counts: impl IntoIterator<Item = (SpecSource, i64)>) {
         for (source, n) in counts {
             self.pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(n);
         }
-    }
-
-    pub fn status_recorded(&self, after_kill: Duration) {
-        self.status_window.observe(after_kill.as_secs_f64());
     }
 
     pub fn encode(&self) -> String {
@@ -423,14 +290,17 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wake::WakeCause;
+    use crate::{
+        vocab::ChargeTier,
+        wake::{SourceKind, Wake},
+    };
 
     fn record() -> EvictionRecord {
         EvictionRecord {
             namespace: "ns".into(),
             name: "p".into(),
             uid: "u".into(),
-            signal: crate::report::record::EvictionCause::Signal(Signal::MemoryAvailable),
+            signal: crate::vocab::EvictionCause::Signal(Signal::MemoryAvailable),
             available: 1,
             threshold: 2,
             grace_period_seconds: 1,
@@ -439,7 +309,7 @@ mod tests {
             dry_run: false,
             error: None,
             decide_us: 500,
-            phases: Some(crate::runtime::evict::Phases {
+            phases: Some(crate::vocab::Phases {
                 stop_containers_ms: 120.0,
                 stop_sandbox_ms: 30.0,
                 memory_released_ms: Some(0.1),
@@ -457,7 +327,7 @@ mod tests {
     #[test]
     fn wakes_and_evictions_are_counted_and_timed() {
         let m = Metrics::default();
-        m.wake(&Wake::now(WakeCause::Timer));
+        m.wake.wake(&Wake::now(WakeCause::Timer));
         let rec = record();
         m.eviction(&rec);
         let text = m.encode();
@@ -585,7 +455,7 @@ mod tests {
             "{text}"
         );
         m.conditions(&[NodeCondition::DiskPressure]);
-        m.wake_sources(&[SourceKind::Poll, SourceKind::Timer], Some("adaptive-poll"));
+        m.wake.running(&[SourceKind::Poll, SourceKind::Timer], Some(ChargeTier::AdaptivePoll));
         let text = m.encode();
         assert!(text.contains("evictd_node_condition{condition=\"DiskPressure\"} 1"), "{text}");
         assert!(text.contains("evictd_node_condition{condition=\"MemoryPressure\"} 0"), "{text}");
@@ -601,6 +471,18 @@ mod tests {
             serde_json::from_str(include_str!("../../../deploy/grafana-dashboard.json")).unwrap();
         let m = Metrics::default();
         m.eviction(&EvictionRecord { namespace: "ns".into(), ..record() });
+        // A node with a reading and a threshold in every unit, so that every family that
+        // can exist does: the dashboard may query exactly those.
+        let o = evictd_policy::observations::Observation { available: 1, capacity: 2, time_ns: None };
+        let signals = [Signal::MemoryAvailable, Signal::NodeFsInodesFree, Signal::PidAvailable];
+        let thresholds = signals.map(|signal| Threshold {
+            signal,
+            value: ThresholdValue::Percentage(0.1),
+            grace_period_ns: 0,
+            min_reclaim: None,
+        });
+        m.configured(&thresholds);
+        m.observed(&thresholds, &signals.into_iter().map(|s| (s, o)).collect());
         let text = m.encode();
         let exported: Vec<&str> = text
             .lines()
@@ -620,10 +502,8 @@ mod tests {
                     .iter()
                     .find_map(|suffix| name.strip_suffix(suffix))
                     .unwrap_or(name);
-                // The per-unit gauges are registered when a signal is first read.
-                let by_unit = UNITS.iter().any(|u| family.ends_with(&format!("_{u}")));
                 assert!(
-                    exported.contains(&family) || by_unit,
+                    exported.contains(&family),
                     "the dashboard queries {name}, which evictd does not export"
                 );
                 queried += 1;

@@ -17,18 +17,17 @@ use evictd_policy::{
 use crate::{
     kernel::ebpf::Counters,
     node::{cgroup_names::CgroupNames, cgroups::CgroupMounts, growth::Growth},
-    runtime::inventory::{PodRecord, SpecSource},
-    wake::{SourceKind, Wake, WakeCause, WakeSource, WakeStats},
+    runtime::inventory::PodRecord,
+    vocab::{EvictionRecord, SpecSource, WakeCause},
+    wake::{SourceKind, Wake, WakeSource, WakeStats},
 };
 
 pub mod endpoint;
 pub mod metrics;
-pub mod record;
 pub mod trace;
 pub mod units;
 
 use metrics::Metrics;
-use record::EvictionRecord;
 use trace::{MemoryView, TraceFormat, TraceSink, TraceSummary};
 
 pub struct Report {
@@ -61,7 +60,7 @@ impl Report {
         self.counts.available = view.available;
         for w in wakes {
             self.counts.by_cause[w.cause.index()] += 1;
-            self.metrics.wake(w);
+            self.metrics.wake.wake(w);
             if let Some(s) = self.sink.as_mut() {
                 s.event(w, &mut self.names, view)?;
             }
@@ -112,11 +111,8 @@ impl Report {
     /// The wake sources still running, and the fastest charge tier among them.
     pub fn wake_sources(&self, sources: &[Box<dyn WakeSource>]) {
         let running: Vec<SourceKind> = sources.iter().map(|s| s.kind()).collect();
-        let tier = sources
-            .iter()
-            .filter_map(|s| s.charge_tier())
-            .min_by_key(|t| metrics::CHARGE_TIERS.iter().position(|c| c == t));
-        self.metrics.wake_sources(&running, tier);
+        let tier = sources.iter().filter_map(|s| s.charge_tier()).min();
+        self.metrics.wake.running(&running, tier);
     }
 
     /// The node as first observed, before any wake.
@@ -188,7 +184,7 @@ impl WakeCounts {
             self.last_drops = k.ring_drops;
             let errors = KernelError::ALL
                 .map(|e| (e, k.errors[e as usize].saturating_sub(self.last_errors[e as usize])));
-            metrics.kernel(s.ring_drops, &errors);
+            metrics.wake.kernel(s.ring_drops, &errors);
             self.warn_kernel_errors(k);
             self.last_errors = k.errors;
         }

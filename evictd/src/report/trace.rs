@@ -13,11 +13,9 @@ use serde::Serialize;
 use crate::{
     kernel::ebpf::Counters,
     node::{cgroup_names::CgroupNames, growth::Growth},
-    report::{
-        record::{EvictionCause, EvictionRecord},
-        units,
-    },
-    wake::{Wake, WakeCause},
+    report::units,
+    vocab::{EvictionCause, EvictionRecord, WakeCause},
+    wake::Wake,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,6 @@
 
 use std::{
     path::PathBuf,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -13,9 +12,12 @@ pub use k8s_cri::v1 as api;
 use k8s_cri::v1::{
     self as cri, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+    registry::Registry,
+};
 use tonic::transport::{Channel, Endpoint, Uri};
-
-use crate::report::metrics::Metrics;
 
 /// containerd's CRI socket, the kubelet's default too.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
@@ -88,7 +90,7 @@ pub struct CriClient {
     images: ImageServiceClient<Channel>,
     timeout: Duration,
     /// Failed calls are counted here (`evictd_cri_errors_total`), when set.
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<CriMetrics>,
 }
 
 /// `unix:///run/x.sock` or a bare `/run/x.sock`.
@@ -122,6 +124,37 @@ pub const CALLS: [&str; 14] = [
     "ListImages",
     "RemoveImage",
 ];
+
+/// The CRI client's own metric family: failed calls by call, every call present at 0 from
+/// the start so that a dashboard sees a series before the first failure.
+#[derive(Clone, Default)]
+pub struct CriMetrics {
+    errors: Family<CallLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabel {
+    call: &'static str,
+}
+
+impl CriMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = CriMetrics::default();
+        registry.register(
+            "cri_errors",
+            "Failed CRI calls (an error, or past evictd's deadline), by call",
+            m.errors.clone(),
+        );
+        for call in CALLS {
+            m.errors.get_or_create(&CallLabel { call }).inc_by(0);
+        }
+        m
+    }
+
+    fn failed(&self, call: &'static str) {
+        self.errors.get_or_create(&CallLabel { call }).inc();
+    }
+}
 
 /// How long a stop the runtime failed is watched for the exit it may still have caused
 /// (bounded by the CRI timeout too). containerd records an exit when its shim's event
@@ -159,7 +192,7 @@ impl CriClient {
         })
     }
 
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: CriMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -183,7 +216,7 @@ impl CriClient {
             Err(_) => CriError::Timeout { endpoint: self.endpoint.clone(), call, timeout },
         };
         if let Some(m) = &self.metrics {
-            m.cri_error(call);
+            m.failed(call);
         }
         Err(result)
     }
@@ -423,6 +456,8 @@ pub fn separate_container_fs(resp: &cri::ImageFsInfoResponse) -> Option<PathBuf>
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]

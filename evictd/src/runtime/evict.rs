@@ -24,25 +24,11 @@ use crate::{
     runtime::{
         cri::{CriClient, CriError},
         inventory::PodRecord,
-        kill::{self, KillReport, KillTarget},
+        kill::{self, KillTarget},
         usage::cgroup_tree_empty,
     },
-    wake::monotonic_ns,
+    vocab::{FastKill, Phases, Urgency, monotonic_ns},
 };
-
-/// How urgent the running stop has become, raised by the daemon while it runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Urgency {
-    /// The grace period the engine chose.
-    #[default]
-    Normal,
-    /// A hard threshold is met: at most the hard eviction's grace period.
-    Hard,
-    /// The kernel is about to act (memory.available below the emergency level, reclaim or an
-    /// OOM kill in the node): kill now.
-    Emergency,
-}
 
 /// How one pod is stopped.
 pub struct StopPlan {
@@ -56,28 +42,6 @@ pub struct StopPlan {
     /// taken).
     pub cgroup: Option<PathBuf>,
     pub release_timeout: Duration,
-}
-
-/// How long each phase of an eviction took, in milliseconds.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct Phases {
-    pub stop_containers_ms: f64,
-    pub stop_sandbox_ms: f64,
-    /// `None`: the pod's cgroup still held a process when `--release-timeout` ran out.
-    pub memory_released_ms: Option<f64>,
-    /// The fast kill, when there was one.
-    pub fast_kill: Option<FastKill>,
-}
-
-/// A fast kill in an eviction: why, when, and what it did.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct FastKill {
-    /// `hard` when the hard eviction's grace period is 0, `emergency` when raised mid-stop.
-    pub urgency: Urgency,
-    /// CLOCK_MONOTONIC ns when SIGKILL had been sent to the whole pod.
-    pub signalled_ns: u64,
-    #[serde(flatten)]
-    pub report: KillReport,
 }
 
 fn ms(t: Instant) -> f64 {

@@ -22,30 +22,16 @@ use tokio::sync::{Notify, watch};
 
 use super::infer::{infer_spec, with_trusted_annotations};
 use crate::{
-    cluster::pods::{ApiPods, ApiPodsReceiver},
     runtime::cri::{CriClient, CriError, api as cri},
+    vocab::SpecSource,
 };
 
-/// Where a pod's spec came from, best first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SpecSource {
-    Api,
-    PodsFile,
-    /// From the node: priority unknown (0 unless node-critical), requests approximate.
-    Inferred,
-}
+/// The pods bound to this node, by UID, as the API server last listed and watched them
+/// (`cluster::pods` keeps it current).
+pub type ApiPods = Arc<HashMap<String, Pod>>;
 
-impl SpecSource {
-    pub const ALL: [SpecSource; 3] = [SpecSource::Api, SpecSource::PodsFile, SpecSource::Inferred];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SpecSource::Api => "api",
-            SpecSource::PodsFile => "pods_file",
-            SpecSource::Inferred => "inferred",
-        }
-    }
-}
+/// The latest snapshot, `None` until the first list has completed.
+pub type ApiPodsReceiver = watch::Receiver<Option<ApiPods>>;
 
 /// How long the log waits for the API server's first list before it names the pods whose
 /// specs are inferred: a list still on its way is not a reason to call them so.

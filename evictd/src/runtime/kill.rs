@@ -25,9 +25,12 @@ use std::{
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
 use super::{inventory::PodRecord, usage::cgroup_rel_dir};
-use crate::node::{
-    cgroup_names::pid_in_cgroup,
-    cgroups::{CgroupMounts, CgroupVersion},
+use crate::{
+    node::{
+        cgroup_names::pid_in_cgroup,
+        cgroups::{CgroupMounts, CgroupVersion},
+    },
+    vocab::{KillMethod, KillReport},
 };
 
 /// A v1 freezer may sit in FREEZING while a task is in an uninterruptible sleep; runc
@@ -53,29 +56,6 @@ pub struct KillTarget {
     freezer: Option<PathBuf>,
     /// evictd itself: a pod that holds it is never killed, whatever the engine was told.
     spare: i32,
-}
-
-/// How the pod was killed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KillMethod {
-    CgroupKill,
-    Freezer,
-    Signals,
-}
-
-/// What the fast kill did, for the eviction record.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct KillReport {
-    pub method: KillMethod,
-    /// Processes pinned and signalled (those `cgroup.kill` took are not counted twice).
-    pub processes: usize,
-    /// From the start of the kill to SIGKILL sent to the whole pod.
-    pub signalled_ms: f64,
-    /// Victims whose memory `process_mrelease` freed on evictd's side.
-    pub reaped: usize,
-    /// From the start of the kill to the end of the last reap.
-    pub reaped_ms: f64,
 }
 
 #[derive(Debug, thiserror::Error)]

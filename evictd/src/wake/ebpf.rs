@@ -30,6 +30,7 @@ use super::{
 use crate::{
     kernel::ebpf::{Counters, KernelProbes},
     node::{cgroup_names, signals::NodeSignalSources},
+    vocab::ChargeTier,
 };
 
 /// How far ahead the kernel should wake evictd.
@@ -195,11 +196,11 @@ impl WakeSource for EbpfWake {
     }
 
     /// The names `evictd probe` gives the tiers.
-    fn charge_tier(&self) -> Option<&'static str> {
+    fn charge_tier(&self) -> Option<ChargeTier> {
         if self.probes.has_batch_hook() {
-            Some("batched-charge-hook")
+            Some(ChargeTier::BatchedChargeHook)
         } else if self.probes.has_charge_programs() {
-            Some("memcg-tracepoints")
+            Some(ChargeTier::MemcgTracepoints)
         } else {
             None
         }

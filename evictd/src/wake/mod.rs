@@ -14,20 +14,20 @@ use std::{
     time::Duration,
 };
 
-use evictd_common::{
-    CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, CGROUP_KIND_DEFAULT, WakeEvent,
-};
+use evictd_common::{CGROUP_KIND_DEFAULT, WakeEvent};
 use evictd_policy::{observations::Observations, policy::Threshold};
 use tokio::sync::mpsc;
 
 use crate::{
     kernel::ebpf::{Counters, LoadOptions},
     node::signals::NodeSignalSources,
+    vocab::{ChargeTier, WakeCause, monotonic_ns},
 };
 
 pub mod disk;
 pub mod ebpf;
 pub mod eventfd;
+pub mod metrics;
 pub mod poll;
 pub mod psi;
 pub mod timer;
@@ -137,7 +137,7 @@ pub trait WakeSource {
         None
     }
     /// The charge tier this source wakes evictd through on memory growth, if any.
-    fn charge_tier(&self) -> Option<&'static str> {
+    fn charge_tier(&self) -> Option<ChargeTier> {
         None
     }
     /// Whether the charge programs are attached now (the eBPF source).
@@ -233,69 +233,6 @@ pub fn start(
     Ok(started)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum WakeCause {
-    Charge,
-    DirectReclaim,
-    MemcgReclaim,
-    OomKill,
-    Timer,
-    /// A cgroup v1 memory threshold (eventfd) was crossed.
-    Eventfd,
-    /// A PSI trigger fired.
-    Psi,
-    /// The adaptive poll saw usage past its level.
-    Poll,
-    /// The disk poll saw a disk threshold met.
-    Disk,
-}
-
-// Per-cause arrays are indexed by `index()`: ALL must end with the last variant.
-const _: () = assert!(WakeCause::Disk as usize + 1 == WakeCause::ALL.len());
-
-impl WakeCause {
-    pub const ALL: [WakeCause; 9] = [
-        WakeCause::Charge,
-        WakeCause::DirectReclaim,
-        WakeCause::MemcgReclaim,
-        WakeCause::OomKill,
-        WakeCause::Timer,
-        WakeCause::Eventfd,
-        WakeCause::Psi,
-        WakeCause::Poll,
-        WakeCause::Disk,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WakeCause::Charge => "charge",
-            WakeCause::DirectReclaim => "direct-reclaim",
-            WakeCause::MemcgReclaim => "memcg-reclaim",
-            WakeCause::OomKill => "oom-kill",
-            WakeCause::Timer => "timer",
-            WakeCause::Eventfd => "eventfd",
-            WakeCause::Psi => "psi",
-            WakeCause::Poll => "poll",
-            WakeCause::Disk => "disk",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    fn from_kernel(cause: u32) -> Option<Self> {
-        match cause {
-            CAUSE_CHARGE => Some(WakeCause::Charge),
-            CAUSE_DIRECT_RECLAIM => Some(WakeCause::DirectReclaim),
-            CAUSE_MEMCG_RECLAIM => Some(WakeCause::MemcgReclaim),
-            CAUSE_OOM_KILL => Some(WakeCause::OomKill),
-            _ => None,
-        }
-    }
-}
-
 /// One reason to look now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wake {
@@ -345,13 +282,6 @@ impl Wake {
     }
 }
 
-/// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` uses.
-pub fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
-
 /// Counts kept by userspace about the wake stream.
 #[derive(Debug, Default)]
 pub struct WakeStats {
@@ -363,6 +293,8 @@ pub struct WakeStats {
 
 #[cfg(test)]
 mod tests {
+    use evictd_common::CAUSE_OOM_KILL;
+
     use super::*;
 
     #[test]
@@ -396,12 +328,5 @@ mod tests {
         drop(running);
         // The aborted task dropped its sender: the channel closes.
         assert_eq!(tokio::time::timeout(Duration::from_secs(5), rx.recv()).await, Ok(None));
-    }
-
-    #[test]
-    fn cause_indices_are_dense() {
-        for (i, c) in WakeCause::ALL.iter().enumerate() {
-            assert_eq!(c.index(), i);
-        }
     }
 }

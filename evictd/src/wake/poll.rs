@@ -25,7 +25,7 @@ use super::{
     NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource,
     ebpf::{Distance, MIN_AUTO_WATERMARK, Watermark, watermark_for},
 };
-use crate::node::memory::MemoryCgroup;
+use crate::{node::memory::MemoryCgroup, vocab::ChargeTier};
 
 /// The shortest interval: a read of one cgroup file a millisecond costs well under 1 % of a
 /// core, and tokio's timer is no finer.
@@ -108,8 +108,8 @@ impl WakeSource for PollWake {
         SourceKind::Poll
     }
 
-    fn charge_tier(&self) -> Option<&'static str> {
-        Some("adaptive-poll")
+    fn charge_tier(&self) -> Option<ChargeTier> {
+        Some(ChargeTier::AdaptivePoll)
     }
 
     /// The next level is the usage now plus half the distance to the nearest memory

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd::wake::monotonic_ns;
+use evictd::vocab::monotonic_ns;
 use evictd_tests::{TestTmpfs, dies_with_harness, evictd_binary};
 
 use crate::reaction::{parse_rate, rate_name};

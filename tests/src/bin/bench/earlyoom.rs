@@ -122,7 +122,7 @@ impl Earlyoom {
             let (kills, started) = (kills.clone(), started.clone());
             std::thread::spawn(move || {
                 for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    let read_ns = evictd::wake::monotonic_ns();
+                    let read_ns = evictd::vocab::monotonic_ns();
                     if line.starts_with("mem total:") {
                         *started.lock().expect("started") = true;
                     }

@@ -434,7 +434,7 @@ fn watch(
         let mut seen = Watched::default();
         let mut peak = baseline;
         while !done.load(Ordering::Relaxed) && seen.freed_ns.is_none() {
-            let now = evictd::wake::monotonic_ns();
+            let now = evictd::vocab::monotonic_ns();
             if let Some(level) = mem_available_level.filter(|_| seen.mem_available_crossed_ns.is_none())
                 && crate::earlyoom::mem_available() <= level
             {
@@ -444,7 +444,7 @@ fn watch(
             peak = peak.max(ws);
             let added = peak - baseline;
             if added >= 64 * MI && ws < baseline + added / 10 {
-                seen.freed_ns = Some(evictd::wake::monotonic_ns());
+                seen.freed_ns = Some(evictd::vocab::monotonic_ns());
             }
             std::thread::sleep(Duration::from_micros(500));
         }

@@ -15,6 +15,7 @@ use crate::{
         cgroups::{CgroupMounts, CgroupVersion},
         memory::MemoryCgroup,
     },
+    vocab::ChargeTier,
     wake::{eventfd, poll, psi},
 };
 
@@ -38,11 +39,7 @@ pub struct ProbeReport {
 /// first, and the first one this kernel allows is used.
 #[derive(Serialize)]
 pub struct ChargeWake {
-    /// `batched-charge-hook` (eBPF fexit on the page counter's charge, once per 64-page batch),
-    /// `memcg-tracepoints` (eBPF on the memcg stat tracepoints, attached within the band near
-    /// a threshold) or `adaptive-poll` (the node's usage read at an interval set by the
-    /// distance to the nearest threshold).
-    pub tier: &'static str,
+    pub tier: ChargeTier,
     pub why: String,
 }
 
@@ -70,7 +67,7 @@ pub fn run() -> ProbeReport {
         kernel,
         checks: vec![check_btf(), check_tracefs()],
         wake_sources: Vec::new(),
-        charge_wake: ChargeWake { tier: "adaptive-poll", why: String::new() },
+        charge_wake: ChargeWake { tier: ChargeTier::AdaptivePoll, why: String::new() },
     };
     r.charge_wake = probe_bpf(&mut r);
     match CgroupMounts::detect() {
@@ -136,7 +133,7 @@ fn probe_bpf(r: &mut ProbeReport) -> ChargeWake {
             charge_tier(&probes)
         }
         Err(e) => {
-            let poll = ChargeWake { tier: "adaptive-poll", why: format!("no eBPF: {e}") };
+            let poll = ChargeWake { tier: ChargeTier::AdaptivePoll, why: format!("no eBPF: {e}") };
             r.checks.push(failed("bpf", e));
             let Some(root) = tracefs::find() else { return poll };
             for tp in TRACEPOINTS.iter().filter(|tp| !tp.raw) {
@@ -159,7 +156,7 @@ fn charge_tier(probes: &KernelProbes) -> ChargeWake {
     };
     if probes.has_batch_hook() {
         return ChargeWake {
-            tier: "batched-charge-hook",
+            tier: ChargeTier::BatchedChargeHook,
             why: "fexit on page_counter_try_charge attaches: the node's page counter is compared with \
                   the watermark once per 64-page charge batch"
                 .into(),
@@ -168,7 +165,7 @@ fn charge_tier(probes: &KernelProbes) -> ChargeWake {
     let no_hook = reasons(ProgramStatus::is_batch_hook);
     if probes.has_charge_programs() {
         return ChargeWake {
-            tier: "memcg-tracepoints",
+            tier: ChargeTier::MemcgTracepoints,
             why: format!(
                 "the memcg stat tracepoints attach (evictd attaches them only within the band near a \
                  memory threshold); no batched charge hook: {no_hook}"
@@ -176,7 +173,7 @@ fn charge_tier(probes: &KernelProbes) -> ChargeWake {
         };
     }
     ChargeWake {
-        tier: "adaptive-poll",
+        tier: ChargeTier::AdaptivePoll,
         why: format!(
             "no batched charge hook: {no_hook}; no memcg stat tracepoint attaches: {}",
             reasons(ProgramStatus::is_memcg_stat)

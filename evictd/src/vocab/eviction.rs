@@ -1,11 +1,13 @@
-//! One eviction decision as evictd reports it: in the log, on `--trace --json`, in metrics.
+//! What an eviction is, as every layer reports it: the chosen pod's record (the log,
+//! `--trace --json`, metrics, the Kubernetes record), why it was evicted, and how long each
+//! phase of stopping it took.
 
 use std::fmt;
 
 use evictd_policy::{local_storage::LimitKind, policy::Signal, signal::Resource};
 use serde::Serialize;
 
-use crate::{runtime::evict::Phases, wake::WakeCause};
+use super::wake::WakeCause;
 
 /// What happened to one chosen pod, for the log, `--trace` and tests.
 #[derive(Clone, Debug, Serialize)]
@@ -69,4 +71,63 @@ impl fmt::Display for EvictionCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// How urgent the running stop has become, raised by the daemon while it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Urgency {
+    /// The grace period the engine chose.
+    #[default]
+    Normal,
+    /// A hard threshold is met: at most the hard eviction's grace period.
+    Hard,
+    /// The kernel is about to act (memory.available below the emergency level, reclaim or an
+    /// OOM kill in the node): kill now.
+    Emergency,
+}
+
+/// How long each phase of an eviction took, in milliseconds.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Phases {
+    pub stop_containers_ms: f64,
+    pub stop_sandbox_ms: f64,
+    /// `None`: the pod's cgroup still held a process when `--release-timeout` ran out.
+    pub memory_released_ms: Option<f64>,
+    /// The fast kill, when there was one.
+    pub fast_kill: Option<FastKill>,
+}
+
+/// A fast kill in an eviction: why, when, and what it did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FastKill {
+    /// `hard` when the hard eviction's grace period is 0, `emergency` when raised mid-stop.
+    pub urgency: Urgency,
+    /// CLOCK_MONOTONIC ns when SIGKILL had been sent to the whole pod.
+    pub signalled_ns: u64,
+    #[serde(flatten)]
+    pub report: KillReport,
+}
+
+/// How the pod was killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KillMethod {
+    CgroupKill,
+    Freezer,
+    Signals,
+}
+
+/// What the fast kill did, for the eviction record.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KillReport {
+    pub method: KillMethod,
+    /// Processes pinned and signalled (those `cgroup.kill` took are not counted twice).
+    pub processes: usize,
+    /// From the start of the kill to SIGKILL sent to the whole pod.
+    pub signalled_ms: f64,
+    /// Victims whose memory `process_mrelease` freed on evictd's side.
+    pub reaped: usize,
+    /// From the start of the kill to the end of the last reap.
+    pub reaped_ms: f64,
 }

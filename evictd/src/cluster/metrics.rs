@@ -1,0 +1,133 @@
+//! The Kubernetes API link's own metric families: every call by its outcome, and how long
+//! an evicted pod's record took to land. Registered once at start with every call and
+//! outcome at 0, so that an alert on `given_up` or `error` has a series before the first.
+
+use std::{fmt, time::Duration};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::vocab::metrics::latency_buckets;
+
+/// The calls evictd makes to the API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApiCall {
+    /// `PATCH pods/<name>/status`: the eviction's record.
+    PodStatus,
+    /// `POST events`.
+    Event,
+    /// `PATCH nodes/<node>/status`: evictd's node conditions.
+    NodeStatus,
+    /// The list and watch of this node's pods.
+    WatchPods,
+}
+
+/// How a call ended. The reporter's calls end `Ok`, `Refused` (never retried), `GivenUp`
+/// (retried until too late), or are `Dropped` (a full queue); each failed try before the
+/// last is one `Retried`. A watch that fails counts one `Error` and starts again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApiOutcome {
+    Ok,
+    Retried,
+    Refused,
+    GivenUp,
+    Dropped,
+    Error,
+}
+
+impl ApiCall {
+    pub const ALL: [ApiCall; 4] =
+        [ApiCall::PodStatus, ApiCall::Event, ApiCall::NodeStatus, ApiCall::WatchPods];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiCall::PodStatus => "pod_status",
+            ApiCall::Event => "event",
+            ApiCall::NodeStatus => "node_status",
+            ApiCall::WatchPods => "watch_pods",
+        }
+    }
+
+    /// The outcomes this call can have.
+    pub fn outcomes(self) -> &'static [ApiOutcome] {
+        use ApiOutcome::*;
+        match self {
+            ApiCall::WatchPods => &[Error],
+            _ => &[Ok, Retried, Refused, GivenUp, Dropped],
+        }
+    }
+}
+
+impl ApiOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiOutcome::Ok => "ok",
+            ApiOutcome::Retried => "retried",
+            ApiOutcome::Refused => "refused",
+            ApiOutcome::GivenUp => "given_up",
+            ApiOutcome::Dropped => "dropped",
+            ApiOutcome::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for ApiCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for ApiOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabel {
+    call: &'static str,
+    outcome: &'static str,
+}
+
+/// Cheap to clone: every clone counts into the same families.
+#[derive(Clone)]
+pub struct ApiMetrics {
+    calls: Family<CallLabel, Counter>,
+    recorded: Histogram,
+}
+
+impl ApiMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = ApiMetrics { calls: Family::default(), recorded: Histogram::new(latency_buckets()) };
+        registry.register(
+            "kube_api_calls",
+            "Kubernetes API calls (pod_status, event, node_status, watch_pods) by outcome: ok, retried, refused, given_up, dropped, error",
+            m.calls.clone(),
+        );
+        registry.register(
+            "eviction_recorded_seconds",
+            "From an evicted pod's kill to its Failed/Evicted status accepted by the API server",
+            m.recorded.clone(),
+        );
+        for call in ApiCall::ALL {
+            for outcome in call.outcomes() {
+                m.calls
+                    .get_or_create(&CallLabel { call: call.as_str(), outcome: outcome.as_str() })
+                    .inc_by(0);
+            }
+        }
+        m
+    }
+
+    pub fn call(&self, call: ApiCall, outcome: ApiOutcome) {
+        self.calls.get_or_create(&CallLabel { call: call.as_str(), outcome: outcome.as_str() }).inc();
+    }
+
+    /// An evicted pod's status accepted, `after_kill` after its containers died.
+    pub fn status_recorded(&self, after_kill: Duration) {
+        self.recorded.observe(after_kill.as_secs_f64());
+    }
+}
