@@ -201,8 +201,8 @@ pub fn decide(input: &Input, prev: &EngineState) -> (EngineState, Decision) {
         condition_last_observed_ns,
         last_observations: obs.clone(),
     };
-    if input.check_storage_limits && policy.local_storage_capacity_isolation {
-        let limit_evictions = local_storage::limit_evictions(input.pods, input.layout);
+    if input.check_storage_limits {
+        let limit_evictions = local_storage_eviction(policy, input.pods, input.layout);
         if !limit_evictions.is_empty() {
             let reason = Some("pods over their own ephemeral-storage limits are evicted first".into());
             return (state, Decision { limit_evictions, no_eviction_reason: reason, ..decision });
@@ -210,6 +210,17 @@ pub fn decide(input: &Input, prev: &EngineState) -> (EngineState, Decision) {
     }
     let decision = evict_for_reclaimable_threshold(input, decision, &state);
     (state, decision)
+}
+
+/// The kubelet's `localStorageEviction`: with `LocalStorageCapacityIsolation` on, every pod
+/// over one of its own ephemeral-storage limits, evicted before and instead of any threshold
+/// eviction. The one place this step is decided: `decide` takes it for `simulate` and
+/// `replay`; the daemon calls it on its own cadence, with stats read for it.
+pub fn local_storage_eviction(policy: &Policy, pods: &[PodEntry], layout: FsLayout) -> Vec<LimitEviction> {
+    if !policy.local_storage_capacity_isolation {
+        return Vec::new();
+    }
+    local_storage::limit_evictions(pods, layout)
 }
 
 impl Decision {

@@ -154,31 +154,25 @@ fn charge_tier(probes: &KernelProbes) -> ChargeWake {
         let r: Vec<String> = probes.programs.iter().filter(|p| tier(p)).map(ProgramStatus::reason).collect();
         r.join("; ")
     };
-    if probes.has_batch_hook() {
-        return ChargeWake {
-            tier: ChargeTier::BatchedChargeHook,
-            why: "fexit on page_counter_try_charge attaches: the node's page counter is compared with \
-                  the watermark once per 64-page charge batch"
-                .into(),
-        };
-    }
-    let no_hook = reasons(ProgramStatus::is_batch_hook);
-    if probes.has_charge_programs() {
-        return ChargeWake {
-            tier: ChargeTier::MemcgTracepoints,
-            why: format!(
-                "the memcg stat tracepoints attach (evictd attaches them only within the band near a \
-                 memory threshold); no batched charge hook: {no_hook}"
-            ),
-        };
-    }
-    ChargeWake {
-        tier: ChargeTier::AdaptivePoll,
-        why: format!(
-            "no batched charge hook: {no_hook}; no memcg stat tracepoint attaches: {}",
+    let tier = probes.charge_tier();
+    let why = match tier {
+        ChargeTier::BatchedChargeHook => {
+            "fexit on page_counter_try_charge attaches: the node's page counter is \
+                                          compared with the watermark once per 64-page charge batch"
+                .into()
+        }
+        ChargeTier::MemcgTracepoints => format!(
+            "the memcg stat tracepoints attach (evictd attaches them only within the band near a memory \
+             threshold); no batched charge hook: {}",
+            reasons(ProgramStatus::is_batch_hook)
+        ),
+        ChargeTier::AdaptivePoll => format!(
+            "no batched charge hook: {}; no memcg stat tracepoint attaches: {}",
+            reasons(ProgramStatus::is_batch_hook),
             reasons(ProgramStatus::is_memcg_stat)
         ),
-    }
+    };
+    ChargeWake { tier, why }
 }
 
 fn describe_cgroups(layout: &CgroupMounts) -> String {

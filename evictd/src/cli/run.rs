@@ -5,17 +5,16 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use evictd_policy::{
-    flags::PolicyArgs,
-    policy::{Policy, Resource, Threshold},
-    quantity::Quantity,
-    rank::FsLayout,
-};
+use evictd_policy::{flags::PolicyArgs, rank::FsLayout};
+
+mod wake_flags;
+
+use wake_flags::{bytes_flag, charge_tier_flag_values, unwoken_thresholds};
 
 use crate::{
     cluster::connect::{self, ApiOptions, ApiSource},
     daemon::{KillOptions, PressureOptions, RunOptions, protect::SelfProtection, urgency::EmergencyLevel},
-    kernel::{btf::KernelBtf, ebpf::LoadOptions, stat_items, tracefs},
+    kernel::{stat_items, tracefs},
     node::{
         cgroups::CgroupMounts,
         memory::MemoryCgroup,
@@ -24,8 +23,6 @@ use crate::{
     },
     report::trace::TraceFormat,
     runtime::cri,
-    vocab::ChargeTier,
-    wake::{SourceKind, WakeOptions, Watermark, disk::FillRates},
 };
 
 #[derive(Args, Debug)]
@@ -222,14 +219,6 @@ pub struct HostPath {
 /// reads their usage.
 pub const KUBELET_POD_LOGS: &str = "/var/log/pods";
 
-/// `--charge-tier`'s values: `auto`, then the eBPF tiers as `evictd probe` names them.
-fn charge_tier_flag_values() -> clap::builder::PossibleValuesParser {
-    let tiers = ChargeTier::EBPF.map(|t| clap::builder::PossibleValue::new(t.as_str()));
-    clap::builder::PossibleValuesParser::new(
-        std::iter::once(clap::builder::PossibleValue::new("auto")).chain(tiers),
-    )
-}
-
 impl RunArgs {
     /// The host paths evictd opens with these flags: what a container running it must see
     /// at the same paths (`deploy/daemonset.yaml` mounts them; `tests/tests/deploy.rs`
@@ -360,79 +349,6 @@ impl RunArgs {
         })
     }
 
-    /// `--wake-sources` and the eBPF source's flags.
-    fn wake_options(&self) -> anyhow::Result<WakeOptions> {
-        let mut sources = Vec::new();
-        for s in self.wake_sources.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let Some(kind) = SourceKind::parse(s) else {
-                bail!(
-                    "--wake-sources: unknown wake source {s:?} (known: ebpf, eventfd, psi, poll, disk, timer)"
-                )
-            };
-            if !sources.contains(&kind) {
-                sources.push(kind);
-            }
-        }
-        if sources.is_empty() {
-            bail!("--wake-sources: at least one wake source is needed");
-        }
-        // clap has checked the name: anything but `auto` is one of the eBPF tiers.
-        let charge_tier = ChargeTier::parse(&self.charge_tier);
-        if charge_tier.is_some() && !sources.contains(&SourceKind::Ebpf) {
-            bail!("--charge-tier {}: an eBPF tier, but --wake-sources has no ebpf", self.charge_tier);
-        }
-        let watermark = match self.bpf_watermark.as_str() {
-            "auto" => Watermark::Auto,
-            q => Watermark::Fixed(bytes_flag("--bpf-watermark", q)?),
-        };
-        let ring = Quantity::parse(&self.ring_buffer_size)
-            .with_context(|| format!("--ring-buffer-size: {:?}", self.ring_buffer_size))?
-            .value();
-        if !(4096..=1 << 30).contains(&ring) || (ring as u64).count_ones() != 1 {
-            bail!("--ring-buffer-size: {} is not a power of two between 4Ki and 1Gi", self.ring_buffer_size);
-        }
-        let defaults = LoadOptions::default();
-        let charge_items = match &self.charge_items {
-            Some(list) => {
-                let items: Vec<String> =
-                    list.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
-                check_charge_items(&items, &defaults.btf_path)?;
-                items
-            }
-            None => defaults.charge_items.clone(),
-        };
-        let load = LoadOptions {
-            charge_items,
-            ring_buffer_bytes: ring as u32,
-            min_interval: self.reclaim_min_interval,
-            charge_tier,
-            ..defaults
-        };
-        let fill = bytes_flag("--poll-fill-rate", &self.poll_fill_rate)?;
-        if fill < 1 << 20 {
-            bail!("--poll-fill-rate: {} is below 1Mi per second", self.poll_fill_rate);
-        }
-        let disk_fill_rates = FillRates {
-            bytes: bytes_flag("--disk-fill-rate", &self.disk_fill_rate)?,
-            inodes: bytes_flag("--inodes-fill-rate", &self.inodes_fill_rate)?,
-        };
-        if disk_fill_rates.bytes < 1 << 20 {
-            bail!("--disk-fill-rate: {} is below 1Mi per second", self.disk_fill_rate);
-        }
-        if disk_fill_rates.inodes < 100 {
-            bail!("--inodes-fill-rate: {} is below 100 per second", self.inodes_fill_rate);
-        }
-        Ok(WakeOptions {
-            sources,
-            housekeeping: self.housekeeping_interval,
-            poll_fill_rate: fill,
-            disk_fill_rates,
-            charge_probes_near: self.charge_probes == "near",
-            load,
-            watermark,
-        })
-    }
-
     /// The cgroup playing the node (`--node-cgroup`), its pods' cgroup, and the filesystems
     /// of nodefs and imagefs.
     fn node_signals(&self, cgroups: &CgroupMounts) -> anyhow::Result<NodeSignalSources> {
@@ -477,54 +393,15 @@ impl RunArgs {
     }
 }
 
-/// A quantity flag in bytes (`64Mi`, `1G`), which must not be negative.
-fn bytes_flag(flag: &str, text: &str) -> anyhow::Result<u64> {
-    let q = Quantity::parse(text).with_context(|| format!("{flag}: {text:?}"))?;
-    if q.is_negative() {
-        bail!("{flag}: must not be negative");
-    }
-    Ok(q.value() as u64)
-}
-
-/// Names in `--charge-items` that this kernel does not have are an error at start-up, not a
-/// warning and a silent fall back to the timer. Without BTF there is nothing to check them
-/// against; the eBPF source then reports that itself.
-fn check_charge_items(items: &[String], btf: &std::path::Path) -> anyhow::Result<()> {
-    let Ok(btf) = KernelBtf::open(btf) else { return Ok(()) };
-    let known = stat_items::kernel_items(&btf).context("--charge-items")?;
-    stat_items::select(&known, items).context("--charge-items")?;
-    Ok(())
-}
-
-/// Only the timer (and a wake that happens to come) looks at PID signals, at disk signals
-/// without the disk poll, and at soft memory thresholds whose grace period runs out while
-/// memory stays put: without it they may never be evaluated.
-fn unwoken_thresholds(policy: &Policy, sources: &[SourceKind]) -> Option<String> {
-    if sources.contains(&SourceKind::Timer) {
-        return None;
-    }
-    let disk_woken = sources.contains(&SourceKind::Disk);
-    let woken = |t: &Threshold| match t.signal.resource() {
-        Resource::Memory => t.is_hard(),
-        Resource::EphemeralStorage | Resource::Inodes => disk_woken,
-        Resource::Pids => false,
-    };
-    let unwoken: Vec<String> =
-        policy.thresholds.iter().filter(|t| !woken(t)).map(|t| t.to_string()).collect();
-    (!unwoken.is_empty()).then(|| {
-        format!(
-            "--wake-sources has no timer: {} are evaluated only when another source happens to wake evictd",
-            unwoken.join(", ")
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
 
     use super::*;
-    use crate::cli::Cli;
+    use crate::{
+        cli::Cli,
+        wake::{SourceKind, Watermark},
+    };
 
     fn args(extra: &[&str]) -> anyhow::Result<RunOptions> {
         let mut argv = vec!["evictd"];
@@ -565,7 +442,7 @@ mod tests {
             (vec!["--cri-endpoint", "tcp://127.0.0.1:1"], "--cri-endpoint"),
             (vec!["--pods-file", "/nonexistent/pods.json"], "--pods-file"),
             (vec!["--kubepods-cgroup", "nope"], "--kubepods-cgroup"),
-            // Issue 12, defect 9: flags that used to break the daemon quietly.
+            // Values that would break the daemon quietly (a zero interval or timeout).
             (vec!["--housekeeping-interval", "0s"], "--housekeeping-interval"),
             (vec!["--inventory-interval", "0s"], "--inventory-interval"),
             (vec!["--cri-timeout", "0s"], "--cri-timeout"),

@@ -53,6 +53,7 @@ use crate::{
 pub mod pressure;
 pub mod protect;
 pub mod realtime;
+mod start;
 pub mod urgency;
 
 use pressure::Pressure;
@@ -229,90 +230,6 @@ async fn pass_end(pass: &mut Option<JoinHandle<PassDone>>) -> anyhow::Result<Pas
 }
 
 impl Daemon {
-    /// Starts the wake sources, metrics, the runtime client and the inventory, then
-    /// observes the node once and arms every source on it.
-    async fn start(mut opts: RunOptions, tx: mpsc::Sender<Wake>) -> anyhow::Result<Self> {
-        let metrics = Arc::new(Metrics::default());
-        let client = match &opts.pressure.cri_endpoint {
-            Some(ep) => {
-                Some(CriClient::new(ep, opts.pressure.cri_timeout)?.with_metrics(metrics.cri.clone()))
-            }
-            None => None,
-        };
-        // Before the sources start: the disk poll watches the filesystems the layout names.
-        detect_split_containerfs(&mut opts.pressure, client.as_ref()).await;
-        let stats = Arc::new(WakeStats::default());
-        let sources = wake::start(&opts.wake, &opts.pressure.signals, &tx, &stats)?;
-        drop(tx);
-        let health = Arc::new(Health::new(endpoint::DEFAULT_STALL));
-        health.beat();
-        if let Some(addr) = opts.metrics_addr {
-            let bound = endpoint::serve(addr, metrics.clone(), health.clone(), Default::default())
-                .with_context(|| format!("--metrics-addr: cannot listen on {addr}"))?;
-            tracing::info!("metrics on http://{bound}/metrics, probes on /healthz and /readyz");
-        }
-        let (api, api_pods) = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
-        let kick = Arc::new(Notify::new());
-        let reread_pods_file = Arc::new(AtomicBool::new(false));
-        let pods = spawn_inventory(
-            client.as_ref(),
-            &opts.pressure,
-            api_pods,
-            kick.clone(),
-            reread_pods_file.clone(),
-        )?;
-        log_sources(&opts.pressure);
-        if opts.pressure.dry_run {
-            tracing::info!("dry run: evictd decides and reports, and stops no pod");
-        }
-        if client.is_none() {
-            // No runtime: the inventory stays empty, and there is nothing to wait for.
-            health.set_ready();
-        }
-        let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
-        let signals = opts.pressure.signals.clone();
-        let emergency = opts.pressure.kill.emergency;
-        let scope = NodeScope::new(&signals.node.dir, &opts.cgroups);
-        let (escalate, escalated) = watch::channel(Urgency::Normal);
-        let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
-        pressure.api = api.as_ref().map(|(r, _)| r.clone());
-        let thresholds = pressure.thresholds.clone();
-        let growth = GrowthTracker::new(signals.node.dir.clone(), signals.node.version);
-        let obs = pressure.observe(engine_ns());
-        let mut daemon = Daemon {
-            pressure: Some(pressure),
-            pass: None,
-            pending: Vec::new(),
-            thresholds,
-            signals,
-            escalate,
-            emergency,
-            scope,
-            inventory_dirty: false,
-            growth,
-            sources,
-            stats,
-            report,
-            pods,
-            kick,
-            api,
-            reported_conditions: None,
-            health,
-            policy_args: opts.policy_args,
-            pending_policy: None,
-            reread_pods_file,
-        };
-        daemon.report.configured(&daemon.thresholds);
-        daemon.report.signals(&daemon.thresholds, &obs);
-        daemon.report.wake_sources(&daemon.sources);
-        daemon.report.observed(&memory_view(&daemon.thresholds, &obs));
-        daemon.rearm(&obs);
-        if let Some((rss, locked)) = protect::resident_and_locked() {
-            tracing::info!(rss_kib = rss / 1024, locked_mappings_kib = locked / 1024, "started");
-        }
-        Ok(daemon)
-    }
-
     /// A batch of wakes: a pass, or, while one runs, a note for the next one — and a look
     /// at how urgent the running stop has become.
     fn on_wakes(&mut self, batch: &mut Vec<Wake>) {
@@ -479,103 +396,6 @@ impl Daemon {
     }
 }
 
-/// The Kubernetes API: the reporter (`None`, said once, without an API or in a dry run) and
-/// the watch on this node's pods (read-only, so also in a dry run).
-async fn start_api(
-    opts: Option<&ApiOptions>,
-    dry_run: bool,
-    metrics: &Arc<Metrics>,
-) -> anyhow::Result<(Option<(Reporter, ReporterTask)>, Option<ApiPodsReceiver>)> {
-    let Some(opts) = opts else {
-        tracing::warn!(
-            "no Kubernetes API (neither --kubeconfig nor a pod's service account): pod specs come \
-             from --pods-file or the node, evictions are not recorded, and the kubelet will \
-             restart the pods evictd stops"
-        );
-        return Ok((None, None));
-    };
-    let client = connect::client(opts).await?;
-    let pods = pods::spawn_pod_watch(client.clone(), &opts.node_name, metrics.api.clone());
-    if dry_run {
-        tracing::info!("dry run: pod specs are read from the Kubernetes API; nothing is written to it");
-        return Ok((None, Some(pods)));
-    }
-    tracing::info!(node = %opts.node_name, "recording evictions in the Kubernetes API");
-    let reporter = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.api.clone());
-    Ok((Some(reporter), Some(pods)))
-}
-
-/// The inventory task, or, without a runtime, a snapshot that stays empty. The node's
-/// capacity turns oom_score_adj back into requests: without it, inferred requests would be
-/// zero and every burstable pod would look over its request.
-fn spawn_inventory(
-    client: Option<&CriClient>,
-    opts: &PressureOptions,
-    api_pods: Option<ApiPodsReceiver>,
-    kick: Arc<Notify>,
-    reread_pods_file: Arc<AtomicBool>,
-) -> anyhow::Result<watch::Receiver<Arc<Vec<PodRecord>>>> {
-    let Some(client) = client else { return Ok(watch::channel(Arc::new(Vec::new())).1) };
-    let node = &opts.signals.node;
-    let capacity = node
-        .read()
-        .with_context(|| format!("reading the node's memory capacity from {}", node.dir.display()))?
-        .capacity as i64;
-    let mut inventory = Inventory::new(opts.pods_file.clone(), capacity).reread_on(reread_pods_file);
-    if let Some(rx) = api_pods {
-        inventory = inventory.with_api(rx);
-    }
-    Ok(inventory::spawn_refresh(client.clone(), inventory, opts.inventory_interval, kick))
-}
-
-/// How long start-up waits for the runtime to say where the writable layers are.
-const LAYOUT_DETECTION: Duration = Duration::from_secs(2);
-
-/// The kubelet's disk-layout detection at its first tick, the half that asks the runtime:
-/// writable layers on a filesystem apart from the images' (`ImageFsInfo`) with a dedicated
-/// imagefs is the split layout, and containerfs is then observed on that filesystem. Asked
-/// once; a runtime that does not answer in time means no split, as for the kubelet.
-async fn detect_split_containerfs(pressure: &mut PressureOptions, client: Option<&CriClient>) {
-    let Some(client) = client else { return };
-    let Ok(Some(dir)) = tokio::time::timeout(LAYOUT_DETECTION, client.separate_container_fs()).await else {
-        return;
-    };
-    if pressure.fs_layout != FsLayout::DedicatedImageFs {
-        tracing::warn!(
-            containerfs = %dir.display(),
-            "the runtime keeps the writable layers apart from the images, but imagefs is not a \
-             filesystem of its own: ranking as on a single filesystem, as the kubelet does"
-        );
-        return;
-    }
-    if let Err(e) = crate::node::signals::filesystem_observations(&dir, None) {
-        // In a container, the runtime's path must be mounted at the same place.
-        tracing::warn!(
-            containerfs = %dir.display(),
-            "split containerfs, but its filesystem cannot be read ({e}): containerfs thresholds \
-             are not evaluated until it can (mount it into evictd's container)"
-        );
-    }
-    pressure.fs_layout = FsLayout::SplitContainerFs;
-    pressure.signals.containerfs = Some(dir);
-}
-
-/// What evictd measures, said once at start: a missing mount or cgroup silently changes it.
-fn log_sources(opts: &PressureOptions) {
-    let s = &opts.signals;
-    tracing::info!(
-        node_cgroup = %s.node.dir.display(),
-        kubepods_cgroup = %s.kubepods.as_ref().map_or("none (no allocatableMemory.available)".into(), |k| k.dir.display().to_string()),
-        nodefs = %s.nodefs.display(),
-        imagefs = %s.imagefs.display(),
-        containerfs = %s.containerfs.as_deref().unwrap_or(&s.imagefs).display(),
-        dedicated_imagefs = s.dedicated_imagefs(),
-        fs_layout = opts.fs_layout.as_str(),
-        cri = opts.cri_endpoint.as_deref().unwrap_or("none"),
-        "observing"
-    );
-}
-
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -586,9 +406,12 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::{cgroups::CgroupVersion, memory::MemoryCgroup};
+    use crate::{
+        daemon::start::spawn_inventory,
+        node::{cgroups::CgroupVersion, memory::MemoryCgroup},
+    };
 
-    /// Issue 12, defect 10: without the node's capacity, inferred requests would all be 0 and
+    /// Without the node's capacity, inferred requests would all be 0 and
     /// every burstable pod would look over its request; the start fails instead, naming it.
     #[tokio::test(flavor = "current_thread")]
     async fn an_unreadable_node_capacity_stops_the_start() {
@@ -620,7 +443,7 @@ mod tests {
         assert!(format!("{err:#}").contains("memory capacity"), "{err:#}");
     }
 
-    /// Issue 12, defect 10: grace and transition periods are timed on the engine's clock,
+    /// Grace and transition periods are timed on the engine's clock,
     /// which must be CLOCK_MONOTONIC: the wall clock steps (NTP, an operator's `date`) would
     /// stretch or cut them, and it is the clock the kernel stamps wake events with
     /// (`bpf_ktime_get_ns`), against which decisions are measured.

@@ -10,7 +10,6 @@ use std::{collections::HashSet, path::PathBuf, time::Duration};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{FExit, RawTracePoint, TracePoint, raw_trace_point::RawTracePointLinkId},
 };
 pub use evictd_common::tracepoints::{TRACEPOINTS, TracepointSpec};
 use evictd_common::{
@@ -18,12 +17,15 @@ use evictd_common::{
     COUNTER_RING_DROPS, ChargeItems, FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
     KERNEL_ERROR_COUNT, KernelConfig,
     names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_SCOPE},
-    tracepoints::{BATCH_PROGRAMS, PROG_PAGE_COUNTER_TRY_CHARGE},
 };
+
+mod attach;
+
+use attach::{Attached, ChargeLink, charge_err, charge_program};
 
 use crate::{
     kernel::{
-        btf::{BatchPath, BtfError, KernelBtf},
+        btf::{BtfError, KernelBtf},
         stat_items::{self, StatItem, StatItemError},
         tracefs::{self, TracefsError},
     },
@@ -57,6 +59,32 @@ pub enum EbpfError {
     Charge { what: &'static str, program: &'static str, source: aya::programs::ProgramError },
     #[error("--charge-tier {tier}: this kernel cannot attach it: {why}")]
     TierUnavailable { tier: ChargeTier, why: String },
+}
+
+/// Whether the batched charge hook is tried: always, unless `--charge-tier` insists on the
+/// memcg tracepoints (which the hook would replace).
+pub fn tries_batch_hook(forced: Option<ChargeTier>) -> bool {
+    forced != Some(ChargeTier::MemcgTracepoints)
+}
+
+/// The charge tier that wakes evictd, given what attached: the fastest, or the one
+/// `--charge-tier` insists on (`Err` names it when it did not attach: falling back would
+/// hide what was asked for). Pure, so that the choice is tested without a kernel.
+pub fn charge_tier_of(
+    forced: Option<ChargeTier>,
+    batch_hook: bool,
+    memcg_tracepoints: bool,
+) -> Result<ChargeTier, ChargeTier> {
+    let attached = |t| match t {
+        ChargeTier::BatchedChargeHook => batch_hook,
+        ChargeTier::MemcgTracepoints => memcg_tracepoints,
+        ChargeTier::AdaptivePoll => true,
+    };
+    match forced {
+        Some(t) if attached(t) => Ok(t),
+        Some(t) => Err(t),
+        None => Ok(ChargeTier::ALL.into_iter().find(|t| attached(*t)).unwrap_or(ChargeTier::AdaptivePoll)),
+    }
 }
 
 /// Where one program stands after loading.
@@ -131,12 +159,6 @@ pub struct Counters {
     pub errors: [u64; KERNEL_ERROR_COUNT],
 }
 
-/// A charge program that attached at load, and its link while attached.
-struct ChargeLink {
-    spec: &'static TracepointSpec,
-    link: Option<RawTracePointLinkId>,
-}
-
 pub struct KernelProbes {
     ebpf: Ebpf,
     config: KernelConfig,
@@ -174,57 +196,8 @@ impl KernelProbes {
             .map_err(EbpfError::Load)?;
 
         let id_path = btf.memcg_id_path()?;
-        let mut programs = Vec::new();
-        let mut charge = Vec::new();
-        let mut reclaim_order_off = None;
-        // The batched hook first: where the kernel allows it, it sees charges at ~4 calls per
-        // MiB where the memcg stat tracepoints cost 512, so they are not attached at all.
-        let batch = match opts.charge_tier {
-            Some(ChargeTier::MemcgTracepoints) => {
-                let why = "not attached: --charge-tier memcg-tracepoints";
-                programs.push(ProgramStatus::of_fexit(PROG_PAGE_COUNTER_TRY_CHARGE, Some(why.into())));
-                None
-            }
-            _ => attach_batch_hook(&mut ebpf, &btf, &mut programs),
-        };
-        if opts.charge_tier == Some(ChargeTier::BatchedChargeHook) && batch.is_none() {
-            let why: Vec<String> = programs.iter().map(ProgramStatus::reason).collect();
-            return Err(EbpfError::TierUnavailable {
-                tier: ChargeTier::BatchedChargeHook,
-                why: why.join("; "),
-            });
-        }
-        for tp in &TRACEPOINTS {
-            if tp.raw && batch.is_some() {
-                let why = "not attached: the batched charge hook watches charges instead";
-                programs.push(ProgramStatus::of_tracepoint(tp, Some(why.into())));
-                continue;
-            }
-            let error = match attach(&mut ebpf, &tracefs, &btf, tp, &mut reclaim_order_off) {
-                Ok(Some(link)) => {
-                    charge.push(ChargeLink { spec: tp, link: Some(link) });
-                    None
-                }
-                Ok(None) => None,
-                Err(e) => Some(e.to_string()),
-            };
-            if let Some(e) = &error {
-                tracing::warn!(tracepoint = %format!("{}:{}", tp.group, tp.name), "not attached: {e}");
-            }
-            programs.push(ProgramStatus::of_tracepoint(tp, error));
-        }
-        if programs.iter().all(|p| p.error.is_some()) {
-            let why: Vec<String> = programs.iter().map(ProgramStatus::reason).collect();
-            return Err(EbpfError::NothingAttached(why.join("; ")));
-        }
-        if opts.charge_tier == Some(ChargeTier::MemcgTracepoints) && charge.is_empty() {
-            let why: Vec<String> =
-                programs.iter().filter(|p| p.is_memcg_stat()).map(ProgramStatus::reason).collect();
-            return Err(EbpfError::TierUnavailable {
-                tier: ChargeTier::MemcgTracepoints,
-                why: why.join("; "),
-            });
-        }
+        let Attached { programs, charge, batch, reclaim_order_off } =
+            attach::attach_all(&mut ebpf, &tracefs, &btf, opts.charge_tier)?;
 
         let ring = RingBuf::try_from(ebpf.take_map(MAP_EVENTS).ok_or(EbpfError::MissingMap(MAP_EVENTS))?)
             .map_err(map_err(MAP_EVENTS))?;
@@ -278,6 +251,11 @@ impl KernelProbes {
             self.config.flags |= FLAG_BATCH;
         }
         self.write_config()
+    }
+
+    /// The charge tier these programs give (the adaptive poll when neither attached).
+    pub fn charge_tier(&self) -> ChargeTier {
+        charge_tier_of(None, self.batch, !self.charge.is_empty()).unwrap_or(ChargeTier::AdaptivePoll)
     }
 
     /// Whether the batched charge hook is attached (kernels with BPF trampolines).
@@ -375,150 +353,24 @@ impl KernelProbes {
     }
 }
 
-fn charge_program<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut RawTracePoint, EbpfError> {
-    ebpf.program_mut(program)
-        .ok_or(EbpfError::MissingProgram(program))?
-        .try_into()
-        .map_err(charge_err("finding", program))
-}
-
-fn charge_err(
-    what: &'static str,
-    program: &'static str,
-) -> impl FnOnce(aya::programs::ProgramError) -> EbpfError {
-    move |source| EbpfError::Charge { what, program, source }
-}
-
-/// Why one program was not attached.
-#[derive(Debug, thiserror::Error)]
-pub enum AttachError {
-    #[error("program {0} is missing from the eBPF object (build mismatch)")]
-    Missing(&'static str),
-    #[error(transparent)]
-    Btf(#[from] BtfError),
-    #[error(transparent)]
-    RecordFormat(#[from] TracefsError),
-    #[error("the verifier rejected {program}: {error}\n{log}")]
-    Verifier { program: &'static str, error: aya::programs::ProgramError, log: String },
-    #[error("{what} {program}: {error}")]
-    Program { what: &'static str, program: &'static str, error: aya::programs::ProgramError },
-    #[error(
-        "the kernel refused the fexit program {program} before verifying it ({error}): it has no BPF trampolines for tracing programs"
-    )]
-    NoTrampolines { program: &'static str, error: aya::programs::ProgramError },
-    #[error(
-        "{program}: field `{field}` is at offset {off} here, but at {first:?} for the programs before it"
-    )]
-    LocatedElsewhere { program: &'static str, field: &'static str, off: u32, first: Option<u32> },
-}
-
-/// The batched charge hook: fexit on `page_counter_try_charge` (required) and
-/// `page_counter_charge` (the forced path, where it can be traced). `None`, with the reasons
-/// in `programs`, where the kernel has no BPF trampolines (this project's CI host) or the
-/// functions or offsets are missing.
-fn attach_batch_hook(
-    ebpf: &mut Ebpf,
-    btf: &KernelBtf,
-    programs: &mut Vec<ProgramStatus>,
-) -> Option<BatchPath> {
-    let prepared = btf.batch_path().map_err(|e| e.to_string()).and_then(|path| {
-        aya::Btf::from_sys_fs().map(|b| (path, b)).map_err(|e| format!("kernel BTF for fexit: {e}"))
-    });
-    let (path, aya_btf) = match prepared {
-        Ok(p) => p,
-        Err(e) => {
-            programs.push(ProgramStatus::of_fexit(PROG_PAGE_COUNTER_TRY_CHARGE, Some(e)));
-            return None;
-        }
-    };
-    for name in BATCH_PROGRAMS {
-        let error = attach_fexit(ebpf, &aya_btf, name).err().map(|e| e.to_string());
-        let failed = error.is_some();
-        if let Some(e) = &error {
-            tracing::debug!(program = name, "batched charge hook: {e}");
-        }
-        programs.push(ProgramStatus::of_fexit(name, error));
-        if failed && name == PROG_PAGE_COUNTER_TRY_CHARGE {
-            return None;
-        }
-    }
-    Some(path)
-}
-
-fn attach_fexit(ebpf: &mut Ebpf, btf: &aya::Btf, program: &'static str) -> Result<(), AttachError> {
-    let prog = ebpf.program_mut(program).ok_or(AttachError::Missing(program))?;
-    let prog: &mut FExit =
-        prog.try_into().map_err(|error| AttachError::Program { what: "program", program, error })?;
-    prog.load(program, btf).map_err(|error| match &error {
-        // Refused before the verifier ran: the kernel has no BPF trampolines for tracing
-        // programs (this project's CI host; Debian's kernels have them).
-        aya::programs::ProgramError::LoadError { verifier_log, .. }
-            if verifier_log.to_string().trim().is_empty() =>
-        {
-            AttachError::NoTrampolines { program, error }
-        }
-        _ => load_error(program)(error),
-    })?;
-    prog.attach().map_err(|error| AttachError::Program { what: "attaching", program, error })?;
-    Ok(())
-}
-
-/// A load failure, with the verifier's log when it is the verifier's.
-fn load_error(program: &'static str) -> impl Fn(aya::programs::ProgramError) -> AttachError {
-    move |error| match &error {
-        aya::programs::ProgramError::LoadError { verifier_log, .. } => {
-            let log = verifier_log.to_string();
-            AttachError::Verifier { program, error, log }
-        }
-        _ => AttachError::Program { what: "loading", program, error },
-    }
-}
-
-/// Loads and attaches one program; a charge program (raw tracepoint) returns its link, which
-/// `detach_charge` needs. A program reading a located field needs it where the programs
-/// before it found it (`located_off`: there is one slot in the config).
-fn attach(
-    ebpf: &mut Ebpf,
-    tracefs: &std::path::Path,
-    btf: &KernelBtf,
-    tp: &TracepointSpec,
-    located_off: &mut Option<u32>,
-) -> Result<Option<RawTracePointLinkId>, AttachError> {
-    let program = tp.program;
-    let load_err = load_error(program);
-    let as_kind = |error| AttachError::Program { what: "program", program, error };
-    let attach_err = |error| AttachError::Program { what: "attaching", program, error };
-    let prog = ebpf.program_mut(program).ok_or(AttachError::Missing(program))?;
-    if tp.raw {
-        btf.check_memcg_tracepoint(tp.name)?;
-        let prog: &mut RawTracePoint = prog.try_into().map_err(as_kind)?;
-        prog.load().map_err(load_err)?;
-        return Ok(Some(prog.attach(tp.name).map_err(attach_err)?));
-    }
-    tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields)?;
-    if let Some(field) = tp.located {
-        let off = tracefs::locate_field(tracefs, tp.group, tp.name, field)? as u32;
-        if located_off.is_some_and(|o| o != off) {
-            return Err(AttachError::LocatedElsewhere {
-                program,
-                field: field.name,
-                off,
-                first: *located_off,
-            });
-        }
-        *located_off = Some(off);
-    }
-    let prog: &mut TracePoint = prog.try_into().map_err(as_kind)?;
-    prog.load().map_err(load_err)?;
-    prog.attach(tp.group, tp.name).map_err(attach_err)?;
-    Ok(None)
-}
-
 #[cfg(test)]
 mod tests {
-    use evictd_common::names::MAPS;
+    use evictd_common::{names::MAPS, tracepoints::BATCH_PROGRAMS};
 
     use super::*;
+
+    #[test]
+    fn the_fastest_tier_that_attached_wakes_evictd_unless_one_is_insisted_on() {
+        use ChargeTier::*;
+        assert_eq!(charge_tier_of(None, true, true), Ok(BatchedChargeHook));
+        assert_eq!(charge_tier_of(None, false, true), Ok(MemcgTracepoints));
+        assert_eq!(charge_tier_of(None, false, false), Ok(AdaptivePoll));
+        assert_eq!(charge_tier_of(Some(MemcgTracepoints), false, true), Ok(MemcgTracepoints));
+        assert_eq!(charge_tier_of(Some(MemcgTracepoints), true, false), Err(MemcgTracepoints));
+        assert_eq!(charge_tier_of(Some(BatchedChargeHook), false, true), Err(BatchedChargeHook));
+        assert!(!tries_batch_hook(Some(MemcgTracepoints)));
+        assert!(tries_batch_hook(None) && tries_batch_hook(Some(BatchedChargeHook)));
+    }
 
     /// The names both sides agree on (`evictd_common::names`, `tracepoints`) are the ones in
     /// the object that was built: no root needed to find a renamed map or program. (The

@@ -155,7 +155,7 @@ mod tests {
         ));
     }
 
-    /// Issue 10: inside a private cgroup namespace the v2 mount's root is a non-root cgroup
+    /// Inside a private cgroup namespace the v2 mount's root is a non-root cgroup
     /// (it has memory.current); evictd refuses to take it for the node, naming the path.
     #[test]
     fn a_private_cgroup_namespace_is_refused() {

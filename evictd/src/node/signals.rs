@@ -391,7 +391,7 @@ mod tests {
         assert!(o.contains_key(&Signal::PidAvailable));
     }
 
-    /// Issue 13, item 3: 70,000 tasks (a fork bomb past sysinfo's u16) read as 70,000, and
+    /// 70,000 tasks (a fork bomb past sysinfo's u16) read as 70,000, and
     /// pid_max/threads-max give the smaller limit, as the kubelet's pidlimit does.
     #[test]
     fn pid_available_counts_tasks_past_65535_from_loadavg() {

@@ -214,7 +214,7 @@ mod tests {
         Ok(out)
     }
 
-    /// Issue 12, defect 7: the endpoint runs off the daemon's thread, so a pressure pass that
+    /// The endpoint runs off the daemon's thread, so a pressure pass that
     /// holds that thread does not stop scrapes (and slow scrapes cannot hold a pass).
     #[tokio::test(flavor = "current_thread")]
     #[expect(clippy::disallowed_methods, reason = "blocks the runtime's thread on purpose")]

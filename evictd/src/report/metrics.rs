@@ -342,7 +342,7 @@ mod tests {
         assert!(m.encode().contains("evictd_evictions_total{eviction_signal=\"memory.available\"} 1"));
     }
 
-    /// Issue 9, item 7: every family is there before anything happens, with the label values
+    /// Every family is there before anything happens, with the label values
     /// known in advance at 0, so that dashboards and alerts see series from the start.
     #[test]
     fn every_family_is_present_from_the_start() {

@@ -538,7 +538,7 @@ mod tests {
         }
     }
 
-    /// Issue 12, defect 4: each call carries its deadline to the runtime (`grpc-timeout`), so
+    /// Each call carries its deadline to the runtime (`grpc-timeout`), so
     /// that a runtime still stopping a container when evictd gives up stops too, instead of
     /// finishing a kill evictd then counts as failed and repeats on the next pod. A stop's
     /// deadline includes its grace period. The listener is not a runtime (containerd runs in

@@ -132,7 +132,7 @@ mod tests {
     use super::*;
     use crate::runtime::inventory::tests::{container, record};
 
-    /// Issue 9: CoreDNS, kube-proxy or a CNI agent are Burstable yet system-node-critical;
+    /// CoreDNS, kube-proxy or a CNI agent are Burstable yet system-node-critical;
     /// the kubelet marks them with oom_score_adj −997, and read as "request 0" they would
     /// rank first.
     #[test]
@@ -191,7 +191,7 @@ mod tests {
         assert!(infer_spec(&r, 1).is_critical());
     }
 
-    /// Issue 12, defect 3: a restarted container and a finished init container must not
+    /// A restarted container and a finished init container must not
     /// add up to a request the pod never made.
     #[test]
     fn only_the_latest_instance_counts_and_init_containers_take_the_max() {

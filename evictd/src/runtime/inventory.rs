@@ -457,7 +457,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// Issue 12, defect 8: one object the runtime cannot describe is skipped; only a runtime
+    /// One object the runtime cannot describe is skipped; only a runtime
     /// that is down ends the refresh.
     #[test]
     fn one_bad_object_does_not_end_a_refresh() {

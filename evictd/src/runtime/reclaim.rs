@@ -129,7 +129,7 @@ mod tests {
         }
     }
 
-    /// Issue 13, item 4: the newest exited instance of each container of a running pod
+    /// The newest exited instance of each container of a running pod
     /// stays; older instances, and every dead container of a pod that is gone, are removed;
     /// running containers are never touched.
     #[test]

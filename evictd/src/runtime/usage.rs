@@ -276,7 +276,7 @@ mod tests {
         paths.fold((0, 0), |(b, i), p| (b + std::fs::metadata(&p).unwrap().blocks() * 512, i + 1))
     }
 
-    /// Issue 13, item 2: a pod's disk usage as the kubelet counts it. Only running containers
+    /// A pod's disk usage as the kubelet counts it. Only running containers
     /// (the exited first instance of `app`, with a big writable layer, is not counted), each
     /// container's own log directory once (not the pod's whole log directory per container
     /// record), the local volumes of its spec under the kubelet's root (a Memory emptyDir

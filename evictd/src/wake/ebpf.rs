@@ -197,13 +197,8 @@ impl WakeSource for EbpfWake {
 
     /// The names `evictd probe` gives the tiers.
     fn charge_tier(&self) -> Option<ChargeTier> {
-        if self.probes.has_batch_hook() {
-            Some(ChargeTier::BatchedChargeHook)
-        } else if self.probes.has_charge_programs() {
-            Some(ChargeTier::MemcgTracepoints)
-        } else {
-            None
-        }
+        // Without charge programs this source wakes on reclaim and OOM kills only.
+        Some(self.probes.charge_tier()).filter(|t| *t != ChargeTier::AdaptivePoll)
     }
 
     /// New pods mean new cgroups whose charge must count at once; a node cgroup made again
@@ -355,7 +350,7 @@ mod tests {
         assert_eq!(watermark_for(Watermark::Fixed(0), Distance::Known(1 << 30)), 0);
     }
 
-    /// Issue 12, defect 5: a node whose memory cannot be read has no "nearest threshold",
+    /// A node whose memory cannot be read has no "nearest threshold",
     /// which must mean the floor (it may be right there), not the no-threshold default.
     #[test]
     fn an_unreadable_node_arms_the_floor() {

@@ -75,7 +75,7 @@ fn pod(name: &str, parent: Option<&str>) -> PodRecord {
     r
 }
 
-/// Issue 12, defect 1: a pod whose usage cannot be read must not be ranked at all
+/// A pod whose usage cannot be read must not be ranked at all
 /// (ranked "without stats" it would be the first victim).
 #[tokio::test(flavor = "current_thread")]
 async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
@@ -93,7 +93,7 @@ async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
     assert_eq!(names, ["ok"]);
 }
 
-/// Issue 12, defect 10 and the fault tests: a failed kill is recorded (and counted as a
+/// A failed kill is recorded (and counted as a
 /// failed eviction); when the runtime itself is down, no other pod is tried, since it
 /// would fail the same way or be stopped once the runtime is back.
 #[tokio::test(flavor = "current_thread")]
@@ -113,7 +113,7 @@ async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
     assert!(records[0].error.as_deref().is_some_and(|e| e.contains("StopContainer")), "{records:?}");
 }
 
-/// Issue 9, item 4: evictd's own pod is never chosen, even as the largest; the next pod is.
+/// Evictd's own pod is never chosen, even as the largest; the next pod is.
 #[tokio::test(flavor = "current_thread")]
 async fn evictds_own_pod_is_never_chosen() {
     let d = tempfile::tempdir().unwrap();
@@ -132,7 +132,7 @@ async fn evictds_own_pod_is_never_chosen() {
     assert_eq!(records[0].name, "evictd", "{records:?}");
 }
 
-/// Issue 9, item 1: a kube-system pod whose spec is only inferred is never chosen (its
+/// A kube-system pod whose spec is only inferred is never chosen (its
 /// priority is unknown), unless --evict-inferred-kube-system says otherwise.
 #[tokio::test(flavor = "current_thread")]
 async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
@@ -152,7 +152,7 @@ async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
     }
 }
 
-/// Issue 9, item 1: a Burstable pod the kubelet marked system-node-critical (oom_score_adj
+/// A Burstable pod the kubelet marked system-node-critical (oom_score_adj
 /// −997), with an inferred spec, is never chosen even as the largest pod over its request.
 /// (Not on the real containerd here: without CAP_SYS_RESOURCE the test runtime must clamp
 /// oom_score_adj, so no container can show −997.)
@@ -171,7 +171,7 @@ async fn an_inferred_node_critical_pod_is_never_chosen() {
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
 }
 
-/// Issue 12, defect 6: the pods' usage is read off the daemon's one thread. A pod cgroup
+/// The pods' usage is read off the daemon's one thread. A pod cgroup
 /// file whose read blocks (a FIFO here; on a node, a cgroup file stuck behind a kernel
 /// lock, or a log directory on a slow disk) must not stop the loop: on this current-thread
 /// runtime another task keeps running while the read waits, and the read's value is used

@@ -1,0 +1,95 @@
+//! Disk pressure before any pod goes: the kubelet's `reclaimNodeLevelResources` (dead
+//! containers and unused images), and the settle that lets released space come back before
+//! a second pod is evicted for it.
+
+use super::*;
+
+/// How long disk evictions wait after node-level reclaim removed something or a pod was
+/// evicted for disk: the runtime releases the space asynchronously (containerd deletes
+/// snapshots in its garbage collector, and an evicted pod's writable layers only go when
+/// the next reclaim removes its dead containers), so statvfs right afterwards would make
+/// evictd evict a second pod for space that is already on its way back.
+const DISK_SETTLE: Duration = Duration::from_secs(2);
+
+/// Space on its way back to a filesystem, and since when.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DiskSettle {
+    since: Instant,
+    /// What released it: node-level reclaim, or an eviction.
+    after: &'static str,
+}
+
+impl DiskSettle {
+    pub(super) fn after(after: &'static str) -> Self {
+        DiskSettle { since: Instant::now(), after }
+    }
+}
+
+impl Pressure {
+    /// Whether the decision's most urgent signal is a disk signal.
+    pub(super) fn drives_on_disk(&self, d: &engine::Decision) -> bool {
+        d.actionable.first().is_some_and(|&i| self.thresholds[i].signal.resource().is_disk())
+    }
+
+    /// True while space released by reclaim or a disk eviction may still be on its way: a
+    /// decision driven by disk waits (memory and PIDs never do).
+    pub(super) fn disk_settling(&mut self, d: &engine::Decision) -> bool {
+        let Some(settle) = &self.disk_settle else { return false };
+        if !self.drives_on_disk(d) {
+            return false;
+        }
+        if settle.since.elapsed() < DISK_SETTLE {
+            return true;
+        }
+        tracing::info!(
+            after = settle.after,
+            "disk pressure remains {DISK_SETTLE:?} after reclaim or an eviction"
+        );
+        self.disk_settle = None;
+        false
+    }
+
+    /// No threshold met any more: if space was on its way back, say that it came.
+    pub(super) fn disk_settled(&mut self) {
+        if let Some(settle) = self.disk_settle.take() {
+            tracing::info!(
+                after = settle.after,
+                released_ms = settle.since.elapsed().as_millis() as u64,
+                "disk pressure resolved: the runtime released the space (no further pod evicted)"
+            );
+        }
+    }
+
+    /// The kubelet's `reclaimNodeLevelResources`: for disk pressure, dead containers and
+    /// unused images go first; true when no threshold is met any more afterwards.
+    pub(super) async fn node_level_reclaim_resolves(
+        &mut self,
+        d: &engine::Decision,
+        pods: &[PodRecord],
+        now: i64,
+    ) -> bool {
+        let Some(client) = self.client.as_ref().filter(|_| !d.node_reclaim.is_empty() && !self.dry_run)
+        else {
+            return false;
+        };
+        let sandbox_images = pods.iter().filter_map(|p| p.sandbox_image.clone()).collect();
+        let report = reclaim::reclaim(client, &d.node_reclaim, &sandbox_images).await;
+        tracing::info!(
+            containers_removed = report.containers_removed,
+            images_removed = report.images_removed,
+            errors = ?report.errors,
+            "node-level reclaim for {:?}",
+            d.actionable.first().map(|&i| self.thresholds[i].signal)
+        );
+        if !engine::any_met(&self.thresholds, &self.observe(now), true) {
+            tracing::info!("node-level reclaim resolved the pressure: no pod evicted");
+            return true;
+        }
+        if report.containers_removed + report.images_removed > 0 {
+            // Removed, but not yet released (see DISK_SETTLE): no eviction until it had time.
+            self.disk_settle = Some(DiskSettle::after("node-level reclaim"));
+            return true;
+        }
+        false
+    }
+}

@@ -1,0 +1,266 @@
+//! One pod evicted for a threshold: the candidates with their usage read off the daemon's
+//! thread, the ranking's first pod that may be taken, its record, and the act step (stop
+//! through the runtime or the fast kill, then the Kubernetes record).
+
+use super::*;
+
+/// Candidates tried in one decision when kills fail.
+const MAX_CANDIDATES: usize = 5;
+
+/// Each live pod's usage (by index into `pods`): pods evicted already (`gone`) and pods
+/// whose cgroup is gone (terminating) are not listed.
+fn read_usage(
+    pods: &[PodRecord],
+    gone: &BTreeSet<String>,
+    cgroups: &CgroupMounts,
+    disk: Option<&usage::DiskSources>,
+) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
+    pods.iter()
+        .enumerate()
+        .filter(|(_, p)| !gone.contains(&p.sandbox_id))
+        .filter_map(|(i, p)| {
+            let cg = usage::pod_cgroups(p, cgroups);
+            if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
+                return None;
+            }
+            Some((i, usage::pod_stats(p, cg.as_ref(), cgroups, disk)))
+        })
+        .collect()
+}
+
+impl Pressure {
+    /// The pods that can be ranked, with their usage read from their cgroups. A pod whose
+    /// cgroup is gone is terminating, not a candidate; one evicted already is skipped until
+    /// the inventory stops listing it; one whose usage cannot be read is left out and
+    /// logged: ranked "without stats" it would go first, on data evictd could not read.
+    /// The reads (cgroup files, and for a disk signal log and volume directories walked)
+    /// run on the blocking pool: the daemon's one thread keeps serving wakes meanwhile.
+    pub(super) async fn candidates<'a>(
+        &mut self,
+        pods: &'a Arc<Vec<PodRecord>>,
+        disk: bool,
+    ) -> Vec<(&'a PodRecord, PodStats)> {
+        let (all, gone, cgroups) = (pods.clone(), self.gone.clone(), self.cgroups.clone());
+        let disk = disk.then(|| usage::DiskSources { kubelet_root: self.signals.nodefs.clone() });
+        let read =
+            tokio::task::spawn_blocking(move || read_usage(&all, &gone, &cgroups, disk.as_ref())).await;
+        let usage = match read {
+            Ok(usage) => usage,
+            Err(e) => {
+                self.warn_limited(format!("reading the pods' usage failed: {e}; no pod is ranked"));
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::with_capacity(usage.len());
+        for (i, stats) in usage {
+            let p = &pods[i];
+            match stats {
+                Ok(stats) => out.push((p, stats)),
+                Err(e) => self.warn_limited(format!(
+                    "pod {}/{} left out of ranking: its usage cannot be read: {e}",
+                    p.namespace, p.name
+                )),
+            }
+        }
+        out
+    }
+
+    /// Evicts the top-ranked pod; when its kill fails, the next candidate, as the kubelet
+    /// does (at most `MAX_CANDIDATES`). Every failed kill is recorded, and the engine's state
+    /// is kept whichever way the decision ends.
+    pub(super) async fn evict_one(
+        &mut self,
+        candidates: &[(&PodRecord, PodStats)],
+        obs: &Observations,
+        now: i64,
+        t0: Instant,
+    ) -> Vec<EvictionRecord> {
+        let mut records = Vec::new();
+        let mut failed: BTreeSet<usize> = BTreeSet::new();
+        let mut final_state = None;
+        for _ in 0..MAX_CANDIDATES {
+            let entries: Vec<PodEntry> = candidates
+                .iter()
+                .enumerate()
+                .map(|(i, (p, s))| PodEntry {
+                    pod: &p.spec,
+                    stats: Some(s),
+                    protected: failed.contains(&i) || self.protects(p),
+                })
+                .collect();
+            // Every try decides from the state before the decision: a state taken after a failed
+            // try would find the same stats "not newer" and decide nothing.
+            let (state, d) = engine::decide(&self.input(obs, &entries, now), &self.state);
+            final_state = Some(state);
+            let Some(e) = d.eviction else {
+                self.warn_no_eviction(&d, failed.len());
+                break;
+            };
+            let pod = candidates[e.pod].0;
+            let mut rec = self.record(pod, &e, obs, t0);
+            let done = self.act(pod, &mut rec).await;
+            records.push(rec);
+            if done {
+                break;
+            }
+            // Only for this decision: the pod is still there, and the next pass may well
+            // succeed where this one failed.
+            failed.insert(e.pod);
+        }
+        if let Some(state) = final_state {
+            self.state = state;
+        }
+        records
+    }
+
+    /// Pods evictd never evicts, beyond the kubelet's critical pods: itself, and — unless
+    /// `--evict-inferred-kube-system` — a `kube-system` pod whose spec it could only infer
+    /// (its priority is unknown: it may well be a node's DNS, proxy or network agent).
+    pub(super) fn protects(&self, p: &PodRecord) -> bool {
+        let own = self.own_pod_uid.as_deref() == Some(p.uid.as_str());
+        own || (p.spec_inferred() && p.namespace == "kube-system" && !self.evict_inferred_kube_system)
+    }
+
+    /// `failed` candidates were tried in this decision and are protected from here on, so
+    /// the engine's reason alone ("critical, protected, or opted out") would hide that they failed.
+    pub(super) fn warn_no_eviction(&mut self, d: &engine::Decision, failed: usize) {
+        if let Some(why) = &d.no_eviction_reason {
+            let signal = d.actionable.first().map(|&i| self.thresholds[i].signal);
+            let why = match failed {
+                0 => why.to_string(),
+                n => format!("the eviction of {n} candidate(s) failed and no other pod can be evicted"),
+            };
+            self.warn_limited(format!("pressure on {signal:?} but no eviction: {why}"));
+        }
+    }
+
+    pub(super) fn record(
+        &self,
+        pod: &PodRecord,
+        e: &engine::Eviction,
+        obs: &Observations,
+        t0: Instant,
+    ) -> EvictionRecord {
+        let o = obs.get(&e.signal).copied();
+        EvictionRecord {
+            available: o.map_or(0, |o| o.available),
+            threshold: o.map_or(0, |o| self.thresholds[e.threshold].value.resolve(o.capacity)),
+            annotations: e.annotations.clone(),
+            ..self.new_record(pod, EvictionCause::Signal(e.signal), self.grace_seconds(e), &e.message, t0)
+        }
+    }
+
+    /// A record of a decision just taken, before the act step fills in what happened.
+    pub(super) fn new_record(
+        &self,
+        pod: &PodRecord,
+        signal: EvictionCause,
+        grace_period_seconds: i64,
+        message: &str,
+        t0: Instant,
+    ) -> EvictionRecord {
+        EvictionRecord {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            signal,
+            available: 0,
+            threshold: 0,
+            grace_period_seconds,
+            message: message.to_owned(),
+            annotations: Default::default(),
+            dry_run: self.dry_run,
+            error: None,
+            decide_us: t0.elapsed().as_micros() as u64,
+            phases: None,
+            wake_cause: None,
+            wake_kernel_ts_ns: None,
+            wake_received_ns: None,
+            observed_ns: 0,
+            decided_ns: monotonic_ns(),
+            released_ns: None,
+        }
+    }
+
+    /// Stops the pod (or, in a dry run, says it would). True when this decision is done:
+    /// evicted, dry run, or nothing to evict with; false when the kill failed and the next
+    /// candidate may be tried.
+    pub(super) async fn act(&mut self, pod: &PodRecord, rec: &mut EvictionRecord) -> bool {
+        let who = format!("{}/{}", rec.namespace, rec.name);
+        if self.dry_run {
+            // Every wake repeats the same decision while the pressure lasts.
+            if !self.repeated(&format!("would evict {who}")) {
+                tracing::info!(
+                    pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
+                    grace = rec.grace_period_seconds, "dry run: would evict: {}", rec.message
+                );
+            }
+            return true;
+        }
+        let Some(client) = &self.client else {
+            rec.error = Some("no CRI endpoint".into());
+            return true;
+        };
+        let plan = self.stop_plan(pod, rec.grace_period_seconds);
+        match evict::stop(client, pod, &plan, Some(self.escalate.clone())).await {
+            Ok(mut phases) => {
+                // Recorded the moment the pod is stopped: until the API server has the
+                // status, the kubelet may restart it.
+                if let Some(api) = &self.api {
+                    api.pod_evicted(rec, monotonic_ns());
+                }
+                evict::wait_released(pod, &plan, &mut phases).await;
+                rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
+                self.gone.insert(pod.sandbox_id.clone());
+                tracing::info!(
+                    pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
+                    grace = rec.grace_period_seconds, decide_us = rec.decide_us,
+                    stop_containers_ms = phases.stop_containers_ms,
+                    stop_sandbox_ms = phases.stop_sandbox_ms,
+                    memory_released_ms = ?phases.memory_released_ms,
+                    "evicted: {}", rec.message
+                );
+                rec.phases = Some(phases);
+                true
+            }
+            // The runtime is down or went away: the next candidate would fail the same way,
+            // or worse, be stopped once it is back while this pod's stop is still under way.
+            // The next pass tries again.
+            Err(err) if err.runtime_unavailable() => {
+                self.warn_limited(format!("eviction failed, the runtime is unavailable: {err}"));
+                rec.error = Some(err.to_string());
+                true
+            }
+            Err(err) => {
+                tracing::warn!("eviction failed, trying the next candidate: {err}");
+                rec.error = Some(err.to_string());
+                false
+            }
+        }
+    }
+
+    /// The grace period a decision stops its pod with: the engine's, except that a hard
+    /// eviction's is `--hard-eviction-grace-period` (the kubelet's 1 s by default).
+    pub(super) fn grace_seconds(&self, e: &engine::Eviction) -> i64 {
+        if self.thresholds[e.threshold].is_hard() {
+            self.kill.hard_grace_seconds
+        } else {
+            e.grace_period_seconds
+        }
+    }
+
+    pub(super) fn stop_plan(&self, pod: &PodRecord, grace_seconds: i64) -> StopPlan {
+        let fast = self.kill.fast_kill.then(|| KillTarget::of(pod, &self.cgroups).ok()).flatten();
+        StopPlan {
+            grace_seconds,
+            hard_grace_seconds: self.kill.hard_grace_seconds,
+            fast,
+            cgroup: self.cgroups_of(pod).map(|c| c.memory.dir),
+            release_timeout: self.release_timeout,
+        }
+    }
+
+    pub(super) fn cgroups_of(&self, p: &PodRecord) -> Option<usage::PodCgroups> {
+        usage::pod_cgroups(p, &self.cgroups)
+    }
+}

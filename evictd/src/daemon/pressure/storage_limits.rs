@@ -1,0 +1,53 @@
+//! The kubelet's `localStorageEviction` in the daemon: when the check runs is decided here
+//! (on the housekeeping cadence, in a pass the timer woke, never on a memory wake); what it
+//! decides is `evictd_policy::engine::local_storage_eviction`'s.
+
+use super::*;
+
+impl Pressure {
+    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period` and only
+    /// in a pass the housekeeping timer woke (the disk walk never delays a pass a memory
+    /// wake asked for): every pod over one of its own ephemeral-storage limits (emptyDir
+    /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
+    /// whatever the thresholds say. Nothing is read when no pod sets such a limit.
+    pub(super) async fn evict_pods_over_storage_limits(
+        &mut self,
+        pods: &Arc<Vec<PodRecord>>,
+        wake: Option<Wake>,
+    ) -> Vec<EvictionRecord> {
+        let housekeeping = wake.is_none_or(|w| w.cause == WakeCause::Timer);
+        let due = self.limits_checked.is_none_or(|t| t.elapsed() >= self.storage_limit_period);
+        if !self.policy.local_storage_capacity_isolation || !housekeeping || !due {
+            return Vec::new();
+        }
+        self.limits_checked = Some(Instant::now());
+        if !pods.iter().any(|p| p.spec.sets_storage_limits()) {
+            return Vec::new();
+        }
+        let t0 = Instant::now();
+        let candidates = self.candidates(pods, true).await;
+        let entries: Vec<PodEntry> = candidates
+            .iter()
+            .map(|(p, s)| PodEntry { pod: &p.spec, stats: Some(s), protected: self.protects(p) })
+            .collect();
+        let over = engine::local_storage_eviction(&self.policy, &entries, self.layout);
+        tracing::debug!(
+            pods = entries.len(),
+            over = over.len(),
+            "pods checked against their own storage limits"
+        );
+        drop(entries);
+        let mut records = Vec::with_capacity(over.len());
+        for e in over {
+            let pod = candidates[e.pod].0;
+            let mut rec = self.limit_record(pod, &e, t0);
+            self.act(pod, &mut rec).await;
+            records.push(rec);
+        }
+        records
+    }
+
+    pub(super) fn limit_record(&self, pod: &PodRecord, e: &LimitEviction, t0: Instant) -> EvictionRecord {
+        self.new_record(pod, EvictionCause::Limit(e.kind), e.grace_period_seconds, &e.message, t0)
+    }
+}
