@@ -8,6 +8,7 @@ use clap::Args;
 
 use crate::{
     kubelet_config::{self, ConfigError},
+    podspec::AnnotationTrust,
     policy::{self, MapSetting, Policy, PolicyError, PolicyInput},
 };
 
@@ -44,6 +45,11 @@ pub struct PolicyArgs {
     /// and pod limits), as the kubelet's `localStorageCapacityIsolation`. Default: true.
     #[arg(long, value_name = "BOOL")]
     pub local_storage_capacity_isolation: Option<bool>,
+    /// Namespaces whose pods' own `evictd.io/eviction` and `evictd.io/eviction-order`
+    /// annotations count (comma-separated; default: none). Elsewhere they are ignored, as
+    /// the kubelet ignores them: PriorityClass orders pods.
+    #[arg(long, value_name = "NAMESPACES", default_value = "")]
+    pub annotation_namespaces: String,
 }
 
 /// A policy that cannot be read or is not valid.
@@ -56,6 +62,11 @@ pub enum FlagsError {
 }
 
 impl PolicyArgs {
+    /// The namespaces whose pods' evictd annotations count.
+    pub fn annotation_trust(&self) -> AnnotationTrust {
+        AnnotationTrust::from_list(&self.annotation_namespaces)
+    }
+
     /// The policy inputs: the config file's fields, each replaced by its flag when given.
     pub fn input(&self) -> Result<PolicyInput, FlagsError> {
         let mut input = match &self.config {

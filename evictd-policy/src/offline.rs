@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::{
     engine::{self, Decision, EngineState},
     observations::{self, ObservationError, Observations},
-    podspec::{self, Pod, PodListError},
+    podspec::{self, AnnotationTrust, Pod, PodListError},
     policy::{Policy, Threshold},
     rank::{FsLayout, PodEntry},
     summary::{self, Summary},
@@ -41,9 +41,14 @@ pub enum OfflineError {
     Encode(#[from] serde_json::Error),
 }
 
-/// Reads a PodList and keeps the active pods (not Succeeded or Failed).
-pub fn load_pods(path: &Path) -> Result<Vec<Pod>, OfflineError> {
-    Ok(podspec::read_pod_list(path)?.into_iter().filter(Pod::is_active).collect())
+/// Reads a PodList and keeps the active pods (not terminal, not terminating), each with its
+/// evictd annotations only where `trust` lets them count, as the daemon does.
+pub fn load_pods(path: &Path, trust: &AnnotationTrust) -> Result<Vec<Pod>, OfflineError> {
+    let mut pods: Vec<Pod> = podspec::read_pod_list(path)?.into_iter().filter(Pod::is_active).collect();
+    for pod in &mut pods {
+        trust.apply(pod);
+    }
+    Ok(pods)
 }
 
 fn parse_summary(text: &str, what: &str) -> Result<(Summary, Value), OfflineError> {

@@ -1,7 +1,10 @@
 //! Pod specs as eviction needs them, read from a Kubernetes PodList (`kubectl get pods -o
 //! json`): priority, requests, grace period, volumes, and whether the pod is critical.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use serde::Deserialize;
 
@@ -143,6 +146,45 @@ pub const EVICTION_ANNOTATION: &str = "evictd.io/eviction";
 /// not an integer: 0.
 pub const EVICTION_ORDER_ANNOTATION: &str = "evictd.io/eviction-order";
 
+/// The namespaces whose pods' own evictd annotations count: the operator's word
+/// (`--annotation-namespaces`). The kubelet gives pod annotations no say in eviction; a pod
+/// author anywhere else could otherwise write `evictd.io/eviction: never` or a huge
+/// `evictd.io/eviction-order` and send evictd to another tenant's pods instead. The default
+/// trusts no namespace; PriorityClass is the Kubernetes way to order pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AnnotationTrust {
+    namespaces: BTreeSet<String>,
+}
+
+impl AnnotationTrust {
+    /// From the flag's comma-separated list; empty entries are ignored.
+    pub fn from_list(list: &str) -> Self {
+        let namespaces = list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect();
+        AnnotationTrust { namespaces }
+    }
+
+    pub fn trusts(&self, namespace: &str) -> bool {
+        self.namespaces.contains(namespace)
+    }
+
+    /// Takes evictd's annotations off a pod whose namespace is not trusted; returns the
+    /// ones it took (empty: none, or the pod's word counts).
+    pub fn apply(&self, pod: &mut Pod) -> Vec<String> {
+        if self.trusts(&pod.metadata.namespace) {
+            return Vec::new();
+        }
+        [EVICTION_ANNOTATION, EVICTION_ORDER_ANNOTATION]
+            .into_iter()
+            .filter(|a| pod.metadata.annotations.remove(*a).is_some())
+            .map(String::from)
+            .collect()
+    }
+
+    pub fn namespaces(&self) -> impl Iterator<Item = &str> {
+        self.namespaces.iter().map(String::as_str)
+    }
+}
+
 /// The kubelet's `SystemCriticalPriority`: 2 × the highest user-definable priority.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
@@ -179,7 +221,11 @@ impl Pod {
         self.metadata.owner_references.iter().any(|o| o.controller == Some(true) && o.kind == "DaemonSet")
     }
 
-    /// Still running as far as eviction cares (not Succeeded or Failed).
+    /// Still running as far as eviction cares, as the kubelet's active pods are: not
+    /// terminal (Succeeded or Failed). A pod being deleted stays active, as in the kubelet's
+    /// `filterOutInactivePods`: its containers still hold memory until they exit, and
+    /// leaving it out would let a tenant shield a pod that ignores SIGTERM behind a long
+    /// grace period, and leave a node being drained with no candidate at all.
     pub fn is_active(&self) -> bool {
         !matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
@@ -344,5 +390,25 @@ mod tests {
             {"name": "pvc", "persistentVolumeClaim": {"claimName": "c"}}
         ]}}));
         assert_eq!(p.local_volume_names().collect::<Vec<_>>(), ["host", "scratch", "cfg"]);
+    }
+
+    /// A pod's own `evictd.io/` annotations count only in a namespace the operator named:
+    /// elsewhere a tenant could opt out of eviction or push itself last, and another
+    /// tenant's pod would be taken instead.
+    #[test]
+    fn only_the_operators_namespaces_have_a_say() {
+        let tenant = || {
+            pod(serde_json::json!({"metadata": {"namespace": "team-a", "annotations": {
+                "evictd.io/eviction": "never", "evictd.io/eviction-order": "1000000", "other": "kept"}}}))
+        };
+        let mut p = tenant();
+        let ignored = AnnotationTrust::default().apply(&mut p);
+        assert_eq!(ignored, ["evictd.io/eviction", "evictd.io/eviction-order"]);
+        assert!(!p.opts_out());
+        assert_eq!(p.eviction_order(), 0);
+        assert_eq!(p.metadata.annotations.get("other").map(String::as_str), Some("kept"));
+        let mut p = tenant();
+        assert!(AnnotationTrust::from_list("ops, team-a,").apply(&mut p).is_empty());
+        assert!(p.opts_out() && p.eviction_order() == 1_000_000, "the operator named team-a");
     }
 }

@@ -46,7 +46,7 @@ fn pods(list: &[P]) -> Vec<Pod> {
     let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!("evictd-scenario-pods-{}-{n}.json", std::process::id()));
     std::fs::write(&path, json!({"kind": "PodList", "items": items}).to_string()).expect("write pods file");
-    let pods = offline::load_pods(&path);
+    let pods = offline::load_pods(&path, &evictd_policy::podspec::AnnotationTrust::default());
     let _ = std::fs::remove_file(&path);
     pods.expect("pods")
 }

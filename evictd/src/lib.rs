@@ -22,7 +22,7 @@
 //!   source, an eviction's record and phases), importing none of them.
 //!
 //! Imports run one way, down `LAYERS`: a module imports only the modules listed after it
-//! (`imports_run_one_way` checks every `use` line).
+//! (`tests/tests/layers.rs` checks every `use` line).
 
 pub mod cli;
 pub mod cluster;
@@ -51,6 +51,3 @@ pub(crate) fn skip(test: &str, reason: &str) {
     }
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
-
-#[cfg(test)]
-mod layers;

@@ -172,6 +172,7 @@ impl ApiDouble {
         within: Duration,
         pred: impl Fn(&[Recorded]) -> bool,
     ) -> Vec<Recorded> {
+        let within = crate::patience::patience(within);
         let t = Instant::now();
         loop {
             let r = self.requests();

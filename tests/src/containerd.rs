@@ -173,7 +173,7 @@ impl TestPod {
 
     /// Waits until the pod's cgroup charges at least `bytes`.
     pub fn wait_usage_at_least(&self, bytes: u64, within: Duration) {
-        let deadline = Instant::now() + within;
+        let deadline = Instant::now() + crate::patience::patience(within);
         while self.usage() < bytes {
             assert!(
                 Instant::now() < deadline,
@@ -391,7 +391,7 @@ state = "{r}/state"
             .expect("starting containerd");
         self.child = Some(child);
         // Seconds here; the VM matrix's TCG is 10–50× slower.
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + crate::patience::patience(Duration::from_secs(60));
         while !self.ctr(&["version"]).status.success() {
             assert!(
                 Instant::now() < deadline,
@@ -407,7 +407,7 @@ state = "{r}/state"
         if let Some(mut c) = self.child.take() {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + crate::patience::patience(Duration::from_secs(10));
             while c.try_wait().ok().flatten().is_none() {
                 if Instant::now() > deadline {
                     let _ = c.kill();
@@ -670,7 +670,7 @@ state = "{r}/state"
     /// container has just written shows in `ListContainerStats` — where the kubelet and evictd
     /// read it for ranking — only some time later.
     pub async fn wait_writable_layer_at_least(&self, pod: &TestPod, bytes: u64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + crate::patience::patience(Duration::from_secs(20));
         loop {
             let stats = self.client().list_container_stats().await.expect("ListContainerStats");
             let used = stats

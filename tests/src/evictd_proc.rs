@@ -73,8 +73,8 @@ impl Evictd {
         let e = Evictd { child, lines, log };
         // The first summary means it is up and armed. Its start log goes to the other pipe,
         // read by the other thread: wait for that too, so that a test sees it on return.
-        // Under a second here; seconds in the VM matrix's TCG.
-        e.wait_for("the first summary", Duration::from_secs(60), |l| {
+        // Under a second here; up to 18 s in the VM matrix's TCG (loading the programs).
+        e.wait_for("the first summary", Duration::from_secs(30), |l| {
             l.iter().any(|v| v["type"] == "summary")
         });
         e.wait_for_log("the start log", Duration::from_secs(5), |log| log.contains(" observing "));
@@ -93,8 +93,10 @@ impl Evictd {
         self.log.lock().expect("log").clone()
     }
 
+    /// Waits until evictd's `--trace --json` lines satisfy `pred`, for `within` scaled to
+    /// this machine.
     pub fn wait_for(&self, what: &str, within: Duration, pred: impl Fn(&[Value]) -> bool) {
-        let deadline = Instant::now() + within;
+        let deadline = Instant::now() + crate::patience::patience(within);
         loop {
             if pred(&self.lines.lock().expect("lines")) {
                 return;
@@ -106,7 +108,7 @@ impl Evictd {
 
     /// Waits until evictd's log (stderr) satisfies `pred`.
     pub fn wait_for_log(&self, what: &str, within: Duration, pred: impl Fn(&str) -> bool) {
-        let deadline = Instant::now() + within;
+        let deadline = Instant::now() + crate::patience::patience(within);
         while !pred(&self.log()) {
             assert!(Instant::now() < deadline, "timed out waiting for {what}; evictd log:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(20));

@@ -6,6 +6,7 @@ pub mod api_double;
 mod cleanup;
 pub mod containerd;
 pub mod evictd_proc;
+pub mod patience;
 pub mod scenario;
 
 use std::{

@@ -26,7 +26,7 @@ fn filler(name: &str) -> PodSpec<'_> {
 
 /// Waits until the nodefs has at most `bytes` available (a filler has written its share).
 fn wait_available_at_most(ctd: &Containerd, bytes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(20));
     while ctd.nodefs_available() > bytes {
         assert!(
             Instant::now() < deadline,

@@ -190,19 +190,19 @@ async fn survives_the_runtime_going_away_and_evicts_after_it_returns() {
     pods[1].set_mib(50);
     let evictd = Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<500Mi"]);
     let seen = |n: usize| move |log: &str| log.matches("container runtime reachable").count() >= n;
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
     while !seen(1)(&evictd.log()) {
         assert!(Instant::now() < deadline, "evictd never reached the runtime:\n{}", evictd.log());
         std::thread::sleep(Duration::from_millis(50));
     }
     ctd.stop_daemon();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
     while !evictd.log().contains("container runtime unavailable") {
         assert!(Instant::now() < deadline, "evictd did not report the runtime gone:\n{}", evictd.log());
         std::thread::sleep(Duration::from_millis(50));
     }
     ctd.spawn();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
     while !seen(2)(&evictd.log()) {
         assert!(Instant::now() < deadline, "evictd did not see the runtime back:\n{}", evictd.log());
         std::thread::sleep(Duration::from_millis(50));

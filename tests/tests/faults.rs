@@ -45,7 +45,7 @@ async fn a_pods_file_turned_to_garbage_keeps_the_specs_read_before() {
     let evictd = Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<400Mi"]);
     std::thread::sleep(Duration::from_millis(500));
     std::fs::write(&file, "{\"kind\": \"PodList\", \"items\": [ garbage").expect("overwriting the pods file");
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(5));
     while !evictd.log().contains("keeping the specs read before") {
         assert!(Instant::now() < deadline, "no warning about the broken pods file:\n{}", evictd.log());
         std::thread::sleep(Duration::from_millis(50));
@@ -200,7 +200,7 @@ fn remove_cgroup_tree(dir: &std::path::Path) {
             remove_cgroup_tree(&e.path());
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(5));
     while dir.exists() && std::fs::remove_dir(dir).is_err() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -241,7 +241,7 @@ async fn a_flooded_metrics_port_delays_no_eviction() {
     assert!(e["error"].is_null(), "{e}");
     assert!(ctd.sandbox_ready(&bystander.sandbox_id).await);
     // The endpoint cuts slow clients off after 5 s; a scrape is answered by then.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
     let scrape = loop {
         // Turned away (closed at once) while the slots are full: not an error yet.
         let answer = try_http_get(&addr, "/metrics").unwrap_or_default();

@@ -143,7 +143,7 @@ async fn hitting_the_limit_sends_reclaim_and_oom_kill_wakes() {
     let mut hog = MemHog::spawn_in(&cg);
     let pid = hog.pid();
     assert!(!hog.try_alloc(256), "256 MiB fit in a 128 MiB cgroup");
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(2));
     let (mut reclaim, mut oom) = (None, None);
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match tokio::time::timeout(left, rx.recv()).await {
@@ -226,7 +226,7 @@ async fn a_ring_buffer_reader_that_ended_is_reported_by_its_source() {
     drop(rx);
     let mut hog = MemHog::spawn_in(&cg);
     hog.alloc(16);
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(3));
     let err = loop {
         match source.supervise() {
             Err(e) => break e,
@@ -285,7 +285,7 @@ async fn the_ebpf_source_follows_a_node_cgroup_made_again_at_the_same_path() {
     while rx.try_recv().is_ok() {}
     let mut hog = MemHog::spawn_in(&cg);
     hog.alloc(64);
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(3));
     let mut charges = 0;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match tokio::time::timeout(left, rx.recv()).await {

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use evictd::{
     cluster::{
-        connect,
+        connect::{self, ApiOptions},
         pods::spawn_pod_watch,
         reporter::{Reporter, ReporterTask, Retry},
     },
@@ -320,6 +320,30 @@ async fn the_pod_watch_follows_this_nodes_pods() {
         "the watch only reads: {:?}",
         api.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect::<Vec<_>>()
     );
+}
+
+/// A quiet cluster: the watch stays open however long no pod changes. A read deadline on
+/// the watch would tear it down after every quiet second here, and each time the pod
+/// watch would count an error and list the node's pods again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_watch_survives_a_quiet_cluster() {
+    let api = ApiDouble::start();
+    api.put_pod(api_pod("a", "node-a", 1));
+    let opts = ApiOptions { timeout: Duration::from_secs(1), ..api_options(api.kubeconfig()) };
+    let client = connect::watch_client(&opts).await.expect("a client for the double");
+    let metrics = Metrics::default();
+    let mut rx = spawn_pod_watch(client, &opts.node_name, metrics.api.clone());
+    wait_snapshot(&mut rx, "the first list", |s| s.contains_key("a")).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let watches = api.requests().iter().filter(|r| r.path.contains("watch=true")).count();
+    let lists = api.requests().iter().filter(|r| !r.path.contains("watch=true")).count();
+    assert_eq!((lists, watches), (1, 1), "one list and one watch over 3.5 quiet seconds");
+    let errors =
+        counter(&metrics.encode(), "evictd_kube_api_calls_total{call=\"watch_pods\",outcome=\"error\"}");
+    assert_eq!(errors, 0.0);
+    // And it still follows the node.
+    api.put_pod(api_pod("b", "node-a", 2));
+    wait_snapshot(&mut rx, "a pod added after the quiet", |s| s.contains_key("b")).await;
 }
 
 /// An API server that is down at the start: no snapshot (the inventory keeps the pods file's

@@ -81,7 +81,7 @@ fn charge_anywhere_on_the_node_wakes_evictd() {
     // The first summary: the programs are loaded and armed (seconds under the VMs' TCG).
     wait_first_summary(&rx, Duration::from_secs(60));
     hog.alloc(128);
-    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let until = std::time::Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
     let mut ours = None;
     while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
         match rx.recv_timeout(left) {
@@ -157,7 +157,7 @@ type Traced =
 
 /// Waits for evictd's first line, which must be its first summary (it is loaded and armed).
 fn wait_first_summary(rx: &std::sync::mpsc::Receiver<serde_json::Value>, within: Duration) {
-    let first = rx.recv_timeout(within).expect("evictd printed nothing");
+    let first = rx.recv_timeout(evictd_tests::patience::patience(within)).expect("evictd printed nothing");
     assert_eq!(first["type"], "summary", "{first}");
 }
 

@@ -7,7 +7,7 @@ use std::process::Command;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 
-use crate::{BuildEnv, run_status, step, workspace_root};
+use crate::{BuildEnv, cargo_status, run_status, step, workspace_root};
 
 #[derive(Args)]
 pub(crate) struct BenchArgs {
@@ -93,7 +93,7 @@ fn build_bench(env: &BuildEnv, smoke: bool) -> Result<std::path::PathBuf> {
     if !smoke {
         cmd.arg("--release");
     }
-    run_status(&mut cmd, "building the benchmark")?;
+    cargo_status(&mut cmd, "building the benchmark")?;
     Ok(workspace_root().join("target").join(profile).join("evictd-bench"))
 }
 

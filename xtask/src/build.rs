@@ -4,7 +4,7 @@ use std::process::Command;
 
 use anyhow::Result;
 
-use crate::{BuildEnv, run_status, step, workspace_root};
+use crate::{BuildEnv, cargo_status, run_status, step, workspace_root};
 
 pub(crate) fn build(env: &BuildEnv, release: bool) -> Result<()> {
     step("building evictd");
@@ -13,7 +13,7 @@ pub(crate) fn build(env: &BuildEnv, release: bool) -> Result<()> {
     if release {
         cmd.arg("--release");
     }
-    run_status(&mut cmd, "cargo build -p evictd")
+    cargo_status(&mut cmd, "cargo build -p evictd")
 }
 
 pub(crate) fn run(env: &BuildEnv, args: &[String]) -> Result<()> {

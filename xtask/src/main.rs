@@ -1,5 +1,8 @@
-//! Developer entry points: `cargo xtask setup | build | run | test | bench`, one module per
-//! command.
+//! Developer entry points: `cargo xtask setup | build | run | test | bench | fuzz | vm | soak`,
+//! one module per command, except that commands built on the same steps share one: `setup`;
+//! `build` (`build`, and `run`, which builds first); `test` (lints and every test, ending
+//! with the VM matrix); `bench` (`bench`, and `soak`, which runs the same evictd-bench);
+//! `fuzz`; `vm` (the VM matrix, a folder: kernels, initramfs, boot).
 //!
 //! `setup` installs what building evictd needs and is quick when everything is there; every
 //! other command runs it first, so the README's two commands work on a fresh machine.
@@ -7,8 +10,11 @@
 use std::{
     env,
     ffi::OsString,
+    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Command, ExitCode},
+    process::{Command, ExitCode, Stdio},
+    sync::OnceLock,
+    time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -67,6 +73,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    started();
     let result = match Xtask::parse().command {
         Cmd::Setup => setup::setup().map(|_| ()),
         Cmd::Build { release } => setup::setup().and_then(|env| build::build(&env, release)),
@@ -91,8 +98,16 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// When this xtask started: each step's line carries the time since.
+fn started() -> Instant {
+    static STARTED: OnceLock<Instant> = OnceLock::new();
+    *STARTED.get_or_init(Instant::now)
+}
+
+/// One line per step, with the time it started at: a step's length is the gap to the next.
 fn step(msg: &str) {
-    eprintln!("[xtask] {msg}");
+    let t = started().elapsed().as_secs();
+    eprintln!("[xtask {:>2}m{:02}s] {msg}", t / 60, t % 60);
 }
 
 /// The environment child commands run with: PATH extended with cargo's bin directory,
@@ -141,10 +156,64 @@ fn run_status(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether a line of cargo's stderr is the eBPF build relayed by evictd's build script:
+/// aya-build passes on every line of its nested cargo as a `warning: evictd@<version>:` line.
+fn is_ebpf_build_line(line: &str) -> bool {
+    line.strip_prefix("warning: evictd@").and_then(|rest| rest.split_once(": ")).is_some()
+}
+
+/// `run_status` for a cargo command that may build evictd: the nested eBPF build's lines
+/// (~150 on a fresh machine, none of them a real warning) become one progress line, and are
+/// shown in full only when the command fails, where they may hold the reason.
+fn cargo_status(cmd: &mut Command, what: &str) -> Result<()> {
+    let mut child =
+        cmd.stderr(Stdio::piped()).spawn().with_context(|| format!("{what}: could not start {cmd:?}"))?;
+    let mut held = Vec::new();
+    if let Some(stderr) = child.stderr.take() {
+        let mut reader = BufReader::new(stderr);
+        let mut raw = Vec::new();
+        // Read to the end whatever the bytes: the command is always waited for below.
+        while reader.read_until(b'\n', &mut raw).is_ok_and(|n| n > 0) {
+            let line = String::from_utf8_lossy(&raw).trim_end_matches('\n').to_owned();
+            raw.clear();
+            if !is_ebpf_build_line(&line) {
+                eprintln!("{line}");
+            } else if held.is_empty() {
+                step("building the eBPF programs (evictd-ebpf, nightly; its output is shown if it fails)");
+                held.push(line);
+            } else {
+                held.push(line);
+            }
+        }
+    }
+    let status = child.wait().with_context(|| format!("{what}: waiting for {cmd:?}"))?;
+    if !status.success() {
+        for line in &held {
+            eprintln!("{line}");
+        }
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
 fn output(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd.output().with_context(|| format!("{what}: could not start {cmd:?}"))?;
     if !out.status.success() {
         bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_relayed_ebpf_build_is_held_back() {
+        assert!(is_ebpf_build_line("warning: evictd@0.1.0:    Compiling core v0.0.0"));
+        assert!(is_ebpf_build_line("warning: evictd@0.1.0: error[E0425]: cannot find value"));
+        assert!(!is_ebpf_build_line("warning: unused import: `Foo`"));
+        assert!(!is_ebpf_build_line("   Compiling evictd v0.1.0 (/work/evictd)"));
+        assert!(!is_ebpf_build_line("warning: `evictd` (lib) generated 1 warning"));
+    }
 }

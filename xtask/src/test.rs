@@ -5,7 +5,7 @@ use std::{env, time::Instant};
 
 use anyhow::Result;
 
-use crate::{BuildEnv, run_status, step};
+use crate::{BuildEnv, cargo_status, run_status, step};
 
 pub(crate) fn test(env: &BuildEnv, with_vms: bool) -> Result<()> {
     let started = Instant::now();
@@ -17,12 +17,12 @@ pub(crate) fn test(env: &BuildEnv, with_vms: bool) -> Result<()> {
         "cargo +nightly fmt --check (run `cargo +nightly fmt --all`)",
     )?;
     step("linting");
-    run_status(
+    cargo_status(
         env.cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
         "cargo clippy",
     )?;
     step("building the workspace");
-    run_status(env.cargo().args(["build", "--workspace"]), "cargo build --workspace")?;
+    cargo_status(env.cargo().args(["build", "--workspace"]), "cargo build --workspace")?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         step("NOTE: not root: the privileged tests (BPF, cgroups) will report SKIPPED");
@@ -34,7 +34,7 @@ pub(crate) fn test(env: &BuildEnv, with_vms: bool) -> Result<()> {
     if env::var("CI").is_ok_and(|v| v == "true") {
         cmd.env("EVICTD_REQUIRE_PRIVILEGED", "1");
     }
-    run_status(&mut cmd, "cargo test --workspace")?;
+    cargo_status(&mut cmd, "cargo test --workspace")?;
     if with_vms {
         if crate::is_root() {
             step("the VM matrix: the privileged tests in Debian's kernels with cgroup v2");

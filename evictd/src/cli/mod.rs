@@ -159,7 +159,7 @@ fn check_config(args: &PolicyArgs, output: OutputFormat) -> anyhow::Result<()> {
 
 fn offline_session(o: &OfflineArgs) -> anyhow::Result<(Policy, Vec<Pod>, FsLayout)> {
     let policy = valid_policy(&o.policy)?;
-    let pods = offline::load_pods(&o.pods)?;
+    let pods = offline::load_pods(&o.pods, &o.policy.annotation_trust())?;
     let layout = match (o.dedicated_imagefs, o.split_containerfs) {
         (true, true) => FsLayout::SplitContainerFs,
         (true, false) => FsLayout::DedicatedImageFs,

@@ -42,9 +42,14 @@ pub struct RunArgs {
     /// The container runtime's CRI socket; `none` runs without one (nothing can be evicted).
     #[arg(long, value_name = "unix:///PATH|none", default_value = cri::DEFAULT_ENDPOINT)]
     pub cri_endpoint: String,
-    /// Deadline of one CRI call (StopContainer gets the pod's grace period on top).
+    /// Deadline of one CRI call that reads (listing, status, stats) or cleans up.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub cri_timeout: Duration,
+    /// Deadline of a stop (StopContainer gets the pod's grace period on top), the kubelet's
+    /// `--runtime-request-timeout`: a stop a slow runtime is still carrying out is waited for,
+    /// not cancelled into a failed eviction (an emergency kills without waiting for it).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_period)]
+    pub runtime_request_timeout: Duration,
     /// Decide and report, but stop no pod ("would evict ...").
     #[arg(long)]
     pub dry_run: bool,
@@ -286,6 +291,8 @@ impl RunArgs {
                 fs_layout,
                 cri_endpoint,
                 cri_timeout: self.cri_timeout,
+                runtime_request_timeout: self.runtime_request_timeout,
+                annotation_trust: self.policy.annotation_trust(),
                 dry_run: self.dry_run,
                 pods_file: self.pods_file,
                 inventory_interval: self.inventory_interval,

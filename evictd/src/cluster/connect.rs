@@ -53,7 +53,23 @@ pub fn in_cluster() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
 }
 
+/// The client for requests: each connect, read and write bounded by `opts.timeout`.
 pub async fn client(opts: &ApiOptions) -> Result<Client, ConnectError> {
+    let mut config = config(opts).await?;
+    config.read_timeout = Some(opts.timeout);
+    Ok(Client::try_from(config)?)
+}
+
+/// The client for watches. A watch on a quiet cluster reads nothing for minutes (the server
+/// ends it itself after its `timeoutSeconds`); a read deadline would tear it down after
+/// every quiet `opts.timeout` and list all the node's pods again.
+pub async fn watch_client(opts: &ApiOptions) -> Result<Client, ConnectError> {
+    let mut config = config(opts).await?;
+    config.read_timeout = None;
+    Ok(Client::try_from(config)?)
+}
+
+async fn config(opts: &ApiOptions) -> Result<Config, ConnectError> {
     let mut config = match &opts.source {
         ApiSource::Kubeconfig { path, file } => {
             Config::from_custom_kubeconfig((**file).clone(), &KubeConfigOptions::default())
@@ -63,7 +79,6 @@ pub async fn client(opts: &ApiOptions) -> Result<Client, ConnectError> {
         ApiSource::InCluster => Config::incluster()?,
     };
     config.connect_timeout = Some(opts.timeout);
-    config.read_timeout = Some(opts.timeout);
     config.write_timeout = Some(opts.timeout);
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }

@@ -21,6 +21,7 @@ use evictd_policy::{
     distance::nearest_memory_threshold,
     flags::PolicyArgs,
     observations::Observations,
+    podspec::AnnotationTrust,
     policy::{NodeCondition, Policy, Signal, Threshold},
     rank::FsLayout,
 };
@@ -93,6 +94,10 @@ pub struct PressureOptions {
     pub fs_layout: FsLayout,
     pub cri_endpoint: Option<String>,
     pub cri_timeout: Duration,
+    /// The deadline of a stop (`CriClient::with_stop_timeout`).
+    pub runtime_request_timeout: Duration,
+    /// The namespaces whose pods' evictd annotations count.
+    pub annotation_trust: AnnotationTrust,
     pub dry_run: bool,
     pub pods_file: Option<PathBuf>,
     pub inventory_interval: Duration,
@@ -428,6 +433,8 @@ mod tests {
             fs_layout: FsLayout::SingleFs,
             cri_endpoint: None,
             cri_timeout: Duration::from_secs(1),
+            runtime_request_timeout: Duration::from_secs(120),
+            annotation_trust: Default::default(),
             dry_run: false,
             pods_file: None,
             inventory_interval: Duration::from_secs(1),

@@ -10,7 +10,7 @@
 //! ranking's pick, the act step and the record).
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -81,7 +81,8 @@ pub struct Pressure {
     pub escalate: watch::Receiver<Urgency>,
     state: EngineState,
     /// Sandboxes evicted until the inventory stops listing them.
-    gone: BTreeSet<String>,
+    /// With the containers the eviction stopped, until the inventory stops listing them.
+    gone: BTreeMap<String, BTreeSet<String>>,
     last_warning: Option<(String, Instant)>,
     /// Set by node-level reclaim that removed something, or a disk eviction: for
     /// `DISK_SETTLE` no pod is evicted for a disk signal.
@@ -117,7 +118,7 @@ impl Pressure {
             conditions: Vec::new(),
             escalate,
             state: EngineState::default(),
-            gone: BTreeSet::new(),
+            gone: BTreeMap::new(),
             last_warning: None,
             disk_settle: None,
             storage_limit_period: opts.storage_limit_period,
@@ -144,9 +145,14 @@ impl Pressure {
         obs
     }
 
-    /// The inventory changed: forget evicted sandboxes it no longer lists.
+    /// The inventory changed: forget evicted sandboxes it no longer lists, and those whose
+    /// containers run again (a sandbox the runtime failed to stop, restarted by the kubelet
+    /// when the eviction's record did not land): that pod can be evicted again.
     pub fn inventory_updated(&mut self, pods: &[PodRecord]) {
-        self.gone.retain(|id| pods.iter().any(|p| &p.sandbox_id == id));
+        let restarted = |p: &PodRecord, stopped: &BTreeSet<String>| {
+            p.containers.iter().any(|c| c.running && !stopped.contains(&c.id))
+        };
+        self.gone.retain(|id, stopped| pods.iter().any(|p| &p.sandbox_id == id && !restarted(p, stopped)));
     }
 
     /// Observe, decide, act; repeated while evictions succeed. `pods` is the inventory's

@@ -20,7 +20,8 @@ async fn start_api(
         return Ok((None, None));
     };
     let client = connect::client(opts).await?;
-    let pods = pods::spawn_pod_watch(client.clone(), &opts.node_name, metrics.api.clone());
+    let pods =
+        pods::spawn_pod_watch(connect::watch_client(opts).await?, &opts.node_name, metrics.api.clone());
     if dry_run {
         tracing::info!("dry run: pod specs are read from the Kubernetes API; nothing is written to it");
         return Ok((None, Some(pods)));
@@ -46,7 +47,9 @@ pub(super) fn spawn_inventory(
         .read()
         .with_context(|| format!("reading the node's memory capacity from {}", node.dir.display()))?
         .capacity as i64;
-    let mut inventory = Inventory::new(opts.pods_file.clone(), capacity).reread_on(reread_pods_file);
+    let mut inventory = Inventory::new(opts.pods_file.clone(), capacity)
+        .reread_on(reread_pods_file)
+        .with_annotation_trust(opts.annotation_trust.clone());
     if let Some(rx) = api_pods {
         inventory = inventory.with_api(rx);
     }
@@ -107,9 +110,11 @@ impl Daemon {
     pub(super) async fn start(mut opts: RunOptions, tx: mpsc::Sender<Wake>) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let client = match &opts.pressure.cri_endpoint {
-            Some(ep) => {
-                Some(CriClient::new(ep, opts.pressure.cri_timeout)?.with_metrics(metrics.cri.clone()))
-            }
+            Some(ep) => Some(
+                CriClient::new(ep, opts.pressure.cri_timeout)?
+                    .with_stop_timeout(opts.pressure.runtime_request_timeout)
+                    .with_metrics(metrics.cri.clone()),
+            ),
             None => None,
         };
         // Before the sources start: the disk poll watches the filesystems the layout names.

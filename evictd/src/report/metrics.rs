@@ -82,6 +82,7 @@ pub struct Metrics {
     detection: Family<CauseLabel, Histogram>,
     phases: Family<PhaseLabel, Histogram>,
     pods: Family<SpecSourceLabel, Gauge>,
+    ignored_annotations: Gauge,
     available: Gauges<SignalLabel>,
     capacity: Gauges<SignalLabel>,
     thresholds: Gauges<ThresholdLabel>,
@@ -121,6 +122,7 @@ impl Default for Metrics {
             detection: histograms(),
             phases: histograms(),
             pods: Family::default(),
+            ignored_annotations: Gauge::default(),
             available: gauges_by_unit(
                 &mut r,
                 "signal_available",
@@ -156,6 +158,11 @@ impl Default for Metrics {
             "pods",
             "Pods on the node, by where their spec comes from (api, pods_file, inferred: priority unknown)",
             m.pods.clone(),
+        );
+        r.register(
+            "pods_ignored_annotations",
+            "Pods whose evictd.io annotations are ignored: their namespace is not in --annotation-namespaces",
+            m.ignored_annotations.clone(),
         );
         r.register(
             "node_condition",
@@ -279,6 +286,11 @@ impl Metrics {
         }
     }
 
+    /// How many of the inventory's pods carry evictd annotations that do not count.
+    pub fn pods_with_ignored_annotations(&self, n: i64) {
+        self.ignored_annotations.set(n);
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
@@ -314,6 +326,7 @@ mod tests {
                 stop_sandbox_ms: 30.0,
                 memory_released_ms: Some(0.1),
                 fast_kill: None,
+                warnings: Vec::new(),
             }),
             wake_cause: Some(WakeCause::Charge),
             wake_kernel_ts_ns: Some(1_000_000),
@@ -374,6 +387,7 @@ mod tests {
             "evictd_cri_errors counter",
             "evictd_eviction_recorded_seconds histogram",
             "evictd_pods gauge",
+            "evictd_pods_ignored_annotations gauge",
             "evictd_signal_available_bytes gauge",
             "evictd_signal_available_inodes gauge",
             "evictd_signal_available_pids gauge",

@@ -78,6 +78,8 @@ impl Report {
     pub fn inventory(&self, pods: &[PodRecord]) {
         let count = |source: SpecSource| pods.iter().filter(|p| p.spec_source == source).count() as i64;
         self.metrics.pods_by_spec_source(SpecSource::ALL.map(|s| (s, count(s))));
+        let ignored = pods.iter().filter(|p| !p.ignored_annotations.is_empty()).count();
+        self.metrics.pods_with_ignored_annotations(ignored as i64);
     }
 
     /// The thresholds evictd acts on, for the metrics' series present from the start.

@@ -89,6 +89,10 @@ pub struct CriClient {
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     timeout: Duration,
+    /// A stop's deadline (a container's adds its grace period): the kubelet's
+    /// `runtimeRequestTimeout`. A runtime under memory pressure is slow, and a stop it is
+    /// still carrying out must not be cancelled into a failed eviction.
+    stop_timeout: Duration,
     /// Failed calls are counted here (`evictd_cri_errors_total`), when set.
     metrics: Option<CriMetrics>,
 }
@@ -101,6 +105,9 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
     }
     Ok(PathBuf::from(path))
 }
+
+/// The kubelet's default `runtimeRequestTimeout`: how long it gives the runtime for a call.
+pub const RUNTIME_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The largest CRI response accepted: the kubelet's (16 MiB), not tonic's default 4 MiB, which
 /// a node whose sandboxes carry large annotations (any tenant can add them) exceeds, failing
@@ -188,13 +195,25 @@ impl CriClient {
             runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES),
             images: ImageServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES),
             timeout,
+            stop_timeout: RUNTIME_REQUEST_TIMEOUT,
             metrics: None,
         })
+    }
+
+    /// The deadline of StopContainer (plus the grace period) and StopPodSandbox.
+    pub fn with_stop_timeout(mut self, stop_timeout: Duration) -> Self {
+        self.stop_timeout = stop_timeout;
+        self
     }
 
     pub fn with_metrics(mut self, metrics: CriMetrics) -> Self {
         self.metrics = Some(metrics);
         self
+    }
+
+    /// The deadline of reads and clean-up calls (`--cri-timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn endpoint(&self) -> &str {
@@ -286,7 +305,7 @@ impl CriClient {
     pub async fn stop_container(&self, id: &str, grace_seconds: i64) -> Result<(), CriError> {
         let mut c = self.runtime.clone();
         let req = cri::StopContainerRequest { container_id: id.into(), timeout: grace_seconds };
-        let limit = self.timeout + Duration::from_secs(grace_seconds.max(0) as u64);
+        let limit = self.stop_timeout + Duration::from_secs(grace_seconds.max(0) as u64);
         gone_is_done(self.call("StopContainer", limit, c.stop_container(deadline(req, limit))).await)
     }
 
@@ -299,7 +318,12 @@ impl CriClient {
         let mut c = self.runtime.clone();
         let req = cri::StopPodSandboxRequest { pod_sandbox_id: id.into() };
         gone_is_done(
-            self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(deadline(req, self.timeout))).await,
+            self.call(
+                "StopPodSandbox",
+                self.stop_timeout,
+                c.stop_pod_sandbox(deadline(req, self.stop_timeout)),
+            )
+            .await,
         )
     }
 
@@ -455,10 +479,14 @@ pub fn separate_container_fs(resp: &cri::ImageFsInfoResponse) -> Option<PathBuf>
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
+pub(crate) mod scripted;
 
-    use super::*;
+#[cfg(test)]
+mod tests {
+    use super::{
+        scripted::{Script, scripted_runtime},
+        *,
+    };
 
     #[test]
     fn endpoints() {
@@ -572,7 +600,8 @@ mod tests {
         let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(3)).unwrap();
         let expect = [
             ("/runtime.v1.RuntimeService/Version", Duration::from_secs(3)),
-            ("/runtime.v1.RuntimeService/StopContainer", Duration::from_secs(3 + 5)),
+            // A stop's deadline is the runtime request timeout, not the CRI timeout.
+            ("/runtime.v1.RuntimeService/StopContainer", RUNTIME_REQUEST_TIMEOUT + Duration::from_secs(5)),
         ];
         assert!(client.version().await.is_err(), "the listener answers unimplemented");
         assert!(client.stop_container("c1", 5).await.is_err());
@@ -584,102 +613,6 @@ mod tests {
         }
     }
 
-    /// How the hand-made runtime below answers: the first `failing_stops` stops fail as
-    /// containerd 1.6's once did in the VM matrix ("ttrpc: closed"), and the object's status
-    /// shows it running for the first `running_polls` reads (`None`: always), stopped after.
-    #[derive(Clone, Copy)]
-    struct Script {
-        failing_stops: usize,
-        running_polls: Option<usize>,
-    }
-
-    /// How often the hand-made runtime was asked to stop, and for a status.
-    #[derive(Default)]
-    struct Asked {
-        stops: std::sync::atomic::AtomicUsize,
-        polls: std::sync::atomic::AtomicUsize,
-    }
-
-    /// Not a runtime: containerd cannot be made to fail a stop on purpose, so the four calls
-    /// a confirmed stop makes (StopContainer, ContainerStatus, StopPodSandbox,
-    /// PodSandboxStatus) are answered by hand, as `script` says.
-    fn scripted_runtime(sock: &std::path::Path, script: Script) -> Arc<Asked> {
-        use std::sync::atomic::Ordering::SeqCst;
-
-        use futures::stream;
-        use http_body_util::StreamBody;
-        use hyper::{
-            Response,
-            body::{Bytes, Frame},
-            service::service_fn,
-        };
-        let asked = Arc::new(Asked::default());
-        let listener = tokio::net::UnixListener::bind(sock).unwrap();
-        let a = asked.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let a = a.clone();
-                let answer = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let path = req.uri().path().to_owned();
-                    let reply = Response::builder().header("content-type", "application/grpc");
-                    let message = if path.ends_with("Status") {
-                        let poll = a.polls.fetch_add(1, SeqCst);
-                        let running = script.running_polls.is_none_or(|n| poll < n);
-                        Some(if path.ends_with("/ContainerStatus") {
-                            let state = if running {
-                                cri::ContainerState::ContainerRunning
-                            } else {
-                                cri::ContainerState::ContainerExited
-                            };
-                            let status = cri::ContainerStatus { state: state as i32, ..Default::default() };
-                            prost::Message::encode_to_vec(&cri::ContainerStatusResponse {
-                                status: Some(status),
-                                ..Default::default()
-                            })
-                        } else {
-                            let state = if running {
-                                cri::PodSandboxState::SandboxReady
-                            } else {
-                                cri::PodSandboxState::SandboxNotready
-                            };
-                            let status = cri::PodSandboxStatus { state: state as i32, ..Default::default() };
-                            prost::Message::encode_to_vec(&cri::PodSandboxStatusResponse {
-                                status: Some(status),
-                                ..Default::default()
-                            })
-                        })
-                    } else if a.stops.fetch_add(1, SeqCst) >= script.failing_stops {
-                        // Stop responses are empty messages.
-                        Some(Vec::new())
-                    } else {
-                        None
-                    };
-                    let mut frames = Vec::new();
-                    let reply = match message {
-                        Some(msg) => {
-                            // gRPC's length-prefixed message: no compression, u32 length.
-                            let mut framed = vec![0u8];
-                            framed.extend(u32::try_from(msg.len()).unwrap().to_be_bytes());
-                            framed.extend(msg);
-                            let mut trailers = hyper::HeaderMap::new();
-                            trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
-                            frames.push(Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(framed))));
-                            frames.push(Ok(Frame::trailers(trailers)));
-                            reply
-                        }
-                        None => reply
-                            .header("grpc-status", "2")
-                            .header("grpc-message", "failed to kill container: ttrpc: closed"),
-                    };
-                    async move { reply.body(StreamBody::new(stream::iter(frames))) }
-                });
-                let http2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
-                tokio::spawn(http2.serve_connection(TokioIo::new(stream), answer));
-            }
-        });
-        asked
-    }
-
     /// A stop the runtime failed is judged by the object's state: one that has stopped
     /// (at once, or once the runtime learns of the exit) is stopped; one still running is
     /// stopped once more; the runtime's own error stands when that fails too.
@@ -689,10 +622,50 @@ mod tests {
         let never = usize::MAX;
         // (script, stopped, stop calls, status reads)
         let cases = [
-            (Script { failing_stops: never, running_polls: Some(0) }, true, 1, Some(1)),
-            (Script { failing_stops: never, running_polls: Some(3) }, true, 1, Some(4)),
-            (Script { failing_stops: 1, running_polls: None }, true, 2, None),
-            (Script { failing_stops: never, running_polls: None }, false, 2, None),
+            (
+                Script {
+                    failing_stops: never,
+                    running_polls: Some(0),
+                    stop_delay: Duration::ZERO,
+                    sandbox_stop_fails: false,
+                },
+                true,
+                1,
+                Some(1),
+            ),
+            (
+                Script {
+                    failing_stops: never,
+                    running_polls: Some(3),
+                    stop_delay: Duration::ZERO,
+                    sandbox_stop_fails: false,
+                },
+                true,
+                1,
+                Some(4),
+            ),
+            (
+                Script {
+                    failing_stops: 1,
+                    running_polls: None,
+                    stop_delay: Duration::ZERO,
+                    sandbox_stop_fails: false,
+                },
+                true,
+                2,
+                None,
+            ),
+            (
+                Script {
+                    failing_stops: never,
+                    running_polls: None,
+                    stop_delay: Duration::ZERO,
+                    sandbox_stop_fails: false,
+                },
+                false,
+                2,
+                None,
+            ),
         ];
         for sandbox in [false, true] {
             for (script, stopped, stops, polls) in cases {
@@ -701,6 +674,7 @@ mod tests {
                 let asked = scripted_runtime(&sock, script);
                 // The state is watched for the CRI timeout at most: a second here.
                 let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(1)).unwrap();
+                let started = Instant::now();
                 let r = if sandbox {
                     client.stop_pod_sandbox_confirmed("s1").await
                 } else {
@@ -724,14 +698,49 @@ mod tests {
                 if let Some(polls) = polls {
                     assert_eq!(asked.polls.load(SeqCst), polls, "{case}: status reads");
                 } else {
-                    // Watched for the whole second, every 100 ms.
+                    // Watched for the whole second, more than once (how many reads fit in it
+                    // depends on the machine: the VM matrix's emulation is far slower).
+                    let polls = asked.polls.load(SeqCst);
+                    assert!(polls >= 2, "{case}: {polls} status reads");
                     assert!(
-                        asked.polls.load(SeqCst) >= 8,
-                        "{case}: {} status reads",
-                        asked.polls.load(SeqCst)
+                        started.elapsed() >= Duration::from_millis(950),
+                        "{case}: {:?}",
+                        started.elapsed()
                     );
                 }
             }
+        }
+    }
+
+    /// A runtime slowed by memory pressure takes longer than evictd's CRI timeout to carry
+    /// out a stop: the stop is waited for (the kubelet's `runtimeRequestTimeout`), not
+    /// cancelled into a failed eviction. A stop past that deadline still fails, naming it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_stop_is_waited_for_not_cancelled() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let slow =
+            Script { running_polls: Some(0), stop_delay: Duration::from_millis(2500), ..Script::default() };
+        for sandbox in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let sock = dir.path().join("cri.sock");
+            let asked = scripted_runtime(&sock, slow);
+            let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(1)).unwrap();
+            let r = if sandbox {
+                client.stop_pod_sandbox("s1").await
+            } else {
+                client.stop_container("c1", 0).await
+            };
+            assert!(r.is_ok(), "sandbox {sandbox}: a stop answered after 2.5 s failed: {r:?}");
+            assert_eq!(asked.stops.load(SeqCst), 1, "sandbox {sandbox}: one stop, not repeated");
+            let hurried = client.with_stop_timeout(Duration::from_millis(500));
+            let r = if sandbox {
+                hurried.stop_pod_sandbox("s1").await
+            } else {
+                hurried.stop_container("c1", 0).await
+            };
+            let e = r.expect_err("a stop past its own deadline fails");
+            let call = if sandbox { "StopPodSandbox" } else { "StopContainer" };
+            assert!(e.to_string().contains(call), "{e}");
         }
     }
 }

@@ -93,13 +93,37 @@ pub async fn stop(
     }
     let stopped = stop.stop_containers().await;
     phases.fast_kill = stop.fast_kill.take();
-    stopped.map_err(cri_err)?;
     phases.stop_containers_ms = ms(t);
+    match stopped {
+        Ok(()) => {}
+        // The fast kill ran and the pod's cgroup holds no process: the containers are dead
+        // whatever the runtime answered, and the eviction stands. (A kill that gave up on a
+        // pod still forking leaves processes: then the runtime's error stands.)
+        Err(e) if phases.fast_kill.is_some() && killed_to_the_last_process(plan) => {
+            phases.warn(&name, format!("StopContainer after the fast kill: {e}"));
+        }
+        Err(e) => return Err(cri_err(e)),
+    }
 
+    // The containers are dead: the eviction is done. A sandbox the runtime is too slow or
+    // too broken to stop now is its bookkeeping, not a reason to evict another pod; after a
+    // fast kill it gets the CRI timeout, not the runtime request timeout, so a struggling
+    // runtime does not hold the next decision for minutes.
     let t = Instant::now();
-    client.stop_pod_sandbox_confirmed(&pod.sandbox_id).await.map_err(cri_err)?;
+    let sandbox_client = match phases.fast_kill {
+        Some(_) => client.clone().with_stop_timeout(client.timeout()),
+        None => client.clone(),
+    };
+    if let Err(e) = sandbox_client.stop_pod_sandbox_confirmed(&pod.sandbox_id).await {
+        phases.warn(&name, format!("StopPodSandbox after the containers died: {e}"));
+    }
     phases.stop_sandbox_ms = ms(t);
     Ok(phases)
+}
+
+/// Whether the pod's cgroup is known and holds no process any more.
+fn killed_to_the_last_process(plan: &StopPlan) -> bool {
+    plan.cgroup.as_deref().is_some_and(cgroup_tree_empty)
 }
 
 /// Waits, bounded by `--release-timeout`, until the stopped pod's cgroup holds no process,
@@ -171,6 +195,7 @@ impl Stop<'_> {
         }
         let mut urgency = self.urgency.take();
         let mut first_error = None;
+        let mut bookkeeping = self.bookkeeping_deadline();
         loop {
             tokio::select! {
                 r = stops.join_next() => {
@@ -182,10 +207,28 @@ impl Stop<'_> {
                 raised = raised_above(&mut urgency, reached), if reached < Urgency::Emergency => {
                     reached = raised;
                     self.escalate(raised, &mut stops).await;
+                    bookkeeping = self.bookkeeping_deadline();
+                }
+                () = sleep_until(bookkeeping), if bookkeeping.is_some() => {
+                    tracing::warn!(
+                        pod = %self.name,
+                        "killed; the runtime's stops still run after {:?}: not waited for",
+                        self.client.timeout()
+                    );
+                    // Not cancelled: the runtime finishes its bookkeeping on its own.
+                    stops.detach_all();
+                    break;
                 }
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Once the pod is killed without the runtime, the runtime's stops are bookkeeping:
+    /// waited for at most the CRI timeout, not the runtime request timeout, so that a
+    /// struggling runtime never holds the next decision for minutes.
+    fn bookkeeping_deadline(&self) -> Option<tokio::time::Instant> {
+        self.fast_kill.as_ref().map(|_| tokio::time::Instant::now() + self.client.timeout())
     }
 
     fn spawn_stops(&self, stops: &mut tokio::task::JoinSet<Result<(), CriError>>, grace: i64) {
@@ -223,6 +266,14 @@ impl Stop<'_> {
     }
 }
 
+/// Resolves at `deadline`; never without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Resolves with the urgency once it is above `reached`; never without a receiver, or once
 /// the daemon has dropped its sender.
 async fn raised_above(urgency: &mut Option<watch::Receiver<Urgency>>, reached: Urgency) -> Urgency {
@@ -252,4 +303,87 @@ async fn released_within(dir: &std::path::Path, timeout: Duration) -> bool {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{
+        cri::scripted::{Script, scripted_runtime},
+        inventory::tests::{container, record},
+        kill::{self, KillTarget},
+    };
+
+    fn plan() -> StopPlan {
+        StopPlan {
+            grace_seconds: 1,
+            hard_grace_seconds: 1,
+            fast: None,
+            cgroup: None,
+            release_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// Once the pod's containers are dead, a sandbox the runtime fails to stop (a runtime
+    /// struggling under the same memory pressure) is a warning on that eviction, not a
+    /// failed eviction that would send the next candidate to its death too.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_sandbox_the_runtime_cannot_stop_after_the_containers_died_is_still_an_eviction() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        let script = Script { running_polls: Some(0), sandbox_stop_fails: true, ..Script::default() };
+        scripted_runtime(&sock, script);
+        let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(300)).unwrap();
+        let pod = record("/kubepods/podu", vec![container(None, None)]);
+        let phases = stop(&client, &pod, &plan(), None).await.expect("the containers are dead: an eviction");
+        assert_eq!(phases.warnings.len(), 1, "{:?}", phases.warnings);
+        assert!(phases.warnings[0].contains("StopPodSandbox"), "{:?}", phases.warnings);
+    }
+
+    /// Containers the runtime could not stop are a failed eviction.
+    #[tokio::test(flavor = "current_thread")]
+    async fn containers_the_runtime_cannot_stop_are_a_failed_eviction() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        scripted_runtime(
+            &sock,
+            Script { failing_stops: usize::MAX, running_polls: None, ..Script::default() },
+        );
+        let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(300)).unwrap();
+        let pod = record("/kubepods/podu", vec![container(None, None)]);
+        let e = stop(&client, &pod, &plan(), None).await.expect_err("still running");
+        assert!(e.to_string().contains("StopContainer"), "{e}");
+    }
+
+    /// An emergency kills the pod at once; the stops a slow runtime is still carrying out
+    /// are then its bookkeeping, waited for at most the CRI timeout, never the minutes of
+    /// the runtime request timeout that would hold the next decision.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_emergency_kill_does_not_wait_for_a_slow_runtimes_stops() {
+        let test = "an_emergency_kill_does_not_wait_for_a_slow_runtimes_stops";
+        let Some(layout) = kill::tests::layout_or_skip(test) else { return };
+        let cgroup = kill::tests::TestPod::new(&layout, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        let slow = Duration::from_secs(30);
+        scripted_runtime(&sock, Script { running_polls: Some(0), stop_delay: slow, ..Script::default() });
+        let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap();
+        let pod = record("/kubepods/podu", vec![container(None, None)]);
+        let plan = StopPlan {
+            grace_seconds: 30,
+            fast: Some(KillTarget::at(&cgroup.rel, &layout)),
+            cgroup: Some(layout.memory_root.join(&cgroup.rel)),
+            ..plan()
+        };
+        let (raise, urgency) = watch::channel(Urgency::Normal);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            raise.send_replace(Urgency::Emergency);
+        });
+        let t = Instant::now();
+        let phases = stop(&client, &pod, &plan, Some(urgency)).await.expect("killed: an eviction");
+        assert!(phases.fast_kill.is_some(), "the emergency killed the pod");
+        // Waiting for the runtime would take the 30 s its stops take here.
+        assert!(t.elapsed() < slow / 2, "the pass was held {:?}", t.elapsed());
+    }
 }

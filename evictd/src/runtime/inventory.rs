@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use evictd_policy::podspec::Pod;
+use evictd_policy::podspec::{AnnotationTrust, Pod};
 use tokio::sync::{Notify, watch};
 
 use super::infer::{infer_spec, with_trusted_annotations};
@@ -67,6 +67,9 @@ pub struct PodRecord {
     pub containers: Vec<ContainerRecord>,
     pub spec: Pod,
     pub spec_source: SpecSource,
+    /// evictd annotations of the pod that do not count: its namespace is not one the
+    /// operator named (`--annotation-namespaces`).
+    pub ignored_annotations: Vec<String>,
 }
 
 impl PodRecord {
@@ -85,6 +88,9 @@ pub struct Inventory {
     capacity: i64,
     /// Pods already named in the log as having inferred specs.
     named_inferred: BTreeSet<String>,
+    /// Whose evictd annotations count, and the pods already named for ones that do not.
+    trust: AnnotationTrust,
+    named_untrusted: BTreeSet<String>,
     started: Instant,
     /// Set on SIGHUP: read the pods file at the next refresh even if it looks unchanged.
     reread: Arc<AtomicBool>,
@@ -99,6 +105,8 @@ impl Inventory {
             api: None,
             capacity: node_capacity,
             named_inferred: BTreeSet::new(),
+            trust: AnnotationTrust::default(),
+            named_untrusted: BTreeSet::new(),
             started: Instant::now(),
             reread: Arc::default(),
         }
@@ -107,6 +115,12 @@ impl Inventory {
     /// The pods file is read again, changed or not, at the refresh after `flag` is set.
     pub fn reread_on(mut self, flag: Arc<AtomicBool>) -> Self {
         self.reread = flag;
+        self
+    }
+
+    /// The namespaces whose pods' evictd annotations count (default: none).
+    pub fn with_annotation_trust(mut self, trust: AnnotationTrust) -> Self {
+        self.trust = trust;
         self
     }
 
@@ -141,6 +155,24 @@ impl Inventory {
         self.pods =
             pods.into_values().map(|rec| (rec.sandbox_id.clone(), self.with_best_spec(rec))).collect();
         self.name_inferred();
+        self.name_ignored_annotations();
+    }
+
+    /// Names, once each, the pods whose evictd annotations are ignored; forgets pods gone
+    /// from the node, so the list stays the size of the node.
+    fn name_ignored_annotations(&mut self) {
+        let live: BTreeSet<&String> = self.pods.values().map(|r| &r.uid).collect();
+        self.named_untrusted.retain(|uid| live.contains(uid));
+        for r in self.pods.values().filter(|r| !r.ignored_annotations.is_empty()) {
+            if self.named_untrusted.insert(r.uid.clone()) {
+                tracing::warn!(
+                    pod = %format!("{}/{}", r.namespace, r.name),
+                    annotations = %r.ignored_annotations.join(", "),
+                    "ignored: evictd honours its annotations only in the namespaces --annotation-namespaces \
+                     names (PriorityClass is the Kubernetes way to order pods)"
+                );
+            }
+        }
     }
 
     fn reread_pods_file(&mut self) -> Result<(), SpecsError> {
@@ -180,6 +212,7 @@ impl Inventory {
                 rec.spec_source = SpecSource::Inferred;
             }
         }
+        rec.ignored_annotations = self.trust.apply(&mut rec.spec);
         rec
     }
 
@@ -200,6 +233,9 @@ impl Inventory {
         if new.is_empty() {
             return;
         }
+        // Only the node's pods: the list stays the size of the node however many come and go.
+        let live: BTreeSet<&String> = self.pods.values().map(|r| &r.uid).collect();
+        self.named_inferred.retain(|uid| live.contains(uid));
         self.named_inferred.extend(self.pods.values().filter(|r| r.spec_inferred()).map(|r| r.uid.clone()));
         let from = match (&self.api, &self.pods_file) {
             (Some(_), _) => "not in the API server's list",
@@ -311,6 +347,7 @@ impl Inventory {
             // Given its best spec once its containers are known (`with_best_spec`).
             spec: Pod::default(),
             spec_source: SpecSource::Inferred,
+            ignored_annotations: Vec::new(),
         })
     }
 }
@@ -502,6 +539,41 @@ pub(crate) mod tests {
         assert!(!flag.load(Ordering::Relaxed), "once");
     }
 
+    /// A tenant's `evictd.io/` annotations do not count outside the namespaces the operator
+    /// named, whichever source the spec comes from (the pods file here, or the node's own
+    /// annotations when the spec is inferred); inside them they do.
+    #[test]
+    fn a_tenants_evictd_annotations_count_only_where_the_operator_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pods.json");
+        let never = serde_json::json!({"evictd.io/eviction": "never"});
+        let list = serde_json::json!({"items": [
+            {"metadata": {"uid": "u1", "name": "a", "namespace": "team-a", "annotations": never}},
+            {"metadata": {"uid": "u2", "name": "b", "namespace": "ops", "annotations": never}}]});
+        std::fs::write(&path, list.to_string()).unwrap();
+        let mut inv =
+            Inventory::new(Some(path), 1 << 30).with_annotation_trust(AnnotationTrust::from_list("ops"));
+        inv.refresh_specs().unwrap();
+        let mut listed = |uid: &str, namespace: &str| {
+            let mut r = record("/kubepods/pod", vec![container(None, None)]);
+            (r.uid, r.namespace, r.sandbox_id) = (uid.into(), namespace.into(), format!("sb-{uid}"));
+            r.annotations.insert("evictd.io/eviction".into(), "never".into());
+            inv.pods.insert(r.sandbox_id.clone(), r);
+        };
+        listed("u1", "team-a");
+        listed("u2", "ops");
+        listed("u3", "team-b");
+        inv.give_best_specs();
+        let pod = |uid: &str| inv.pods.values().find(|r| r.uid == uid).unwrap();
+        assert!(!pod("u1").spec.opts_out(), "team-a is a tenant: its opt-out is ignored");
+        assert_eq!(pod("u1").ignored_annotations, ["evictd.io/eviction"]);
+        assert!(pod("u2").spec.opts_out(), "the operator named ops");
+        assert!(pod("u2").ignored_annotations.is_empty());
+        assert_eq!(pod("u3").spec_source, SpecSource::Inferred);
+        assert!(!pod("u3").spec.opts_out(), "an inferred spec carries the node's annotations: ignored too");
+        assert_eq!(inv.named_untrusted.len(), 2, "u1 and u3 named once each");
+    }
+
     pub(crate) fn record(parent: &str, containers: Vec<ContainerRecord>) -> PodRecord {
         PodRecord {
             sandbox_id: "sb".into(),
@@ -515,6 +587,7 @@ pub(crate) mod tests {
             containers,
             spec: Pod::default(),
             spec_source: SpecSource::Inferred,
+            ignored_annotations: Vec::new(),
         }
     }
 

@@ -335,7 +335,7 @@ fn process_mrelease(pidfd: &OwnedFd) -> io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{
         os::unix::process::ExitStatusExt as _,
         process::{Child, Command},
@@ -346,8 +346,8 @@ mod tests {
 
     /// A pod-like cgroup of this test's own, in the memory, freezer and unified hierarchies,
     /// with `sleep` processes the test started; removed (processes killed by pid) on drop.
-    struct TestPod {
-        rel: PathBuf,
+    pub(crate) struct TestPod {
+        pub(crate) rel: PathBuf,
         dirs: Vec<PathBuf>,
         children: Vec<Child>,
     }
@@ -355,7 +355,7 @@ mod tests {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
 
     impl TestPod {
-        fn new(layout: &CgroupMounts, processes: usize) -> Self {
+        pub(crate) fn new(layout: &CgroupMounts, processes: usize) -> Self {
             let rel = PathBuf::from(format!(
                 "evictd-kill-test-{}-{}",
                 std::process::id(),
@@ -430,7 +430,7 @@ mod tests {
         }
     }
 
-    fn layout_or_skip(test: &str) -> Option<CgroupMounts> {
+    pub(crate) fn layout_or_skip(test: &str) -> Option<CgroupMounts> {
         if !nix::unistd::geteuid().is_root() {
             crate::skip(test, "needs root to make cgroups");
             return None;

@@ -96,6 +96,18 @@ pub struct Phases {
     pub memory_released_ms: Option<f64>,
     /// The fast kill, when there was one.
     pub fast_kill: Option<FastKill>,
+    /// What went wrong after the containers died (the sandbox the runtime could not
+    /// stop): the eviction stands, with these said beside it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl Phases {
+    /// A failure after the kill took effect: logged, and kept with the eviction's record.
+    pub fn warn(&mut self, pod: &str, warning: String) {
+        tracing::warn!(pod, "evicted, but {warning}");
+        self.warnings.push(warning);
+    }
 }
 
 /// A fast kill in an eviction: why, when, and what it did.

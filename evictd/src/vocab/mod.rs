@@ -4,7 +4,7 @@
 //!
 //! A leaf: nothing here imports any other module of the daemon, so every layer can import
 //! it without an import ever running back up the data path (a test over the `use` lines,
-//! `imports_run_one_way` in `lib.rs`, keeps it so).
+//! `tests/tests/layers.rs`, keeps it so).
 
 pub mod eviction;
 pub mod metrics;

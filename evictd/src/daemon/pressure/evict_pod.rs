@@ -7,17 +7,18 @@ use super::*;
 /// Candidates tried in one decision when kills fail.
 const MAX_CANDIDATES: usize = 5;
 
-/// Each live pod's usage (by index into `pods`): pods evicted already (`gone`) and pods
-/// whose cgroup is gone (terminating) are not listed.
+/// Each live pod's usage (by index into `pods`): pods evicted already (`gone`), pods the API
+/// says have finished (the kubelet ranks only its active pods: a Failed or Succeeded pod
+/// frees nothing more) and pods whose cgroup is gone are not listed.
 fn read_usage(
     pods: &[PodRecord],
-    gone: &BTreeSet<String>,
+    gone: &BTreeMap<String, BTreeSet<String>>,
     cgroups: &CgroupMounts,
     disk: Option<&usage::DiskSources>,
 ) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
     pods.iter()
         .enumerate()
-        .filter(|(_, p)| !gone.contains(&p.sandbox_id))
+        .filter(|(_, p)| !gone.contains_key(&p.sandbox_id) && p.spec.is_active())
         .filter_map(|(i, p)| {
             let cg = usage::pod_cgroups(p, cgroups);
             if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
@@ -211,7 +212,8 @@ impl Pressure {
                 }
                 evict::wait_released(pod, &plan, &mut phases).await;
                 rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
-                self.gone.insert(pod.sandbox_id.clone());
+                self.gone
+                    .insert(pod.sandbox_id.clone(), pod.containers.iter().map(|c| c.id.clone()).collect());
                 tracing::info!(
                     pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
                     grace = rec.grace_period_seconds, decide_us = rec.decide_us,

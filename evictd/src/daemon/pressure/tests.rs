@@ -32,6 +32,8 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         fs_layout: FsLayout::SingleFs,
         cri_endpoint: None,
         cri_timeout: Duration::from_secs(1),
+        runtime_request_timeout: Duration::from_secs(120),
+        annotation_trust: Default::default(),
         dry_run: true,
         pods_file: None,
         inventory_interval: Duration::from_secs(1),
@@ -130,6 +132,51 @@ async fn evictds_own_pod_is_never_chosen() {
     // Without knowing its own pod, the largest (evictd's) would be first: the test can fail.
     let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![me, app]), || 1, None).await;
     assert_eq!(records[0].name, "evictd", "{records:?}");
+}
+
+/// Only live pods are candidates: one the API says has finished (Failed, Succeeded) is not
+/// ranked, even as the largest; a pod being deleted still is (its containers still hold
+/// memory, as in the kubelet's active pods).
+#[tokio::test(flavor = "current_thread")]
+async fn finished_pods_are_not_candidates() {
+    let d = tempfile::tempdir().unwrap();
+    memcg(&d.path().join("kubepods/pod-done"), 900 << 20);
+    memcg(&d.path().join("kubepods/pod-ok"), 800 << 20);
+    memcg(&d.path().join("kubepods/pod-app"), 100 << 20);
+    let mut done = pod("done", Some("/kubepods/pod-done"));
+    done.spec.status.phase = Some("Failed".into());
+    let mut ok = pod("ok", Some("/kubepods/pod-ok"));
+    ok.spec.status.phase = Some("Succeeded".into());
+    let app = pod("app", Some("/kubepods/pod-app"));
+    let (records, _) =
+        under_pressure(d.path(), None).pass(&Arc::new(vec![done.clone(), ok, app]), || 1, None).await;
+    assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
+    // Running again, the largest would be first: the test can fail.
+    done.spec.status.phase = Some("Running".into());
+    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![done]), || 1, None).await;
+    assert_eq!(records[0].name, "done", "{records:?}");
+}
+
+/// An evicted pod stays out of the ranking while the inventory still lists its stopped
+/// containers (a stale record must not be evicted twice), and comes back once new
+/// containers run in its sandbox (the kubelet restarted a pod whose sandbox the runtime
+/// failed to stop): evictd must be able to evict it again.
+#[test]
+fn an_evicted_pod_is_a_candidate_again_only_when_its_containers_run_again() {
+    let d = tempfile::tempdir().unwrap();
+    let mut p = pressure(d.path());
+    let evicted = pod("a", Some("/kubepods/pod-a"));
+    p.gone.insert(evicted.sandbox_id.clone(), evicted.containers.iter().map(|c| c.id.clone()).collect());
+    p.inventory_updated(std::slice::from_ref(&evicted));
+    assert!(p.gone.contains_key("sb-a"), "the same stopped containers: still evicted");
+    let mut restarted = evicted.clone();
+    restarted.containers[0].id = "c-restarted".into();
+    restarted.containers[0].attempt = 1;
+    p.inventory_updated(&[restarted]);
+    assert!(!p.gone.contains_key("sb-a"), "running again: a candidate again");
+    p.gone.insert("sb-a".into(), BTreeSet::new());
+    p.inventory_updated(&[]);
+    assert!(p.gone.is_empty(), "no longer listed: forgotten");
 }
 
 /// A kube-system pod whose spec is only inferred is never chosen (its

@@ -1,0 +1,216 @@
+//! The one initramfs every VM of the matrix boots. The VMs have no disk, so everything the
+//! init and the tests need (evictd, the test binaries, this machine's programs and their
+//! shared libraries, systemd's units) is packed into it; it does not depend on the kernel,
+//! so it is built once for all of them.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, anyhow, ensure};
+
+use super::{MAIN_PLAN, SYSTEMD_PLAN};
+use crate::{BuildEnv, cargo_status, output, run_status, step, workspace_root};
+
+/// systemd starts the init as a service, its output on the serial console, once the
+/// manager is up; nothing else (no default target, no getty).
+const SYSTEMD_UNITS: [(&str, &str); 2] = [
+    (
+        "/etc/systemd/system/evictd-vm.target",
+        "[Unit]\nDescription=evictd VM tests\nDefaultDependencies=no\nRequires=evictd-vm.service\n\
+         After=evictd-vm.service\nAllowIsolate=yes\n",
+    ),
+    (
+        "/etc/systemd/system/evictd-vm.service",
+        "[Unit]\nDescription=evictd VM tests\nDefaultDependencies=no\n\n[Service]\nType=oneshot\n\
+         ExecStart=/init\nStandardOutput=tty\nStandardError=tty\nTTYPath=/dev/ttyS0\n",
+    ),
+];
+
+/// Programs of this machine the tests start (`sleep` as a process to kill; the container
+/// runtime of the end-to-end tests), copied with their libraries.
+const HOST_TOOLS: &[&str] = &[
+    "/usr/bin/sleep",
+    "/usr/bin/containerd",
+    "/usr/bin/containerd-shim-runc-v2",
+    "/usr/bin/ctr",
+    "/usr/sbin/runc",
+    "/usr/lib/systemd/systemd",
+    "/usr/bin/systemctl",
+];
+
+/// Where the init tells the end-to-end harness the prebuilt image binaries are (no gcc in
+/// the VM): `pause` and `hog`, static, built here from `tests/images/*.c`.
+const IMAGE_BIN: &str = "/vm/image-bin";
+
+/// Builds the binaries and test binaries (the debug build `cargo xtask test` made) and packs
+/// them, stripped of debug info, with their shared libraries into one uncompressed newc
+/// initramfs: the same for every kernel.
+pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
+    step("building evictd, the VM init and the test binaries (debug)");
+    cargo_status(env.cargo().args(["build", "-p", "evictd", "-p", "evictd-tests", "--bins"]), "cargo build")?;
+    let bin_dir = workspace_root().join("target/debug");
+    let stage = dir.join("stage");
+    if stage.exists() {
+        fs::remove_dir_all(&stage)?;
+    }
+    fs::create_dir_all(&stage)?;
+    let mut files: Vec<(String, PathBuf)> = Vec::new();
+    let mut add_stripped = |archive: String, src: &Path| -> Result<()> {
+        let out = stage.join(archive.trim_start_matches('/').replace('/', "_"));
+        run_status(
+            Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(src),
+            &format!("strip {}", src.display()),
+        )?;
+        files.push((archive, out));
+        Ok(())
+    };
+    add_stripped("/init".into(), &bin_dir.join("evictd-vm-init"))?;
+    for bin in ["evictd", "evictd-memhog"] {
+        add_stripped(format!("/vm/bin/{bin}"), &bin_dir.join(bin))?;
+    }
+    // One line per test binary: its path, its flags, then the tests to run (`--exact`
+    // names), if not all. Each binary goes in once, whichever plans name it.
+    let mut packed = BTreeSet::new();
+    let mut built: BTreeMap<&[&str], Vec<PathBuf>> = BTreeMap::new();
+    let mut texts = Vec::new();
+    for plan in [&MAIN_PLAN, &SYSTEMD_PLAN] {
+        let mut text = String::new();
+        for line in plan.lines {
+            if !built.contains_key(line.selection) {
+                built.insert(line.selection, test_executables(env, line.selection)?);
+            }
+            for t in &built[line.selection] {
+                let name = t
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .ok_or_else(|| anyhow!("{}: no name", t.display()))?;
+                // Test binaries live in deps/ next to the binaries they start, as in target/.
+                let archive = format!("/vm/bin/deps/{name}");
+                text.push_str(&archive);
+                for f in line.flags {
+                    text.push(' ');
+                    text.push_str(f);
+                }
+                if !line.only.is_empty() {
+                    text.push_str(" --exact ");
+                    text.push_str(&line.only.join(" "));
+                }
+                text.push('\n');
+                if packed.insert(archive.clone()) {
+                    add_stripped(archive, t)?;
+                }
+            }
+        }
+        texts.push((plan.file, text));
+    }
+    texts.extend(SYSTEMD_UNITS.iter().map(|(path, text)| (*path, text.to_string())));
+    // Programs the tests start by name.
+    for tool in HOST_TOOLS {
+        files.push((tool.to_string(), PathBuf::from(tool)));
+    }
+    let mut libs = BTreeSet::new();
+    for (_, f) in &files {
+        libs.extend(shared_libraries(f)?);
+    }
+    files.extend(libs.into_iter().map(|l| (l.display().to_string(), l)));
+    // Static: no libraries to look for.
+    for (name, bin) in image_binaries(&stage)? {
+        files.push((format!("{IMAGE_BIN}/{name}"), bin));
+    }
+    // Text, after `ldd` has looked at every program.
+    for (path, text) in texts {
+        let staged = stage.join(path.trim_start_matches('/').replace('/', "_"));
+        fs::write(&staged, text)?;
+        files.push((path.into(), staged));
+    }
+    let out = dir.join("initramfs.cpio");
+    write_cpio(&files, &out)?;
+    let mib = fs::metadata(&out)?.len() >> 20;
+    step(&format!("initramfs: {} files, {mib} MiB ({})", files.len(), out.display()));
+    Ok(out)
+}
+
+/// The end-to-end tests' image binaries, static (the VM has no gcc to build them as the
+/// harness does on a host): `pause` and `hog` from `tests/images/*.c`, built into `stage`.
+fn image_binaries(stage: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
+    let src = workspace_root().join("tests/images");
+    let mut out = Vec::new();
+    for name in ["pause", "hog"] {
+        let bin = stage.join(format!("image-{name}"));
+        run_status(
+            Command::new("gcc").args(["-static", "-O2", "-o"]).arg(&bin).arg(src.join(format!("{name}.c"))),
+            &format!("gcc {name}.c"),
+        )?;
+        out.push((name, bin));
+    }
+    Ok(out)
+}
+
+/// The test executables cargo builds for `selection`, from its JSON messages.
+fn test_executables(env: &BuildEnv, selection: &[&str]) -> Result<Vec<PathBuf>> {
+    let out = output(
+        env.cargo().arg("test").args(selection).args(["--no-run", "--message-format=json"]),
+        "cargo test --no-run",
+    )?;
+    let mut exes = Vec::new();
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] == "compiler-artifact"
+            && msg["profile"]["test"] == true
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            exes.push(PathBuf::from(exe));
+        }
+    }
+    ensure!(!exes.is_empty(), "cargo test {} --no-run named no test executable", selection.join(" "));
+    Ok(exes)
+}
+
+/// What the dynamic loader needs for `elf`, by `ldd`: absolute paths, the loader included.
+fn shared_libraries(elf: &Path) -> Result<Vec<PathBuf>> {
+    let out = output(Command::new("ldd").arg(elf), &format!("ldd {}", elf.display()))?;
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+            let path = l.split("=>").last()?.split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// A newc archive of `files` (archive path → file on the host), with every parent directory
+/// before its entries.
+fn write_cpio(files: &[(String, PathBuf)], out: &Path) -> Result<()> {
+    let mut dirs = BTreeSet::new();
+    for (archive, _) in files {
+        let mut p = Path::new(archive.trim_start_matches('/'));
+        while let Some(parent) = p.parent().filter(|p| !p.as_os_str().is_empty()) {
+            dirs.insert(parent.to_path_buf());
+            p = parent;
+        }
+    }
+    let mut entries: Vec<(cpio::NewcBuilder, fs::File)> = Vec::new();
+    let mut ino = 1;
+    let mut builder = |name: &str, mode: u32| {
+        ino += 1;
+        cpio::NewcBuilder::new(name).ino(ino).mode(mode).nlink(1)
+    };
+    // Directories carry no data; /dev/null stands in as an empty reader.
+    for d in &dirs {
+        entries.push((builder(&d.display().to_string(), 0o040755), fs::File::open("/dev/null")?));
+    }
+    for (archive, src) in files {
+        let file = fs::File::open(src).with_context(|| format!("opening {}", src.display()))?;
+        entries.push((builder(archive.trim_start_matches('/'), 0o100755), file));
+    }
+    let w = std::io::BufWriter::new(fs::File::create(out)?);
+    let mut w = cpio::write_cpio(entries.into_iter(), w).context("writing the initramfs")?;
+    w.flush()?;
+    Ok(())
+}
