@@ -47,7 +47,7 @@ use crate::{
         cri::CriClient,
         inventory::{self, ApiPodsReceiver, Inventory, PodRecord},
     },
-    vocab::{EvictionRecord, Urgency, monotonic_ns},
+    vocab::{EvictionRecord, Urgency, WakeCause, monotonic_ns},
     wake::{self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats},
 };
 
@@ -140,9 +140,33 @@ fn memory_view(thresholds: &[Threshold], obs: &Observations) -> MemoryView {
 /// What a pass hands back when it ends: the pressure state, and what it did and saw.
 struct PassDone {
     pressure: Pressure,
-    wakes: Vec<Wake>,
+    wakes: PendingWakes,
     evictions: Vec<EvictionRecord>,
     obs: Observations,
+}
+
+/// Wakes kept for the next pass while one runs: the first `PENDING_WAKES` (the earliest is
+/// what the decision answers), the rest only counted by cause. A wake storm during a long
+/// stop (reclaim and OOM wakes grow with the CPU count) must not grow evictd's locked memory.
+#[derive(Default)]
+struct PendingWakes {
+    kept: Vec<Wake>,
+    uncounted: [u64; WakeCause::ALL.len()],
+}
+
+/// Wakes a pass keeps one by one; beyond, counts.
+const PENDING_WAKES: usize = WAKE_BATCH;
+
+impl PendingWakes {
+    fn add(&mut self, batch: &mut Vec<Wake>) {
+        let room = PENDING_WAKES.saturating_sub(self.kept.len());
+        if batch.len() > room {
+            for w in batch.drain(room..) {
+                self.uncounted[w.cause.index()] += 1;
+            }
+        }
+        self.kept.append(batch);
+    }
 }
 
 /// The pieces the loop drives. The pass (observe → decide → act) runs in a task of its own,
@@ -154,7 +178,7 @@ struct Daemon {
     pressure: Option<Pressure>,
     pass: Option<JoinHandle<PassDone>>,
     /// Wakes that came while a pass ran: they get a pass of their own after it.
-    pending: Vec<Wake>,
+    pending: PendingWakes,
     /// Copies of what the loop needs while the pressure state is in a pass.
     thresholds: Vec<Threshold>,
     signals: NodeSignalSources,
@@ -241,7 +265,7 @@ impl Daemon {
         if self.pressure.is_none() {
             self.raise_urgency(batch);
         }
-        self.pending.append(batch);
+        self.pending.add(batch);
         if self.pressure.is_some() {
             self.start_pass();
         }
@@ -273,7 +297,7 @@ impl Daemon {
         let pods = self.pods.borrow().clone();
         let wakes = std::mem::take(&mut self.pending);
         // The wake to account the decision to: the earliest in the batch.
-        let first = wakes.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
+        let first = wakes.kept.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
         self.pass = Some(tokio::spawn(async move {
             let (evictions, obs) = pressure.pass(&pods, engine_ns, first).await;
             PassDone { pressure, wakes, evictions, obs }
@@ -293,9 +317,10 @@ impl Daemon {
         if !done.evictions.is_empty() {
             self.kick.notify_one();
         }
-        self.report.pass(&done.wakes, &done.evictions, &memory_view(&self.thresholds, &done.obs))?;
+        let view = memory_view(&self.thresholds, &done.obs);
+        self.report.pass(&done.wakes.kept, &done.wakes.uncounted, &done.evictions, &view)?;
         self.rearm(&done.obs);
-        if !self.pending.is_empty() {
+        if !self.pending.kept.is_empty() {
             self.start_pass();
         }
         Ok(())
@@ -464,5 +489,25 @@ mod tests {
         let now = engine_ns();
         let after = monotonic();
         assert!(before <= now && now <= after, "{before} <= {now} <= {after}");
+    }
+
+    /// A wake storm while a pass runs keeps at most `PENDING_WAKES` wakes one by one, the
+    /// earliest; the rest are counted by cause, none lost from the counts.
+    #[test]
+    fn wakes_queued_during_a_pass_are_bounded_and_counted() {
+        let mut pending = PendingWakes::default();
+        let storm = PENDING_WAKES * 3;
+        for chunk in 0..3 {
+            let cause = if chunk == 2 { WakeCause::OomKill } else { WakeCause::DirectReclaim };
+            let mut batch: Vec<Wake> = (0..PENDING_WAKES).map(|_| Wake::now(cause)).collect();
+            pending.add(&mut batch);
+            assert!(batch.is_empty());
+        }
+        assert_eq!(pending.kept.len(), PENDING_WAKES);
+        assert!(pending.kept.iter().all(|w| w.cause == WakeCause::DirectReclaim), "the earliest are kept");
+        assert_eq!(pending.uncounted[WakeCause::DirectReclaim.index()], PENDING_WAKES as u64);
+        assert_eq!(pending.uncounted[WakeCause::OomKill.index()], PENDING_WAKES as u64);
+        let total: u64 = pending.uncounted.iter().sum::<u64>() + pending.kept.len() as u64;
+        assert_eq!(total, storm as u64);
     }
 }

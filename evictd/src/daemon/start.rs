@@ -160,7 +160,7 @@ impl Daemon {
         let mut daemon = Daemon {
             pressure: Some(pressure),
             pass: None,
-            pending: Vec::new(),
+            pending: PendingWakes::default(),
             thresholds,
             signals,
             escalate,

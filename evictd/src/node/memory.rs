@@ -113,8 +113,13 @@ impl MemoryCgroup {
     pub fn usage(&self) -> Result<u64, MemoryError> {
         match (self.version, self.is_root) {
             (CgroupVersion::V1, _) => read_u64(&self.dir.join("memory.usage_in_bytes")),
-            (CgroupVersion::V2, true) => Ok(meminfo_bytes(&self.meminfo, "MemTotal")?
-                .saturating_sub(meminfo_bytes(&self.meminfo, "MemFree")?)),
+            (CgroupVersion::V2, true) => {
+                // One read for both fields: the adaptive poll calls this up to every ms.
+                let text = fs::read_to_string(&self.meminfo)
+                    .map_err(|source| MemoryError::Read { path: self.meminfo.clone(), source })?;
+                let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
+                Ok(field("MemTotal")?.saturating_sub(field("MemFree")?))
+            }
             (CgroupVersion::V2, false) => read_u64(&self.dir.join("memory.current")),
         }
     }

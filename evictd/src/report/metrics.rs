@@ -65,6 +65,11 @@ const PHASES: [&str; 6] = [
 
 type Gauges<L> = [Family<L, Gauge>; 3];
 
+/// Namespaces with a series of their own in `evictd_evictions_by_namespace_total`.
+const NAMESPACE_SERIES: usize = 100;
+/// The label the evictions of every further namespace count under.
+const OTHER_NAMESPACES: &str = "_other";
+
 /// Every family is registered, and every label value known in advance created, at start: a
 /// dashboard or alert sees 0 rather than no series. (Only `evictd_evictions_by_namespace_total`
 /// waits for its first eviction: its label values are not known in advance.)
@@ -78,6 +83,8 @@ pub struct Metrics {
     pub api: ApiMetrics,
     evictions: Family<SignalLabel, Counter>,
     evictions_by_namespace: Family<NamespaceLabel, Counter>,
+    /// The namespaces with a series of their own, at most `NAMESPACE_SERIES`.
+    namespaces: std::sync::Mutex<std::collections::BTreeSet<String>>,
     failed_evictions: Counter,
     detection: Family<CauseLabel, Histogram>,
     phases: Family<PhaseLabel, Histogram>,
@@ -118,6 +125,7 @@ impl Default for Metrics {
             api,
             evictions: Family::default(),
             evictions_by_namespace: Family::default(),
+            namespaces: Default::default(),
             failed_evictions: Counter::default(),
             detection: histograms(),
             phases: histograms(),
@@ -186,6 +194,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The namespace's own label while fewer than `NAMESPACE_SERIES` have one, then
+    /// `OTHER_NAMESPACES`: a cluster that makes a namespace per CI run must not grow the
+    /// metrics (and evictd's locked memory) without end.
+    fn namespace_label(&self, namespace: &str) -> String {
+        let Ok(mut seen) = self.namespaces.lock() else { return OTHER_NAMESPACES.into() };
+        if seen.contains(namespace) || (seen.len() < NAMESPACE_SERIES && seen.insert(namespace.into())) {
+            return namespace.into();
+        }
+        OTHER_NAMESPACES.into()
+    }
+
     /// The thresholds in force (at start, and after a SIGHUP): the signals evictd acts on are
     /// created at 0 so that evictions read 0 before the first, and the threshold gauges of a
     /// previous policy go (`observed` sets the current ones).
@@ -205,9 +224,8 @@ impl Metrics {
             self.failed_evictions.inc();
         } else if !e.dry_run {
             self.evictions.get_or_create(&SignalLabel { eviction_signal: e.signal.as_str().into() }).inc();
-            self.evictions_by_namespace
-                .get_or_create(&NamespaceLabel { namespace: e.namespace.clone() })
-                .inc();
+            let namespace = self.namespace_label(&e.namespace);
+            self.evictions_by_namespace.get_or_create(&NamespaceLabel { namespace }).inc();
         }
         if let (Some(cause), Some(received)) = (e.wake_cause, e.wake_received_ns) {
             let origin = e.wake_kernel_ts_ns.unwrap_or(received);
@@ -524,5 +542,21 @@ mod tests {
             }
         }
         assert!(queried > 20, "{queried}");
+    }
+
+    /// Evictions by namespace keep at most `NAMESPACE_SERIES` series: namespaces beyond
+    /// that (short-lived ones, made per CI run) count under `_other`.
+    #[test]
+    fn evictions_by_namespace_keep_a_bounded_label_set() {
+        let m = Metrics::default();
+        for i in 0..(NAMESPACE_SERIES + 50) {
+            m.eviction(&EvictionRecord { namespace: format!("ns-{i}"), ..record() });
+        }
+        m.eviction(&EvictionRecord { namespace: "ns-0".into(), ..record() });
+        let text = m.encode();
+        let series = text.lines().filter(|l| l.starts_with("evictd_evictions_by_namespace_total{")).count();
+        assert_eq!(series, NAMESPACE_SERIES + 1, "{text}");
+        assert!(text.contains("evictd_evictions_by_namespace_total{namespace=\"_other\"} 50"), "{text}");
+        assert!(text.contains("evictd_evictions_by_namespace_total{namespace=\"ns-0\"} 2"), "{text}");
     }
 }

@@ -51,13 +51,19 @@ impl Report {
     }
 
     /// One pass: the wakes that led to it, the evictions it made, and the node after it.
+    /// `uncounted`: wakes by cause that were only counted (a storm while a pass ran).
     pub fn pass(
         &mut self,
         wakes: &[Wake],
+        uncounted: &[u64; WakeCause::ALL.len()],
         evictions: &[EvictionRecord],
         view: &MemoryView,
     ) -> io::Result<()> {
         self.counts.available = view.available;
+        for (cause, n) in WakeCause::ALL.into_iter().zip(uncounted).filter(|(_, n)| **n > 0) {
+            self.counts.by_cause[cause.index()] += n;
+            self.metrics.wake.count(cause, *n);
+        }
         for w in wakes {
             self.counts.by_cause[w.cause.index()] += 1;
             self.metrics.wake.wake(w);

@@ -93,6 +93,11 @@ impl WakeMetrics {
         }
     }
 
+    /// `n` wakes of `cause` that were only counted, not kept one by one.
+    pub fn count(&self, cause: WakeCause, n: u64) {
+        self.wakes.get_or_create(&CauseLabel { cause: cause.as_str() }).inc_by(n);
+    }
+
     /// The wake sources running, and the charge tier among them (`None`: none wakes on growth).
     pub fn running(&self, sources: &[SourceKind], tier: Option<ChargeTier>) {
         for kind in SourceKind::ALL {

@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use super::{
     NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource,
@@ -45,6 +45,11 @@ pub fn interval_for(usage: u64, level: u64, fill_rate: u64) -> Duration {
 struct Arm {
     level: AtomicU64,
     generation: AtomicU64,
+    /// Told by `rearm`: a task that fired waits for it instead of reading every
+    /// millisecond, at real-time priority, for a whole grace period.
+    rearmed: Notify,
+    /// Reads of the node's usage, for the test of that.
+    reads: AtomicU64,
 }
 
 struct PollWake {
@@ -57,7 +62,12 @@ struct PollWake {
 /// pass arms it, growth past the floor wakes evictd.
 pub fn start(node: &MemoryCgroup, fill_rate: u64, tx: mpsc::Sender<Wake>) -> Box<dyn WakeSource> {
     let level = node.usage().map_or(0, |u| u.saturating_add(MIN_AUTO_WATERMARK));
-    let arm = Arc::new(Arm { level: AtomicU64::new(level), generation: AtomicU64::new(0) });
+    let arm = Arc::new(Arm {
+        level: AtomicU64::new(level),
+        generation: AtomicU64::new(0),
+        rearmed: Notify::new(),
+        reads: AtomicU64::new(0),
+    });
     let task = SourceTask::new(
         "the adaptive poll",
         tokio::spawn(poll_node(node.clone(), arm.clone(), fill_rate, tx)),
@@ -75,7 +85,14 @@ async fn poll_node(node: MemoryCgroup, arm: Arc<Arm>, fill_rate: u64, tx: mpsc::
     let mut failing = false;
     loop {
         let generation = arm.generation.load(Ordering::Acquire);
+        if fired_for == Some(generation) {
+            // Fired for this level: nothing more to say, and nothing to read, until a pass
+            // re-arms (the generation is looked at again each second all the same).
+            let _ = tokio::time::timeout(MAX_INTERVAL, arm.rearmed.notified()).await;
+            continue;
+        }
         let level = arm.level.load(Ordering::Acquire);
+        arm.reads.fetch_add(1, Ordering::Relaxed);
         let interval = match node.usage() {
             Ok(usage) => {
                 failing = false;
@@ -120,6 +137,7 @@ impl WakeSource for PollWake {
         let level = self.node.usage().map_or(0, |u| u.saturating_add(step));
         self.arm.level.store(level, Ordering::Release);
         self.arm.generation.fetch_add(1, Ordering::AcqRel);
+        self.arm.rearmed.notify_one();
         Ok(())
     }
 
@@ -147,5 +165,32 @@ mod tests {
         assert_eq!(interval_for(5 * GI, GI, 6 * GI), MIN_INTERVAL);
         // A fill rate of 0 is treated as 1 byte/s, not a division by zero.
         assert_eq!(interval_for(0, GI, 0), MAX_INTERVAL);
+    }
+
+    /// Once it has fired, the poll reads nothing until a pass re-arms it: not every
+    /// millisecond, at real-time priority, for a whole grace period.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_poll_that_fired_waits_for_the_rearm() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 5 * GI)).unwrap();
+        let node = MemoryCgroup::new(d.path(), crate::node::cgroups::CgroupVersion::V1, false);
+        let (tx, mut rx) = mpsc::channel(8);
+        let arm = Arc::new(Arm {
+            level: AtomicU64::new(GI),
+            generation: AtomicU64::new(0),
+            rearmed: Notify::new(),
+            reads: AtomicU64::new(0),
+        });
+        let task = tokio::spawn(poll_node(node, arm.clone(), GI, tx));
+        assert_eq!(rx.recv().await.map(|w| w.cause), Some(WakeCause::Poll), "past the level: a wake");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let reads = arm.reads.load(Ordering::Relaxed);
+        assert!(reads <= 2, "{reads} reads in 500 ms after firing");
+        assert!(rx.try_recv().is_err(), "one wake per arming");
+        // A re-arm (still past the level) lets it read and fire again at once.
+        arm.generation.fetch_add(1, Ordering::AcqRel);
+        arm.rearmed.notify_one();
+        assert_eq!(rx.recv().await.map(|w| w.cause), Some(WakeCause::Poll));
+        task.abort();
     }
 }
