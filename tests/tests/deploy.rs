@@ -151,20 +151,25 @@ fn the_daemonset_mounts_every_path_evictd_opens() {
     assert_eq!(c.security_context.as_ref().and_then(|s| s.privileged), Some(true));
 }
 
-/// The probes point at what evictd serves, on the port `--metrics-addr` gives it.
+/// The ports are the ones `--metrics-addr` and `--probe-addr` give evictd, and the probes
+/// point at the probe port: connections no metrics client can take from them.
 #[test]
 fn the_probes_and_port_are_evictds() {
     let ds: DaemonSet = object("daemonset.yaml", "DaemonSet");
     let c = evictd_container(&ds);
     let args = std::iter::once("evictd".to_owned()).chain(c.args.clone().unwrap_or_default());
     let cli = Cli::try_parse_from(args).unwrap();
-    let addr = cli.run.metrics_addr.expect("--metrics-addr, for the probes");
-    let port = &c.ports.as_ref().unwrap()[0];
-    assert_eq!(port.container_port, i32::from(addr.port()));
+    let ports = c.ports.as_ref().expect("ports");
+    let named =
+        |name: &str| ports.iter().find(|p| p.name.as_deref() == Some(name)).expect(name).container_port;
+    let metrics = cli.run.metrics_addr.expect("--metrics-addr");
+    assert_eq!(named("metrics"), i32::from(metrics.port()));
+    let probes = cli.run.probe_addr.expect("--probe-addr, for the probes");
+    assert_eq!(named("probes"), i32::from(probes.port()));
     for (probe, path) in [(&c.liveness_probe, "/healthz"), (&c.readiness_probe, "/readyz")] {
         let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("an HTTP probe");
         assert_eq!(get.path.as_deref(), Some(path));
-        assert_eq!(get.port, IntOrString::String(port.name.clone().expect("a named port")));
+        assert_eq!(get.port, IntOrString::String("probes".into()));
     }
 }
 

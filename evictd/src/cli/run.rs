@@ -157,6 +157,11 @@ pub struct RunArgs {
     /// http://ADDR/metrics, e.g. `0.0.0.0:9808`.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve /healthz and /readyz also at ADDR (e.g. `0.0.0.0:9102`), on connections of
+    /// their own: a client holding every connection of the metrics port cannot fail the
+    /// kubelet's probes. Point the probes here.
+    #[arg(long, value_name = "ADDR")]
+    pub probe_addr: Option<std::net::SocketAddr>,
     /// A kubeconfig for the Kubernetes API, where evictions are recorded as the kubelet
     /// records them (the pod Failed/Evicted, events). Default: the pod's service account
     /// when evictd runs in a pod, else no API (the kubelet then restarts what evictd stops).
@@ -307,6 +312,7 @@ impl RunArgs {
             duration: self.duration,
             cgroups,
             metrics_addr: self.metrics_addr,
+            probe_addr: self.probe_addr,
             realtime_priority: self.realtime_priority,
             api,
             protection,

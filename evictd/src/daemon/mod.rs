@@ -77,6 +77,8 @@ pub struct RunOptions {
     pub cgroups: CgroupMounts,
     /// Serve Prometheus metrics here.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve /healthz and /readyz here too, on connections no metrics client can take.
+    pub probe_addr: Option<std::net::SocketAddr>,
     /// SCHED_FIFO priority of the daemon's thread; 0: an ordinary thread.
     pub realtime_priority: u8,
     /// Where evictions are recorded in Kubernetes; `None`: nowhere (the log says so).

@@ -31,6 +31,22 @@ async fn start_api(
     Ok((Some(reporter), Some(pods)))
 }
 
+/// The metrics endpoint (`--metrics-addr`, with the probes too) and the probes' own
+/// (`--probe-addr`).
+fn serve_endpoints(opts: &RunOptions, metrics: &Arc<Metrics>, health: &Arc<Health>) -> anyhow::Result<()> {
+    if let Some(addr) = opts.metrics_addr {
+        let bound = endpoint::serve(addr, metrics.clone(), health.clone(), Default::default())
+            .with_context(|| format!("--metrics-addr: cannot listen on {addr}"))?;
+        tracing::info!("metrics on http://{bound}/metrics, probes on /healthz and /readyz");
+    }
+    if let Some(addr) = opts.probe_addr {
+        let bound = endpoint::serve_probes(addr, health.clone(), Default::default())
+            .with_context(|| format!("--probe-addr: cannot listen on {addr}"))?;
+        tracing::info!("probes on http://{bound}/healthz and /readyz, connections of their own");
+    }
+    Ok(())
+}
+
 /// The inventory task, or, without a runtime, a snapshot that stays empty. The node's
 /// capacity turns oom_score_adj back into requests: without it, inferred requests would be
 /// zero and every burstable pod would look over its request.
@@ -124,11 +140,7 @@ impl Daemon {
         drop(tx);
         let health = Arc::new(Health::new(endpoint::DEFAULT_STALL));
         health.beat();
-        if let Some(addr) = opts.metrics_addr {
-            let bound = endpoint::serve(addr, metrics.clone(), health.clone(), Default::default())
-                .with_context(|| format!("--metrics-addr: cannot listen on {addr}"))?;
-            tracing::info!("metrics on http://{bound}/metrics, probes on /healthz and /readyz");
-        }
+        serve_endpoints(&opts, &metrics, &health)?;
         let (api, api_pods) = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
         let kick = Arc::new(Notify::new());
         let reread_pods_file = Arc::new(AtomicBool::new(false));

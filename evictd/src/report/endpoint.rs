@@ -104,15 +104,36 @@ pub fn serve(
     health: Arc<Health>,
     limits: ServerLimits,
 ) -> std::io::Result<SocketAddr> {
+    listen(addr, Some(metrics), health, limits, "evictd-metrics")
+}
+
+/// Serves only /healthz and /readyz on `addr` (`--probe-addr`), with connections of their
+/// own: a client that holds every connection of the metrics port (any pod on the node can
+/// reach it) cannot make the kubelet's probes fail and restart evictd.
+pub fn serve_probes(
+    addr: SocketAddr,
+    health: Arc<Health>,
+    limits: ServerLimits,
+) -> std::io::Result<SocketAddr> {
+    listen(addr, None, health, limits, "evictd-probes")
+}
+
+fn listen(
+    addr: SocketAddr,
+    metrics: Option<Arc<Metrics>>,
+    health: Arc<Health>,
+    limits: ServerLimits,
+    thread: &str,
+) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    std::thread::Builder::new().name("evictd-metrics".into()).spawn(move || {
+    std::thread::Builder::new().name(thread.into()).spawn(move || {
         rt.block_on(async move {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => accept_loop(listener, metrics, health, limits).await,
-                Err(e) => tracing::warn!("metrics endpoint stopped: {e}"),
+                Err(e) => tracing::warn!("the endpoint on {bound} stopped: {e}"),
             }
         })
     })?;
@@ -121,7 +142,7 @@ pub fn serve(
 
 async fn accept_loop(
     listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
+    metrics: Option<Arc<Metrics>>,
     health: Arc<Health>,
     limits: ServerLimits,
 ) {
@@ -144,7 +165,7 @@ async fn accept_loop(
 
 fn route(
     path: &str,
-    metrics: &Metrics,
+    metrics: Option<&Metrics>,
     health: &Health,
 ) -> Result<Response<Full<Bytes>>, hyper::http::Error> {
     let text = |code: u16, body: String| {
@@ -154,9 +175,12 @@ fn route(
             .body(Full::new(Bytes::from(body)))
     };
     match path {
-        "/metrics" => Response::builder()
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .body(Full::new(Bytes::from(metrics.encode()))),
+        "/metrics" => match metrics {
+            Some(m) => Response::builder()
+                .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                .body(Full::new(Bytes::from(m.encode()))),
+            None => text(404, "this port serves the probes only: metrics are on --metrics-addr\n".into()),
+        },
         "/healthz" => match health.alive() {
             Ok(()) => text(200, "ok\n".into()),
             Err(why) => text(503, format!("{why}\n")),
@@ -171,14 +195,14 @@ fn route(
 
 async fn serve_connection(
     stream: tokio::net::TcpStream,
-    metrics: Arc<Metrics>,
+    metrics: Option<Arc<Metrics>>,
     health: Arc<Health>,
     limits: ServerLimits,
     _slot: tokio::sync::OwnedSemaphorePermit,
 ) {
     let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
         let (metrics, health) = (metrics.clone(), health.clone());
-        async move { route(req.uri().path(), &metrics, &health) }
+        async move { route(req.uri().path(), metrics.as_deref(), &health) }
     });
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
@@ -284,5 +308,33 @@ mod tests {
         health.beat();
         assert!(get_path(addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
         assert!(get_path(addr, "/nothing").unwrap().starts_with("HTTP/1.1 404"));
+    }
+
+    /// A client holding every connection of the metrics port (any pod can reach it) makes
+    /// probes there fail; the probes on their own port (`--probe-addr`) still answer, so
+    /// the kubelet does not restart evictd for it.
+    #[test]
+    #[expect(clippy::disallowed_methods, reason = "a plain test thread, no runtime on it")]
+    fn the_probes_on_their_own_port_answer_while_the_metrics_port_is_flooded() {
+        use std::io::Read as _;
+        let health = Arc::new(Health::new(DEFAULT_STALL));
+        health.beat();
+        health.set_ready();
+        let limits = ServerLimits { max_connections: 2, ..ServerLimits::default() };
+        let metrics =
+            serve("127.0.0.1:0".parse().unwrap(), Arc::new(Metrics::default()), health.clone(), limits)
+                .unwrap();
+        let probes = serve_probes("127.0.0.1:0".parse().unwrap(), health, limits).unwrap();
+        let _flood: Vec<std::net::TcpStream> =
+            (0..2).map(|_| std::net::TcpStream::connect(metrics).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut starved = std::net::TcpStream::connect(metrics).unwrap();
+        starved.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert_eq!(starved.read(&mut [0u8; 16]).unwrap_or(0), 0, "the metrics port is full");
+        for path in ["/healthz", "/readyz"] {
+            let answer = get_path(probes, path).expect("the probe port answers");
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        }
+        assert!(get_path(probes, "/metrics").unwrap().starts_with("HTTP/1.1 404"), "probes only");
     }
 }
