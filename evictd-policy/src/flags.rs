@@ -45,6 +45,10 @@ pub struct PolicyArgs {
     /// and pod limits), as the kubelet's `localStorageCapacityIsolation`. Default: true.
     #[arg(long, value_name = "BOOL")]
     pub local_storage_capacity_isolation: Option<bool>,
+    /// Node-level reclaim removes no image the node has had for less than this (the
+    /// kubelet's `imageMinimumGCAge`, a Go duration). Default: 2m.
+    #[arg(long, value_name = "DURATION")]
+    pub image_minimum_gc_age: Option<String>,
     /// Namespaces whose pods' own `evictd.io/eviction` and `evictd.io/eviction-order`
     /// annotations count (comma-separated; default: none). Elsewhere they are ignored, as
     /// the kubelet ignores them: PriorityClass orders pods.
@@ -87,6 +91,9 @@ impl PolicyArgs {
         }
         if let Some(v) = self.eviction_max_pod_grace_period {
             input.max_pod_grace_period_seconds = v;
+        }
+        if let Some(v) = &self.image_minimum_gc_age {
+            input.image_minimum_gc_age = Some(("--image-minimum-gc-age".into(), v.clone()));
         }
         if let Some(v) = &self.eviction_pressure_transition_period {
             input.pressure_transition_period =

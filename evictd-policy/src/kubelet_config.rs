@@ -20,6 +20,8 @@ struct KubeletConfiguration {
     eviction_max_pod_grace_period: Option<i64>,
     enforce_node_allocatable: Option<Vec<String>>,
     local_storage_capacity_isolation: Option<bool>,
+    #[serde(rename = "imageMinimumGCAge")]
+    image_minimum_gc_age: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +69,7 @@ pub fn parse(text: &str, p: &str) -> Result<PolicyInput, ConfigError> {
             .enforce_node_allocatable
             .map(|l| (format!("enforceNodeAllocatable in {p}"), l)),
         local_storage_capacity_isolation: cfg.local_storage_capacity_isolation.unwrap_or(true),
+        image_minimum_gc_age: cfg.image_minimum_gc_age.map(|d| (format!("imageMinimumGCAge in {p}"), d)),
     })
 }
 
@@ -106,6 +109,19 @@ mod tests {
         assert!(p.thresholds.iter().filter(|t| t.signal.is_memory()).all(|t| t.min_reclaim.is_some()));
         assert_eq!(p.pressure_transition_period_ns, 30_000_000_000);
         assert_eq!(p.max_pod_grace_period_seconds, 60);
+    }
+
+    /// `imageMinimumGCAge`: the kubelet's field and default (2m); a negative age names the
+    /// field and the file.
+    #[test]
+    fn the_image_minimum_gc_age_is_read() {
+        let age = |text: &str| {
+            parse(text, "k.yaml").map(|i| build(&i, &mut Vec::new()).map(|p| p.image_minimum_gc_age_ns))
+        };
+        assert_eq!(age("kind: KubeletConfiguration\n").unwrap().unwrap(), 120_000_000_000);
+        assert_eq!(age("imageMinimumGCAge: 5m\n").unwrap().unwrap(), 300_000_000_000);
+        let e = age("imageMinimumGCAge: -1s\n").unwrap().unwrap_err().to_string();
+        assert!(e.contains("imageMinimumGCAge in k.yaml"), "{e}");
     }
 
     #[test]

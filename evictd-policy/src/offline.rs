@@ -229,6 +229,7 @@ pub fn check_config_table(policy: &Policy, out: &mut impl Write) -> std::io::Res
         "pressure transition period: {}",
         crate::godur::format(policy.pressure_transition_period_ns)
     )?;
+    writeln!(out, "image minimum GC age: {}", crate::godur::format(policy.image_minimum_gc_age_ns))?;
     writeln!(out, "max pod grace period: {}s", policy.max_pod_grace_period_seconds)
 }
 

@@ -176,6 +176,8 @@ pub struct PolicyInput {
     /// `localStorageCapacityIsolation` (default true): pods over their own ephemeral-storage
     /// limits are evicted.
     pub local_storage_capacity_isolation: bool,
+    /// `imageMinimumGCAge` (where it was set, and the text): 2m by default.
+    pub image_minimum_gc_age: Option<(String, String)>,
 }
 
 impl Default for PolicyInput {
@@ -189,6 +191,7 @@ impl Default for PolicyInput {
             pressure_transition_period: None,
             enforce_node_allocatable: None,
             local_storage_capacity_isolation: true,
+            image_minimum_gc_age: None,
         }
     }
 }
@@ -203,6 +206,9 @@ pub struct Policy {
     pub enforce_node_allocatable: Vec<String>,
     /// Whether pods over their own ephemeral-storage limits are evicted (`local_storage`).
     pub local_storage_capacity_isolation: bool,
+    /// Node-level reclaim removes no image the node has had for less than this
+    /// (`imageMinimumGCAge`): an image just pulled is about to be used.
+    pub image_minimum_gc_age_ns: i64,
 }
 
 impl Policy {
@@ -212,6 +218,7 @@ impl Policy {
             "pressure_transition_period_seconds": seconds_json(self.pressure_transition_period_ns),
             "max_pod_grace_period_seconds": self.max_pod_grace_period_seconds,
             "local_storage_capacity_isolation": self.local_storage_capacity_isolation,
+            "image_minimum_gc_age_seconds": seconds_json(self.image_minimum_gc_age_ns),
         })
     }
 }
@@ -249,6 +256,10 @@ pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, 
         max_pod_grace_period_seconds: input.max_pod_grace_period_seconds,
         enforce_node_allocatable: enforce,
         local_storage_capacity_isolation: input.local_storage_capacity_isolation,
+        image_minimum_gc_age_ns: parse_non_negative_duration(
+            input.image_minimum_gc_age.as_ref(),
+            DEFAULT_IMAGE_MINIMUM_GC_AGE_NS,
+        )?,
     })
 }
 
@@ -363,8 +374,16 @@ fn allocatable_thresholds(thresholds: &[Threshold]) -> Vec<Threshold> {
 
 /// `evictionPressureTransitionPeriod`: a Go duration, not negative; 5m by default.
 fn parse_pressure_transition_period(input: &PolicyInput) -> Result<i64, PolicyError> {
-    let Some((source, text)) = &input.pressure_transition_period else {
-        return Ok(DEFAULT_PRESSURE_TRANSITION_NS);
+    parse_non_negative_duration(input.pressure_transition_period.as_ref(), DEFAULT_PRESSURE_TRANSITION_NS)
+}
+
+/// The kubelet's default `imageMinimumGCAge`.
+pub const DEFAULT_IMAGE_MINIMUM_GC_AGE_NS: i64 = 2 * 60 * 1_000_000_000;
+
+/// A Go duration setting, not negative; `default` when unset.
+fn parse_non_negative_duration(setting: Option<&(String, String)>, default: i64) -> Result<i64, PolicyError> {
+    let Some((source, text)) = setting else {
+        return Ok(default);
     };
     let ns = godur::parse(text)
         .map_err(|e| PolicyError::Invalid { setting: source.clone(), reason: e.to_string() })?;

@@ -125,7 +125,7 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
 /// Node-level reclaim is the kubelet's container GC, then image GC. In a running pod the
 /// newest dead instance of a container stays (restart count, `logs --previous`) and older
 /// ones go; a pod whose sandbox is stopped loses every dead container; images no container
-/// or sandbox uses go, images in use stay.
+/// or sandbox uses go once they are `imageMinimumGCAge` old, images in use stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     if !containerd::available("node_level_reclaim_removes_dead_containers_and_unused_images_only") {
@@ -147,9 +147,22 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     let mut inv = evictd::runtime::inventory::Inventory::new(None, 1 << 30);
     inv.refresh(&c).await.expect("refresh");
     let sandbox_images = inv.pods().filter_map(|p| p.sandbox_image.clone()).collect();
+    let two_minutes = Duration::from_secs(120);
+    // An image evictd sees for the first time now is younger than imageMinimumGCAge: kept.
+    let mut ages = reclaim::ImageAges::default();
+    let images =
+        reclaim::ImagePolicy { sandbox_images: &sandbox_images, ages: &mut ages, min_age: two_minutes };
+    let young = reclaim::reclaim(&c, &[NodeReclaim::UnusedImages], images).await;
+    assert_eq!((young.images_removed, young.errors.len()), (0, 0), "{young:?}");
+    assert!(young.images_too_young >= 1, "{young:?}");
+    // The node's images were there before evictd started: old enough.
+    let mut ages = reclaim::ImageAges::default();
+    let ids: Vec<String> = c.list_images().await.unwrap().into_iter().map(|i| i.id).collect();
+    ages.present_at_start(ids.iter().map(String::as_str), two_minutes);
+    let images =
+        reclaim::ImagePolicy { sandbox_images: &sandbox_images, ages: &mut ages, min_age: two_minutes };
     let report =
-        reclaim::reclaim(&c, &[NodeReclaim::UnusedContainers, NodeReclaim::UnusedImages], &sandbox_images)
-            .await;
+        reclaim::reclaim(&c, &[NodeReclaim::UnusedContainers, NodeReclaim::UnusedImages], images).await;
     assert_eq!(report.errors, Vec::<String>::new());
     let ids: Vec<String> = c.list_containers().await.unwrap().into_iter().map(|c| c.id).collect();
     assert!(!ids.contains(&first), "the older dead instance is removed: {ids:?}");

@@ -46,6 +46,7 @@ fn check_config_prints_the_policy_contract() {
     assert_eq!(v["pressure_transition_period_seconds"], 300);
     assert_eq!(v["max_pod_grace_period_seconds"], 0);
     assert_eq!(v["local_storage_capacity_isolation"], true, "the kubelet's default");
+    assert_eq!(v["image_minimum_gc_age_seconds"], 120, "the kubelet's default");
     let t = v["thresholds"].as_array().unwrap();
     let keys: Vec<&str> = t[0].as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["grace_period_seconds", "hard", "min_reclaim", "signal", "value"]);

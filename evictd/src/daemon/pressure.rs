@@ -81,6 +81,8 @@ pub struct Pressure {
     pub escalate: watch::Receiver<Urgency>,
     state: EngineState,
     /// Sandboxes evicted until the inventory stops listing them.
+    /// When each image was first seen: node-level reclaim keeps young ones.
+    pub image_ages: reclaim::ImageAges,
     /// With the containers the eviction stopped, until the inventory stops listing them.
     gone: BTreeMap<String, BTreeSet<String>>,
     last_warning: Option<(String, Instant)>,
@@ -119,6 +121,7 @@ impl Pressure {
             escalate,
             state: EngineState::default(),
             gone: BTreeMap::new(),
+            image_ages: Default::default(),
             last_warning: None,
             disk_settle: None,
             storage_limit_period: opts.storage_limit_period,

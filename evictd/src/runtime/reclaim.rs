@@ -3,7 +3,10 @@
 //! logged and the rest goes on; afterwards the caller re-observes and evicts only if a
 //! threshold is still met.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::{Duration, Instant},
+};
 
 use evictd_policy::rank::NodeReclaim;
 
@@ -13,16 +16,54 @@ use crate::runtime::cri::{CriClient, CriError, api as cri};
 pub struct ReclaimReport {
     pub containers_removed: usize,
     pub images_removed: usize,
+    /// Unused images kept: younger than `imageMinimumGCAge`.
+    pub images_too_young: usize,
     pub errors: Vec<String>,
 }
 
-/// Runs `what`. `sandbox_images` are the images running sandboxes use (the CRI does not list
-/// sandboxes as containers), which must survive image removal.
-pub async fn reclaim(
-    client: &CriClient,
-    what: &[NodeReclaim],
-    sandbox_images: &BTreeSet<String>,
-) -> ReclaimReport {
+/// When each image was first seen on the node, as the kubelet's image manager keeps it
+/// (`firstDetected`): no image is removed before it is `imageMinimumGCAge` old, since one
+/// just pulled is about to be used by a pod starting. The runtime gives no pull time, so the
+/// age counts from evictd's first listing; images already there at evictd's start count as
+/// old (`present_at_start`). Images the runtime no longer lists are forgotten.
+#[derive(Debug, Default)]
+pub struct ImageAges {
+    first_detected: HashMap<String, Instant>,
+}
+
+impl ImageAges {
+    /// The images on the node when evictd started: old enough whatever the minimum age.
+    pub fn present_at_start<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, min_age: Duration) {
+        let now = Instant::now();
+        let old = now.checked_sub(min_age).unwrap_or(now);
+        self.first_detected.extend(ids.into_iter().map(|id| (id.to_owned(), old)));
+    }
+
+    /// The images listed now: new ones are first detected now, gone ones forgotten.
+    fn detect<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: Instant) {
+        let listed: BTreeSet<&str> = ids.into_iter().collect();
+        self.first_detected.retain(|id, _| listed.contains(id.as_str()));
+        for id in listed {
+            self.first_detected.entry(id.to_owned()).or_insert(now);
+        }
+    }
+
+    fn old_enough(&self, id: &str, min_age: Duration, now: Instant) -> bool {
+        self.first_detected.get(id).is_some_and(|t| now.duration_since(*t) >= min_age)
+    }
+}
+
+/// What image removal keeps besides images in use.
+pub struct ImagePolicy<'a> {
+    /// The images running sandboxes use (the CRI does not list sandboxes as containers).
+    pub sandbox_images: &'a BTreeSet<String>,
+    pub ages: &'a mut ImageAges,
+    /// `imageMinimumGCAge`.
+    pub min_age: Duration,
+}
+
+/// Runs `what`: dead containers first, then unused images old enough to go.
+pub async fn reclaim(client: &CriClient, what: &[NodeReclaim], images: ImagePolicy<'_>) -> ReclaimReport {
     let mut report = ReclaimReport::default();
     let listed = tokio::try_join!(client.list_containers(), client.list_pod_sandboxes());
     let (containers, sandboxes) = match listed {
@@ -46,7 +87,7 @@ pub async fn reclaim(
         }
     }
     if what.contains(&NodeReclaim::UnusedImages)
-        && let Err(e) = remove_unused_images(client, &containers, sandbox_images, &mut report).await
+        && let Err(e) = remove_unused_images(client, &containers, images, &mut report).await
     {
         report.errors.push(e.to_string());
     }
@@ -80,9 +121,10 @@ pub fn dead_containers_to_remove<'a>(
 async fn remove_unused_images(
     client: &CriClient,
     containers: &[cri::Container],
-    sandbox_images: &BTreeSet<String>,
+    images: ImagePolicy<'_>,
     report: &mut ReclaimReport,
 ) -> Result<(), CriError> {
+    let ImagePolicy { sandbox_images, ages, min_age } = images;
     // Containers that remain (running, or exited and kept) pin their images.
     let remaining: Vec<cri::Container> = client.list_containers().await?;
     let mut used: BTreeSet<&str> = BTreeSet::new();
@@ -95,7 +137,14 @@ async fn remove_unused_images(
             used.insert(i.image.as_str());
         }
     }
-    for img in client.list_images().await? {
+    let listed = client.list_images().await?;
+    let now = Instant::now();
+    ages.detect(listed.iter().map(|i| i.id.as_str()), now);
+    for img in listed {
+        if !ages.old_enough(&img.id, min_age, now) {
+            report.images_too_young += 1;
+            continue;
+        }
         let in_use = used.contains(img.id.as_str())
             || img
                 .repo_tags

@@ -73,10 +73,16 @@ impl Pressure {
             return false;
         };
         let sandbox_images = pods.iter().filter_map(|p| p.sandbox_image.clone()).collect();
-        let report = reclaim::reclaim(client, &d.node_reclaim, &sandbox_images).await;
+        let images = reclaim::ImagePolicy {
+            sandbox_images: &sandbox_images,
+            ages: &mut self.image_ages,
+            min_age: Duration::from_nanos(self.policy.image_minimum_gc_age_ns.max(0) as u64),
+        };
+        let report = reclaim::reclaim(client, &d.node_reclaim, images).await;
         tracing::info!(
             containers_removed = report.containers_removed,
             images_removed = report.images_removed,
+            images_too_young = report.images_too_young,
             errors = ?report.errors,
             "node-level reclaim for {:?}",
             d.actionable.first().map(|&i| self.thresholds[i].signal)
