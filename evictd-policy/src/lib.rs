@@ -25,3 +25,5 @@ pub mod quantity;
 pub mod rank;
 pub mod signal;
 pub mod summary;
+#[cfg(test)]
+mod test_pod;

@@ -108,9 +108,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::test_pod::test_pod;
 
     fn pod(spec: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap()
+        test_pod("p").uid("u").spec(spec).build()
     }
 
     fn stats(v: serde_json::Value) -> PodStats {

@@ -7,6 +7,7 @@ use crate::{
     podspec::Pod,
     policy::{MapSetting, PolicyInput, build},
     summary::PodStats,
+    test_pod::test_pod,
 };
 
 const S: i64 = 1_000_000_000;
@@ -31,12 +32,14 @@ fn policy(
 }
 
 fn pod(name: &str, priority: i32, mem_req: &str, annotations: serde_json::Value) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "annotations": annotations},
-        "spec": {"priority": priority, "terminationGracePeriodSeconds": 45,
-                 "containers": [{"name": "app", "resources": {"requests": {"memory": mem_req}}}]}
-    }))
-    .unwrap()
+    test_pod(name)
+        .namespace("ns")
+        .uid(&format!("uid-{name}"))
+        .annotations(annotations)
+        .priority(Some(priority))
+        .spec(serde_json::json!({"terminationGracePeriodSeconds": 45}))
+        .container("app", serde_json::json!({"memory": mem_req}))
+        .build()
 }
 
 fn stats(name: &str, ws: i64) -> PodStats {

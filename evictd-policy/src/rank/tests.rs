@@ -2,7 +2,7 @@
 //! `rankPIDPressure`, `rankDiskPressureFunc`), one case per comparator.
 
 use super::*;
-use crate::summary::PodStats;
+use crate::{summary::PodStats, test_pod::test_pod};
 
 fn pod(name: &str, priority: Option<i32>, mem_req: Option<&str>, eph_req: Option<&str>) -> Pod {
     let mut requests = serde_json::Map::new();
@@ -12,15 +12,12 @@ fn pod(name: &str, priority: Option<i32>, mem_req: Option<&str>, eph_req: Option
     if let Some(r) = eph_req {
         requests.insert("ephemeral-storage".into(), r.into());
     }
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "default", "uid": name},
-        "spec": {
-            "priority": priority,
-            "containers": [{"name": "c", "resources": {"requests": requests}}],
-            "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "data", "persistentVolumeClaim": {"claimName": "x"}}]
-        }
-    }))
-    .unwrap()
+    test_pod(name)
+        .priority(priority)
+        .container("c", requests.into())
+        .spec(serde_json::json!({"volumes": [{"name": "scratch", "emptyDir": {}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "x"}}]}))
+        .build()
 }
 
 fn stats(uid: &str, ws_mib: u64, procs: u64, rootfs: u64, logs: u64, scratch: u64) -> PodStats {

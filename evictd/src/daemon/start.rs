@@ -31,6 +31,16 @@ async fn start_api(
     Ok((Some(reporter), Some(pods)))
 }
 
+/// The runtime's client (`None`: `--cri-endpoint none`), counting its failures in `metrics`.
+fn runtime_client(opts: &PressureOptions, metrics: &Metrics) -> anyhow::Result<Option<CriClient>> {
+    let Some(ep) = &opts.cri_endpoint else { return Ok(None) };
+    Ok(Some(
+        CriClient::new(ep, opts.cri_timeout)?
+            .with_stop_timeout(opts.runtime_request_timeout)
+            .with_metrics(metrics.cri.clone()),
+    ))
+}
+
 /// The images on the node before evictd started count as old for node-level reclaim (the
 /// kubelet has had them at least as long). A runtime that does not answer leaves them to
 /// count from the first reclaim: younger, so kept, never removed too early.
@@ -130,8 +140,12 @@ fn log_sources(opts: &PressureOptions) {
         dedicated_imagefs = s.dedicated_imagefs(),
         fs_layout = opts.fs_layout.as_str(),
         cri = opts.cri_endpoint.as_deref().unwrap_or("none"),
+        annotation_namespaces = %opts.annotation_trust.namespaces().collect::<Vec<_>>().join(","),
         "observing"
     );
+    if opts.dry_run {
+        tracing::info!("dry run: evictd decides and reports, and stops no pod");
+    }
 }
 
 impl Daemon {
@@ -139,14 +153,7 @@ impl Daemon {
     /// observes the node once and arms every source on it.
     pub(super) async fn start(mut opts: RunOptions, tx: mpsc::Sender<Wake>) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::default());
-        let client = match &opts.pressure.cri_endpoint {
-            Some(ep) => Some(
-                CriClient::new(ep, opts.pressure.cri_timeout)?
-                    .with_stop_timeout(opts.pressure.runtime_request_timeout)
-                    .with_metrics(metrics.cri.clone()),
-            ),
-            None => None,
-        };
+        let client = runtime_client(&opts.pressure, &metrics)?;
         // Before the sources start: the disk poll watches the filesystems the layout names.
         detect_split_containerfs(&mut opts.pressure, client.as_ref()).await;
         let stats = Arc::new(WakeStats::default());
@@ -166,9 +173,6 @@ impl Daemon {
             reread_pods_file.clone(),
         )?;
         log_sources(&opts.pressure);
-        if opts.pressure.dry_run {
-            tracing::info!("dry run: evictd decides and reports, and stops no pod");
-        }
         if client.is_none() {
             // No runtime: the inventory stays empty, and there is nothing to wait for.
             health.set_ready();
@@ -207,14 +211,19 @@ impl Daemon {
             pending_policy: None,
             reread_pods_file,
         };
-        daemon.report.configured(&daemon.thresholds);
-        daemon.report.signals(&daemon.thresholds, &obs);
-        daemon.report.wake_sources(&daemon.sources);
-        daemon.report.observed(&memory_view(&daemon.thresholds, &obs));
-        daemon.rearm(&obs);
+        daemon.first_observation(&obs);
+        Ok(daemon)
+    }
+
+    /// The node as first observed: reported, and every wake source armed on it.
+    fn first_observation(&mut self, obs: &Observations) {
+        self.report.configured(&self.thresholds);
+        self.report.signals(&self.thresholds, obs);
+        self.report.wake_sources(&self.sources);
+        self.report.observed(&memory_view(&self.thresholds, obs));
+        self.rearm(obs);
         if let Some((rss, locked)) = protect::resident_and_locked() {
             tracing::info!(rss_kib = rss / 1024, locked_mappings_kib = locked / 1024, "started");
         }
-        Ok(daemon)
     }
 }

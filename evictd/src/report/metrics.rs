@@ -149,51 +149,56 @@ impl Default for Metrics {
             conditions: Family::default(),
             registry: Registry::default(),
         };
-        r.register("evictions", "Pods evicted, by the signal that drove it", m.evictions.clone());
-        r.register(
-            "evictions_by_namespace",
-            "Pods evicted, by the pod's namespace",
-            m.evictions_by_namespace.clone(),
-        );
-        r.register("failed_evictions", "Evictions whose stop failed", m.failed_evictions.clone());
-        r.register(
-            "detection_seconds",
-            "From the wake's origin (kernel event time, or receipt) to the eviction decision, by wake source",
-            m.detection.clone(),
-        );
-        r.register("eviction_phase_seconds", "Time spent in each phase of an eviction", m.phases.clone());
-        r.register(
-            "pods",
-            "Pods on the node, by where their spec comes from (api, pods_file, inferred: priority unknown)",
-            m.pods.clone(),
-        );
-        r.register(
-            "pods_ignored_annotations",
-            "Pods whose evictd.io annotations are ignored: their namespace is not in --annotation-namespaces",
-            m.ignored_annotations.clone(),
-        );
-        r.register(
-            "node_condition",
-            "1 while evictd's rule holds the node condition (MemoryPressure, DiskPressure, PIDPressure)",
-            m.conditions.clone(),
-        );
-        for source in SpecSource::ALL {
-            m.pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(0);
-        }
-        for c in NodeCondition::ALL {
-            m.conditions.get_or_create(&ConditionLabel { condition: c.as_str().into() }).set(0);
-        }
-        for cause in WakeCause::ALL {
-            let _ = m.detection.get_or_create(&CauseLabel { cause: cause.as_str().into() });
-        }
-        for phase in PHASES {
-            let _ = m.phases.get_or_create(&PhaseLabel { phase: phase.into() });
-        }
+        m.register_own(&mut r);
         Metrics { registry: r, ..m }
     }
 }
 
 impl Metrics {
+    /// The report's own families, registered, with the label values known in advance at 0.
+    fn register_own(&self, r: &mut Registry) {
+        r.register("evictions", "Pods evicted, by the signal that drove it", self.evictions.clone());
+        r.register(
+            "evictions_by_namespace",
+            "Pods evicted, by the pod's namespace",
+            self.evictions_by_namespace.clone(),
+        );
+        r.register("failed_evictions", "Evictions whose stop failed", self.failed_evictions.clone());
+        r.register(
+            "detection_seconds",
+            "From the wake's origin (kernel event time, or receipt) to the eviction decision, by wake source",
+            self.detection.clone(),
+        );
+        r.register("eviction_phase_seconds", "Time spent in each phase of an eviction", self.phases.clone());
+        r.register(
+            "pods",
+            "Pods on the node, by where their spec comes from (api, pods_file, inferred: priority unknown)",
+            self.pods.clone(),
+        );
+        r.register(
+            "pods_ignored_annotations",
+            "Pods whose evictd.io annotations are ignored: their namespace is not in --annotation-namespaces",
+            self.ignored_annotations.clone(),
+        );
+        r.register(
+            "node_condition",
+            "1 while evictd's rule holds the node condition (MemoryPressure, DiskPressure, PIDPressure)",
+            self.conditions.clone(),
+        );
+        for source in SpecSource::ALL {
+            self.pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(0);
+        }
+        for c in NodeCondition::ALL {
+            self.conditions.get_or_create(&ConditionLabel { condition: c.as_str().into() }).set(0);
+        }
+        for cause in WakeCause::ALL {
+            let _ = self.detection.get_or_create(&CauseLabel { cause: cause.as_str().into() });
+        }
+        for phase in PHASES {
+            let _ = self.phases.get_or_create(&PhaseLabel { phase: phase.into() });
+        }
+    }
+
     /// The namespace's own label while fewer than `NAMESPACE_SERIES` have one, then
     /// `OTHER_NAMESPACES`: a cluster that makes a namespace per CI run must not grow the
     /// metrics (and evictd's locked memory) without end.
