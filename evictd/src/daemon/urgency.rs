@@ -3,7 +3,9 @@
 //! cut to the hard one when a hard threshold is met meanwhile (`Hard`). When waiting would
 //! let the kernel act first, the pod is killed now (`Emergency`): memory.available (or
 //! allocatableMemory.available) below the emergency level, or the kernel reclaiming or
-//! OOM-killing in the node.
+//! OOM-killing for the node. Only the node's pressure escalates: a container reclaiming
+//! against its own limit or `memory.high`, or OOM-killed by its own limit, is that
+//! container's business and never turns a soft eviction's grace period into a SIGKILL.
 
 use std::path::{Path, PathBuf};
 
@@ -30,14 +32,27 @@ pub enum EmergencyLevel {
     Bytes(i64),
 }
 
+/// What the kernel was seen doing in the node, from one batch of wakes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelActing {
+    /// Direct reclaim: the machine's free memory is below its watermarks.
+    pub direct_reclaim: bool,
+    /// Reclaim against a memory cgroup's limit, or an OOM kill: the tracepoints do not say
+    /// whose limit, so these count only while the node itself is past a hard memory
+    /// threshold (else they are a container's own limit at work).
+    pub cgroup_reclaim_or_oom: bool,
+}
+
 /// The urgency the node calls for now, from its observation and the wakes just taken.
 pub fn urgency_now(
     thresholds: &[Threshold],
     obs: &Observations,
     level: EmergencyLevel,
-    kernel_acting: bool,
+    kernel: KernelActing,
 ) -> Urgency {
-    if kernel_acting || emergency_met(thresholds, obs, level) {
+    let hard_memory = || hard_memory_threshold_met(thresholds, obs);
+    let node_kernel_acting = kernel.direct_reclaim || (kernel.cgroup_reclaim_or_oom && hard_memory());
+    if node_kernel_acting || emergency_met(thresholds, obs, level) {
         Urgency::Emergency
     } else if hard_threshold_met(thresholds, obs) {
         Urgency::Hard
@@ -52,6 +67,14 @@ fn hard_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bool {
     thresholds
         .iter()
         .filter(|t| t.is_hard())
+        .any(|t| obs.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false)))
+}
+
+/// A hard memory threshold met: the node itself is short of memory.
+fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bool {
+    thresholds
+        .iter()
+        .filter(|t| t.is_hard() && t.signal.is_memory())
         .any(|t| obs.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false)))
 }
 
@@ -86,15 +109,15 @@ impl NodeScope {
         NodeScope { rel, version: cgroups.memory_version }
     }
 
-    /// Whether a wake says the kernel itself is reclaiming or OOM-killing in the node: the
-    /// pid is the allocating task (reclaim) or the victim (OOM kill).
-    pub fn kernel_acting(&self, wakes: &[Wake]) -> bool {
-        wakes
-            .iter()
-            .filter(|w| {
-                matches!(w.cause, WakeCause::DirectReclaim | WakeCause::MemcgReclaim | WakeCause::OomKill)
-            })
-            .any(|w| self.holds(w.pid))
+    /// What the wakes say the kernel is doing in the node: the pid is the allocating task
+    /// (reclaim) or the victim (OOM kill), and must be in the node.
+    pub fn kernel_acting(&self, wakes: &[Wake]) -> KernelActing {
+        let seen =
+            |causes: &[WakeCause]| wakes.iter().any(|w| causes.contains(&w.cause) && self.holds(w.pid));
+        KernelActing {
+            direct_reclaim: seen(&[WakeCause::DirectReclaim]),
+            cgroup_reclaim_or_oom: seen(&[WakeCause::MemcgReclaim, WakeCause::OomKill]),
+        }
     }
 
     fn holds(&self, pid: u32) -> bool {
@@ -132,7 +155,7 @@ mod tests {
     #[test]
     fn half_the_hard_threshold_is_an_emergency() {
         let t = [hard(100), soft(600)];
-        let at = |mib| urgency_now(&t, &obs(mib * MI), EmergencyLevel::HalfHard, false);
+        let at = |mib| urgency_now(&t, &obs(mib * MI), EmergencyLevel::HalfHard, KernelActing::default());
         assert_eq!(at(700), Urgency::Normal);
         assert_eq!(at(500), Urgency::Normal, "a soft threshold alone changes nothing");
         assert_eq!(at(99), Urgency::Hard);
@@ -143,17 +166,27 @@ mod tests {
     #[test]
     fn a_fixed_level_and_the_kernel_acting() {
         let t = [hard(100)];
-        assert_eq!(urgency_now(&t, &obs(90 * MI), EmergencyLevel::Bytes(95 * MI), false), Urgency::Emergency);
-        assert_eq!(urgency_now(&t, &obs(900 * MI), EmergencyLevel::HalfHard, true), Urgency::Emergency);
+        assert_eq!(
+            urgency_now(&t, &obs(90 * MI), EmergencyLevel::Bytes(95 * MI), KernelActing::default()),
+            Urgency::Emergency
+        );
+        let direct = KernelActing { direct_reclaim: true, ..KernelActing::default() };
+        assert_eq!(urgency_now(&t, &obs(900 * MI), EmergencyLevel::HalfHard, direct), Urgency::Emergency);
         // Soft thresholds only: no half-hard level, but the kernel acting still is one.
         let t = [soft(600)];
-        assert_eq!(urgency_now(&t, &obs(MI), EmergencyLevel::HalfHard, false), Urgency::Normal);
+        assert_eq!(
+            urgency_now(&t, &obs(MI), EmergencyLevel::HalfHard, KernelActing::default()),
+            Urgency::Normal
+        );
     }
 
     #[test]
     fn an_unread_signal_is_no_emergency_and_no_hard_threshold() {
         let t = [hard(100)];
-        assert_eq!(urgency_now(&t, &Observations::new(), EmergencyLevel::HalfHard, false), Urgency::Normal);
+        assert_eq!(
+            urgency_now(&t, &Observations::new(), EmergencyLevel::HalfHard, KernelActing::default()),
+            Urgency::Normal
+        );
     }
 
     #[test]
@@ -166,9 +199,25 @@ mod tests {
         let mut w = Wake::now(WakeCause::DirectReclaim);
         w.pid = std::process::id();
         let machine = NodeScope::new(Path::new("/sys/fs/cgroup/memory"), &layout);
-        assert!(machine.kernel_acting(&[w]), "the whole machine holds every pid");
+        assert!(machine.kernel_acting(&[w]).direct_reclaim, "the whole machine holds every pid");
         let elsewhere = NodeScope::new(Path::new("/sys/fs/cgroup/memory/evictd-no-such-node"), &layout);
-        assert!(!elsewhere.kernel_acting(&[w]), "this test is not in that cgroup");
-        assert!(!machine.kernel_acting(&[Wake::now(WakeCause::Charge)]), "a charge is no reclaim");
+        assert_eq!(elsewhere.kernel_acting(&[w]), KernelActing::default(), "this test is not in that cgroup");
+        let charge = machine.kernel_acting(&[Wake::now(WakeCause::Charge)]);
+        assert_eq!(charge, KernelActing::default(), "a charge is no reclaim");
+        w.cause = WakeCause::MemcgReclaim;
+        assert!(machine.kernel_acting(&[w]).cgroup_reclaim_or_oom);
+    }
+
+    /// A container reclaiming against its own limit, or OOM-killed by it, while the node is
+    /// fine leaves a soft eviction's grace period alone; while the node is past a hard memory
+    /// threshold the same events are the node's pressure, and kill at once.
+    #[test]
+    fn only_the_nodes_pressure_escalates() {
+        let t = [hard(100), soft(600)];
+        let memcg = KernelActing { cgroup_reclaim_or_oom: true, ..KernelActing::default() };
+        // The node has 500 MiB available: past the soft threshold (an eviction with a grace
+        // period is under way), not the hard one.
+        assert_eq!(urgency_now(&t, &obs(500 * MI), EmergencyLevel::HalfHard, memcg), Urgency::Normal);
+        assert_eq!(urgency_now(&t, &obs(90 * MI), EmergencyLevel::HalfHard, memcg), Urgency::Emergency);
     }
 }
