@@ -179,7 +179,9 @@ fn cargo_status(cmd: &mut Command, what: &str) -> Result<()> {
             if !is_ebpf_build_line(&line) {
                 eprintln!("{line}");
             } else if held.is_empty() {
-                step("building the eBPF programs (evictd-ebpf, nightly; its output is shown if it fails)");
+                step(
+                    "the eBPF programs (evictd-ebpf, nightly): built or up to date; their build output is shown if this fails",
+                );
                 held.push(line);
             } else {
                 held.push(line);
