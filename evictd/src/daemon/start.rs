@@ -31,6 +31,17 @@ async fn start_api(
     Ok((Some(reporter), Some(pods)))
 }
 
+/// /readyz waits for the API's first list of the node's pods: before it, every spec is a
+/// guess.
+fn ready_after_the_first_list(mut pods: ApiPodsReceiver, health: Arc<Health>) {
+    health.await_api_list();
+    tokio::spawn(async move {
+        if pods.wait_for(Option::is_some).await.is_ok() {
+            health.api_listed();
+        }
+    });
+}
+
 /// The runtime's client (`None`: `--cri-endpoint none`), counting its failures in `metrics`.
 fn runtime_client(opts: &PressureOptions, metrics: &Metrics) -> anyhow::Result<Option<CriClient>> {
     let Some(ep) = &opts.cri_endpoint else { return Ok(None) };
@@ -163,6 +174,9 @@ impl Daemon {
         health.beat();
         serve_endpoints(&opts, &metrics, &health)?;
         let (api, api_pods) = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
+        if let Some(rx) = &api_pods {
+            ready_after_the_first_list(rx.clone(), health.clone());
+        }
         let kick = Arc::new(Notify::new());
         let reread_pods_file = Arc::new(AtomicBool::new(false));
         let pods = spawn_inventory(

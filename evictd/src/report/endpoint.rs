@@ -23,6 +23,9 @@ pub struct Health {
     /// ms since `start` of the loop's last beat (once a second).
     last_beat_ms: AtomicU64,
     ready: AtomicBool,
+    /// False while an API is configured and its first list of the node's pods has not come:
+    /// until then specs are guesses, and a pod is not ready on guesses.
+    api_listed: AtomicBool,
     /// A loop silent this long is not alive.
     stall: Duration,
 }
@@ -37,6 +40,7 @@ impl Health {
             start: Instant::now(),
             last_beat_ms: AtomicU64::new(0),
             ready: AtomicBool::new(false),
+            api_listed: AtomicBool::new(true),
             stall,
         }
     }
@@ -49,6 +53,16 @@ impl Health {
     /// The node has been observed and the pods listed once.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// An API is configured: not ready before its first list of the node's pods.
+    pub fn await_api_list(&self) {
+        self.api_listed.store(false, Ordering::Relaxed);
+    }
+
+    /// The API's first list of the node's pods has come.
+    pub fn api_listed(&self) {
+        self.api_listed.store(true, Ordering::Relaxed);
     }
 
     pub fn alive(&self) -> Result<(), String> {
@@ -68,6 +82,9 @@ impl Health {
             return Err(
                 "starting: the first observation of the node or the first pod inventory is not done".into()
             );
+        }
+        if !self.api_listed.load(Ordering::Relaxed) {
+            return Err("starting: the Kubernetes API has not listed this node's pods yet".into());
         }
         Ok(())
     }
@@ -298,7 +315,11 @@ mod tests {
             not_ready.starts_with("HTTP/1.1 503") && not_ready.contains("first pod inventory"),
             "{not_ready}"
         );
+        health.await_api_list();
         health.set_ready();
+        let unlisted = get_path(addr, "/readyz").unwrap();
+        assert!(unlisted.starts_with("HTTP/1.1 503") && unlisted.contains("not listed"), "{unlisted}");
+        health.api_listed();
         assert!(get_path(addr, "/readyz").unwrap().starts_with("HTTP/1.1 200"));
         // The loop stops beating: neither alive nor ready.
         std::thread::sleep(Duration::from_millis(500));
