@@ -1,7 +1,7 @@
 //! The CRI client against a real containerd: every call the daemon uses, errors that name
 //! the endpoint and call, and reconnection when the runtime restarts.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use evictd_tests::containerd::{self, Containerd, PodSpec};
 
@@ -148,19 +148,30 @@ async fn node_level_reclaim_removes_dead_containers_and_unused_images_only() {
     inv.refresh(&c).await.expect("refresh");
     let sandbox_images = inv.pods().filter_map(|p| p.sandbox_image.clone()).collect();
     let two_minutes = Duration::from_secs(120);
-    // An image evictd sees for the first time now is younger than imageMinimumGCAge: kept.
-    let mut ages = reclaim::ImageAges::default();
-    let images =
-        reclaim::ImagePolicy { sandbox_images: &sandbox_images, ages: &mut ages, min_age: two_minutes };
+    // The first listing's images count as old, as for the kubelet; one that appears after it
+    // is younger than imageMinimumGCAge: kept.
+    let ages = reclaim::SharedImageAges::default();
+    let before: Vec<String> =
+        c.list_images().await.unwrap().into_iter().map(|i| i.id).filter(|id| !id.is_empty()).collect();
+    let unused = ctd
+        .client()
+        .list_images()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|i| i.repo_tags.iter().any(|t| t.contains("evictd.test/unused")));
+    let unused = unused.expect("the unused image").id;
+    ages.lock()
+        .unwrap()
+        .detect(before.iter().map(String::as_str).filter(|id| **id != unused), Instant::now());
+    let images = reclaim::ImagePolicy { sandbox_images: &sandbox_images, ages: &ages, min_age: two_minutes };
     let young = reclaim::reclaim(&c, &[NodeReclaim::UnusedImages], images).await;
     assert_eq!((young.images_removed, young.errors.len()), (0, 0), "{young:?}");
-    assert!(young.images_too_young >= 1, "{young:?}");
-    // The node's images were there before evictd started: old enough.
-    let mut ages = reclaim::ImageAges::default();
-    let ids: Vec<String> = c.list_images().await.unwrap().into_iter().map(|i| i.id).collect();
-    ages.present_at_start(ids.iter().map(String::as_str), two_minutes);
-    let images =
-        reclaim::ImagePolicy { sandbox_images: &sandbox_images, ages: &mut ages, min_age: two_minutes };
+    assert_eq!(young.images_too_young, 1, "only the unused image is too young: {young:?}");
+    // Seen at the first listing: old enough.
+    let ages = reclaim::SharedImageAges::default();
+    ages.lock().unwrap().detect(before.iter().map(String::as_str), Instant::now());
+    let images = reclaim::ImagePolicy { sandbox_images: &sandbox_images, ages: &ages, min_age: two_minutes };
     let report =
         reclaim::reclaim(&c, &[NodeReclaim::UnusedContainers, NodeReclaim::UnusedImages], images).await;
     assert_eq!(report.errors, Vec::<String>::new());

@@ -153,7 +153,7 @@ struct PassDone {
 #[derive(Default)]
 struct PendingWakes {
     kept: Vec<Wake>,
-    uncounted: [u64; WakeCause::ALL.len()],
+    counted_only: [u64; WakeCause::ALL.len()],
 }
 
 /// Wakes a pass keeps one by one; beyond, counts.
@@ -164,7 +164,7 @@ impl PendingWakes {
         let room = PENDING_WAKES.saturating_sub(self.kept.len());
         if batch.len() > room {
             for w in batch.drain(room..) {
-                self.uncounted[w.cause.index()] += 1;
+                self.counted_only[w.cause.index()] += 1;
             }
         }
         self.kept.append(batch);
@@ -278,7 +278,8 @@ impl Daemon {
     /// emergency kills at once.
     fn raise_urgency(&self, wakes: &[Wake]) {
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
-        let kernel_acting = self.scope.kernel_acting(wakes);
+        let cgroup_events = urgency::cgroup_events_count(&self.thresholds, &obs);
+        let kernel_acting = self.scope.kernel_acting(wakes, cgroup_events);
         let now = urgency::urgency_now(&self.thresholds, &obs, self.emergency, kernel_acting);
         self.escalate.send_if_modified(|u| {
             let raised = now > *u;
@@ -320,7 +321,7 @@ impl Daemon {
             self.kick.notify_one();
         }
         let view = memory_view(&self.thresholds, &done.obs);
-        self.report.pass(&done.wakes.kept, &done.wakes.uncounted, &done.evictions, &view)?;
+        self.report.pass(&done.wakes.kept, &done.wakes.counted_only, &done.evictions, &view)?;
         self.rearm(&done.obs);
         if !self.pending.kept.is_empty() {
             self.start_pass();
@@ -507,9 +508,9 @@ mod tests {
         }
         assert_eq!(pending.kept.len(), PENDING_WAKES);
         assert!(pending.kept.iter().all(|w| w.cause == WakeCause::DirectReclaim), "the earliest are kept");
-        assert_eq!(pending.uncounted[WakeCause::DirectReclaim.index()], PENDING_WAKES as u64);
-        assert_eq!(pending.uncounted[WakeCause::OomKill.index()], PENDING_WAKES as u64);
-        let total: u64 = pending.uncounted.iter().sum::<u64>() + pending.kept.len() as u64;
+        assert_eq!(pending.counted_only[WakeCause::DirectReclaim.index()], PENDING_WAKES as u64);
+        assert_eq!(pending.counted_only[WakeCause::OomKill.index()], PENDING_WAKES as u64);
+        let total: u64 = pending.counted_only.iter().sum::<u64>() + pending.kept.len() as u64;
         assert_eq!(total, storm as u64);
     }
 }

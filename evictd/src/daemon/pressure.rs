@@ -80,10 +80,11 @@ pub struct Pressure {
     /// Raised by the daemon while a stop runs (see `urgency`).
     pub escalate: watch::Receiver<Urgency>,
     state: EngineState,
-    /// Sandboxes evicted until the inventory stops listing them.
-    /// When each image was first seen: node-level reclaim keeps young ones.
-    pub image_ages: reclaim::ImageAges,
-    /// With the containers the eviction stopped, until the inventory stops listing them.
+    /// When each image was first seen, kept current by a task of its own: node-level
+    /// reclaim keeps young ones.
+    pub image_ages: reclaim::SharedImageAges,
+    /// Sandboxes evicted, with the containers the eviction stopped, until the inventory
+    /// stops listing them.
     gone: BTreeMap<String, BTreeSet<String>>,
     last_warning: Option<(String, Instant)>,
     /// Set by node-level reclaim that removed something, or a disk eviction: for

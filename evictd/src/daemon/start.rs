@@ -52,20 +52,6 @@ fn runtime_client(opts: &PressureOptions, metrics: &Metrics) -> anyhow::Result<O
     ))
 }
 
-/// The images on the node before evictd started count as old for node-level reclaim (the
-/// kubelet has had them at least as long). A runtime that does not answer leaves them to
-/// count from the first reclaim: younger, so kept, never removed too early.
-async fn images_present_at_start(pressure: &mut Pressure) {
-    let Some(client) = &pressure.client else { return };
-    match client.list_images().await {
-        Ok(images) => {
-            let min_age = Duration::from_nanos(pressure.policy.image_minimum_gc_age_ns.max(0) as u64);
-            pressure.image_ages.present_at_start(images.iter().map(|i| i.id.as_str()), min_age);
-        }
-        Err(e) => tracing::warn!("listing the node's images: {e}; each counts as new when first listed"),
-    }
-}
-
 /// The metrics endpoint (`--metrics-addr`, with the probes too) and the probes' own
 /// (`--probe-addr`).
 fn serve_endpoints(opts: &RunOptions, metrics: &Arc<Metrics>, health: &Arc<Health>) -> anyhow::Result<()> {
@@ -198,7 +184,10 @@ impl Daemon {
         let (escalate, escalated) = watch::channel(Urgency::Normal);
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         pressure.api = api.as_ref().map(|(r, _)| r.clone());
-        images_present_at_start(&mut pressure).await;
+        if let Some(client) = &pressure.client {
+            // Detached: it lists images every few minutes for as long as the daemon runs.
+            drop(crate::runtime::reclaim::detect_images(client.clone(), pressure.image_ages.clone()));
+        }
         let thresholds = pressure.thresholds.clone();
         let growth = GrowthTracker::new(signals.node.dir.clone(), signals.node.version);
         let obs = pressure.observe(engine_ns());

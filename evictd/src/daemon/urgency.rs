@@ -39,8 +39,16 @@ pub struct KernelActing {
     pub direct_reclaim: bool,
     /// Reclaim against a memory cgroup's limit, or an OOM kill: the tracepoints do not say
     /// whose limit, so these count only while the node itself is past a hard memory
-    /// threshold (else they are a container's own limit at work).
+    /// threshold (else they are a container's own limit at work), or when the policy has no
+    /// hard memory threshold to tell by (then, as before, any of them in the node counts).
     pub cgroup_reclaim_or_oom: bool,
+}
+
+/// Whether memcg reclaim and OOM kills in the node would count now (`KernelActing`): read
+/// before the wakes, so that a storm of them costs no `/proc` reads when they would not.
+pub fn cgroup_events_count(thresholds: &[Threshold], obs: &Observations) -> bool {
+    let hard_memory = || thresholds.iter().any(|t| t.is_hard() && t.signal.is_memory());
+    !hard_memory() || hard_memory_threshold_met(thresholds, obs)
 }
 
 /// The urgency the node calls for now, from its observation and the wakes just taken.
@@ -50,9 +58,8 @@ pub fn urgency_now(
     level: EmergencyLevel,
     kernel: KernelActing,
 ) -> Urgency {
-    let hard_memory = || hard_memory_threshold_met(thresholds, obs);
-    let node_kernel_acting = kernel.direct_reclaim || (kernel.cgroup_reclaim_or_oom && hard_memory());
-    if node_kernel_acting || emergency_met(thresholds, obs, level) {
+    let cgroup_events = || kernel.cgroup_reclaim_or_oom && cgroup_events_count(thresholds, obs);
+    if kernel.direct_reclaim || cgroup_events() || emergency_met(thresholds, obs, level) {
         Urgency::Emergency
     } else if hard_threshold_met(thresholds, obs) {
         Urgency::Hard
@@ -110,13 +117,14 @@ impl NodeScope {
     }
 
     /// What the wakes say the kernel is doing in the node: the pid is the allocating task
-    /// (reclaim) or the victim (OOM kill), and must be in the node.
-    pub fn kernel_acting(&self, wakes: &[Wake]) -> KernelActing {
+    /// (reclaim) or the victim (OOM kill), and must be in the node. Memcg reclaim and OOM
+    /// kills are looked at only when `cgroup_events` says they would count.
+    pub fn kernel_acting(&self, wakes: &[Wake], cgroup_events: bool) -> KernelActing {
         let seen =
             |causes: &[WakeCause]| wakes.iter().any(|w| causes.contains(&w.cause) && self.holds(w.pid));
         KernelActing {
             direct_reclaim: seen(&[WakeCause::DirectReclaim]),
-            cgroup_reclaim_or_oom: seen(&[WakeCause::MemcgReclaim, WakeCause::OomKill]),
+            cgroup_reclaim_or_oom: cgroup_events && seen(&[WakeCause::MemcgReclaim, WakeCause::OomKill]),
         }
     }
 
@@ -172,7 +180,7 @@ mod tests {
         );
         let direct = KernelActing { direct_reclaim: true, ..KernelActing::default() };
         assert_eq!(urgency_now(&t, &obs(900 * MI), EmergencyLevel::HalfHard, direct), Urgency::Emergency);
-        // Soft thresholds only: no half-hard level, but the kernel acting still is one.
+        // Soft thresholds only: no half-hard level, and no kernel event here either.
         let t = [soft(600)];
         assert_eq!(
             urgency_now(&t, &obs(MI), EmergencyLevel::HalfHard, KernelActing::default()),
@@ -199,13 +207,21 @@ mod tests {
         let mut w = Wake::now(WakeCause::DirectReclaim);
         w.pid = std::process::id();
         let machine = NodeScope::new(Path::new("/sys/fs/cgroup/memory"), &layout);
-        assert!(machine.kernel_acting(&[w]).direct_reclaim, "the whole machine holds every pid");
+        assert!(machine.kernel_acting(&[w], true).direct_reclaim, "the whole machine holds every pid");
         let elsewhere = NodeScope::new(Path::new("/sys/fs/cgroup/memory/evictd-no-such-node"), &layout);
-        assert_eq!(elsewhere.kernel_acting(&[w]), KernelActing::default(), "this test is not in that cgroup");
-        let charge = machine.kernel_acting(&[Wake::now(WakeCause::Charge)]);
+        assert_eq!(
+            elsewhere.kernel_acting(&[w], true),
+            KernelActing::default(),
+            "this test is not in that cgroup"
+        );
+        let charge = machine.kernel_acting(&[Wake::now(WakeCause::Charge)], true);
         assert_eq!(charge, KernelActing::default(), "a charge is no reclaim");
         w.cause = WakeCause::MemcgReclaim;
-        assert!(machine.kernel_acting(&[w]).cgroup_reclaim_or_oom);
+        assert!(machine.kernel_acting(&[w], true).cgroup_reclaim_or_oom);
+        assert!(
+            !machine.kernel_acting(&[w], false).cgroup_reclaim_or_oom,
+            "not looked at when they would not count"
+        );
     }
 
     /// A container reclaiming against its own limit, or OOM-killed by it, while the node is
@@ -219,5 +235,12 @@ mod tests {
         // period is under way), not the hard one.
         assert_eq!(urgency_now(&t, &obs(500 * MI), EmergencyLevel::HalfHard, memcg), Urgency::Normal);
         assert_eq!(urgency_now(&t, &obs(90 * MI), EmergencyLevel::HalfHard, memcg), Urgency::Emergency);
+        // A policy with soft memory thresholds only has no hard one to tell by: the kernel
+        // reclaiming or OOM-killing in the node is an emergency, as it always was.
+        let soft_only = [soft(600)];
+        assert_eq!(
+            urgency_now(&soft_only, &obs(500 * MI), EmergencyLevel::HalfHard, memcg),
+            Urgency::Emergency
+        );
     }
 }

@@ -1,11 +1,14 @@
-//! The HTTP endpoint on `--metrics-addr`: Prometheus metrics at /metrics, and the probes a
+//! The HTTP endpoints: Prometheus metrics at /metrics on `--metrics-addr`, and the probes a
 //! DaemonSet points at — /healthz (the daemon's loop is alive) and /readyz (the first
-//! observation of the node and the first pod inventory are done).
+//! observation of the node, the first pod inventory and the API's first list are done) — on
+//! it and on `--probe-addr`. Each listener caps its connections, in all and per client
+//! address, so that no client can starve the others.
 
 use std::{
-    net::SocketAddr,
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -95,6 +98,9 @@ impl Health {
 pub struct ServerLimits {
     /// Connections served at once; more are closed at once (a scraper retries).
     pub max_connections: usize,
+    /// Connections served at once for one client address: a pod that holds as many as it
+    /// can leaves the rest to others (the kubelet's probes come from the node's address).
+    pub max_per_peer: usize,
     /// A client must send its request headers within this.
     pub header_timeout: Duration,
     /// No connection lives longer than this.
@@ -105,6 +111,7 @@ impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             max_connections: 16,
+            max_per_peer: 4,
             header_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(30),
         }
@@ -164,9 +171,10 @@ async fn accept_loop(
     limits: ServerLimits,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, say: back off instead of spinning on accept.
                 tracing::warn!("metrics endpoint: accept failed: {e}; retrying in 100 ms");
@@ -174,9 +182,40 @@ async fn accept_loop(
                 continue;
             }
         };
-        // Over the cap the connection is dropped, i.e. closed, at once.
+        // Over a cap the connection is dropped, i.e. closed, at once.
+        let Some(peer_slot) = PeerSlot::take(&peers, peer.ip(), limits.max_per_peer) else { continue };
         let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
-        tokio::spawn(serve_connection(stream, metrics.clone(), health.clone(), limits, slot));
+        tokio::spawn(serve_connection(stream, metrics.clone(), health.clone(), limits, (slot, peer_slot)));
+    }
+}
+
+/// One of a client address's connections, given back when the connection ends.
+struct PeerSlot {
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    peer: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(peers: &Arc<Mutex<HashMap<IpAddr, usize>>>, peer: IpAddr, max: usize) -> Option<Self> {
+        let mut held = peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = held.entry(peer).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot { peers: peers.clone(), peer })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut held = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -215,7 +254,7 @@ async fn serve_connection(
     metrics: Option<Arc<Metrics>>,
     health: Arc<Health>,
     limits: ServerLimits,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    _slots: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
 ) {
     let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
         let (metrics, health) = (metrics.clone(), health.clone());
@@ -276,6 +315,7 @@ mod tests {
         use std::io::Read as _;
         let limits = ServerLimits {
             max_connections: 2,
+            max_per_peer: 2,
             header_timeout: Duration::from_millis(300),
             connection_timeout: Duration::from_secs(5),
         };
@@ -351,11 +391,31 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         let mut starved = std::net::TcpStream::connect(metrics).unwrap();
         starved.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        assert_eq!(starved.read(&mut [0u8; 16]).unwrap_or(0), 0, "the metrics port is full");
+        assert!(matches!(starved.read(&mut [0u8; 16]), Ok(0)), "the metrics port is full: closed at once");
         for path in ["/healthz", "/readyz"] {
             let answer = get_path(probes, path).expect("the probe port answers");
             assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
         }
         assert!(get_path(probes, "/metrics").unwrap().starts_with("HTTP/1.1 404"), "probes only");
+    }
+
+    /// One client holding as many connections as it can gets `max_per_peer`: another address
+    /// (the kubelet probing from the node's) is still served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_client_address_cannot_take_every_connection() {
+        let health = Arc::new(Health::new(DEFAULT_STALL));
+        health.beat();
+        health.set_ready();
+        let limits = ServerLimits { max_connections: 4, max_per_peer: 2, ..ServerLimits::default() };
+        let probes = serve_probes("127.0.0.1:0".parse().unwrap(), health, limits).unwrap();
+        let mut flood = Vec::new();
+        for _ in 0..4 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            flood.push(socket.connect(probes).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answer = tokio::task::spawn_blocking(move || get_path(probes, "/healthz")).await.unwrap();
+        assert!(answer.expect("another address is served").starts_with("HTTP/1.1 200"));
     }
 }

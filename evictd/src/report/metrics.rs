@@ -203,7 +203,8 @@ impl Metrics {
     /// `OTHER_NAMESPACES`: a cluster that makes a namespace per CI run must not grow the
     /// metrics (and evictd's locked memory) without end.
     fn namespace_label(&self, namespace: &str) -> String {
-        let Ok(mut seen) = self.namespaces.lock() else { return OTHER_NAMESPACES.into() };
+        // The set stays whole whatever a panic elsewhere did: keep using it.
+        let mut seen = self.namespaces.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if seen.contains(namespace) || (seen.len() < NAMESPACE_SERIES && seen.insert(namespace.into())) {
             return namespace.into();
         }

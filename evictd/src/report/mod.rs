@@ -51,16 +51,16 @@ impl Report {
     }
 
     /// One pass: the wakes that led to it, the evictions it made, and the node after it.
-    /// `uncounted`: wakes by cause that were only counted (a storm while a pass ran).
+    /// `counted_only`: wakes by cause that were only counted (a storm while a pass ran).
     pub fn pass(
         &mut self,
         wakes: &[Wake],
-        uncounted: &[u64; WakeCause::ALL.len()],
+        counted_only: &[u64; WakeCause::ALL.len()],
         evictions: &[EvictionRecord],
         view: &MemoryView,
     ) -> io::Result<()> {
         self.counts.available = view.available;
-        for (cause, n) in WakeCause::ALL.into_iter().zip(uncounted).filter(|(_, n)| **n > 0) {
+        for (cause, n) in WakeCause::ALL.into_iter().zip(counted_only).filter(|(_, n)| **n > 0) {
             self.counts.by_cause[cause.index()] += n;
             self.metrics.wake.count(cause, *n);
         }

@@ -5,6 +5,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -23,41 +24,68 @@ pub struct ReclaimReport {
 
 /// When each image was first seen on the node, as the kubelet's image manager keeps it
 /// (`firstDetected`): no image is removed before it is `imageMinimumGCAge` old, since one
-/// just pulled is about to be used by a pod starting. The runtime gives no pull time, so the
-/// age counts from evictd's first listing; images already there at evictd's start count as
-/// old (`present_at_start`). Images the runtime no longer lists are forgotten.
+/// just pulled is about to be used by a pod starting. The runtime gives no pull time, so
+/// images are listed every `IMAGE_DETECTION` (`detect_images`), and, as for the kubelet,
+/// those of the first listing that works count as old; later ones from when a listing first
+/// showed them. Images the runtime no longer lists are forgotten.
 #[derive(Debug, Default)]
 pub struct ImageAges {
-    first_detected: HashMap<String, Instant>,
+    /// `None`: there at the first listing, old whatever the minimum age.
+    first_detected: HashMap<String, Option<Instant>>,
+    listed_once: bool,
 }
 
-impl ImageAges {
-    /// The images on the node when evictd started: old enough whatever the minimum age.
-    pub fn present_at_start<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, min_age: Duration) {
-        let now = Instant::now();
-        let old = now.checked_sub(min_age).unwrap_or(now);
-        self.first_detected.extend(ids.into_iter().map(|id| (id.to_owned(), old)));
-    }
+/// Shared between the detection task and the pressure pass.
+pub type SharedImageAges = Arc<Mutex<ImageAges>>;
 
-    /// The images listed now: new ones are first detected now, gone ones forgotten.
-    fn detect<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: Instant) {
+/// How often the node's images are listed: the kubelet's image GC period.
+pub const IMAGE_DETECTION: Duration = Duration::from_secs(5 * 60);
+
+impl ImageAges {
+    /// The images listed now: new ones are first detected now (at the first listing: old),
+    /// gone ones forgotten.
+    pub fn detect<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: Instant) {
         let listed: BTreeSet<&str> = ids.into_iter().collect();
         self.first_detected.retain(|id, _| listed.contains(id.as_str()));
+        let first = if self.listed_once { Some(now) } else { None };
         for id in listed {
-            self.first_detected.entry(id.to_owned()).or_insert(now);
+            self.first_detected.entry(id.to_owned()).or_insert(first);
         }
+        self.listed_once = true;
     }
 
     fn old_enough(&self, id: &str, min_age: Duration, now: Instant) -> bool {
-        self.first_detected.get(id).is_some_and(|t| now.duration_since(*t) >= min_age)
+        match self.first_detected.get(id) {
+            Some(None) => true,
+            Some(Some(t)) => now.duration_since(*t) >= min_age,
+            None => false,
+        }
     }
+}
+
+/// Lists the node's images now and every `IMAGE_DETECTION`, off the pressure path. A
+/// listing that fails changes nothing; the next one tries again.
+pub fn detect_images(client: CriClient, ages: SharedImageAges) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match client.list_images().await {
+                Ok(images) => {
+                    if let Ok(mut a) = ages.lock() {
+                        a.detect(images.iter().map(|i| i.id.as_str()), Instant::now());
+                    }
+                }
+                Err(e) => tracing::debug!("listing the node's images for their ages: {e}"),
+            }
+            tokio::time::sleep(IMAGE_DETECTION).await;
+        }
+    })
 }
 
 /// What image removal keeps besides images in use.
 pub struct ImagePolicy<'a> {
     /// The images running sandboxes use (the CRI does not list sandboxes as containers).
     pub sandbox_images: &'a BTreeSet<String>,
-    pub ages: &'a mut ImageAges,
+    pub ages: &'a SharedImageAges,
     /// `imageMinimumGCAge`.
     pub min_age: Duration,
 }
@@ -139,12 +167,15 @@ async fn remove_unused_images(
     }
     let listed = client.list_images().await?;
     let now = Instant::now();
-    ages.detect(listed.iter().map(|i| i.id.as_str()), now);
-    for img in listed {
-        if !ages.old_enough(&img.id, min_age, now) {
-            report.images_too_young += 1;
-            continue;
+    // An image the detection has not seen yet is first detected now.
+    let ages = match ages.lock() {
+        Ok(mut a) => {
+            a.detect(listed.iter().map(|i| i.id.as_str()), now);
+            listed.iter().map(|i| a.old_enough(&i.id, min_age, now)).collect::<Vec<bool>>()
         }
+        Err(_) => vec![false; listed.len()],
+    };
+    for (img, old_enough) in listed.into_iter().zip(ages) {
         let in_use = used.contains(img.id.as_str())
             || img
                 .repo_tags
@@ -153,6 +184,10 @@ async fn remove_unused_images(
                 .any(|t| used.contains(t.as_str()) || sandbox_images.contains(t))
             || sandbox_images.contains(&img.id);
         if in_use || img.pinned {
+            continue;
+        }
+        if !old_enough {
+            report.images_too_young += 1;
             continue;
         }
         match client.remove_image(&img.id).await {
@@ -201,5 +236,25 @@ mod tests {
             dead_containers_to_remove(&containers, &ready).iter().map(|c| c.id.as_str()).collect();
         removed.sort();
         assert_eq!(removed, ["app-0", "app-1", "web-0", "web-1"]);
+    }
+
+    /// The first listing's images are old whatever the minimum age (as the kubelet's first
+    /// detection); an image first seen later is young until the minimum age has passed;
+    /// one the runtime stopped listing is forgotten, and young again if it comes back.
+    #[test]
+    fn images_age_from_the_listing_that_first_showed_them() {
+        let t0 = Instant::now();
+        let min = Duration::from_secs(120);
+        let mut ages = ImageAges::default();
+        assert!(!ages.old_enough("a", min, t0), "never listed: not old");
+        ages.detect(["a"], t0);
+        assert!(ages.old_enough("a", min, t0), "there at the first listing");
+        assert!(ages.old_enough("a", Duration::from_secs(86_400), t0), "whatever the minimum age");
+        ages.detect(["a", "b"], t0);
+        assert!(!ages.old_enough("b", min, t0 + Duration::from_secs(60)));
+        assert!(ages.old_enough("b", min, t0 + Duration::from_secs(120)));
+        ages.detect(["b"], t0);
+        ages.detect(["a", "b"], t0 + Duration::from_secs(300));
+        assert!(!ages.old_enough("a", min, t0 + Duration::from_secs(301)), "gone and back: young");
     }
 }

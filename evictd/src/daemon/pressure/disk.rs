@@ -75,7 +75,7 @@ impl Pressure {
         let sandbox_images = pods.iter().filter_map(|p| p.sandbox_image.clone()).collect();
         let images = reclaim::ImagePolicy {
             sandbox_images: &sandbox_images,
-            ages: &mut self.image_ages,
+            ages: &self.image_ages,
             min_age: Duration::from_nanos(self.policy.image_minimum_gc_age_ns.max(0) as u64),
         };
         let report = reclaim::reclaim(client, &d.node_reclaim, images).await;
