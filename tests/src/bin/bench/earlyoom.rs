@@ -7,8 +7,8 @@
 //! containerd whose hog holds `--hold` MiB and then allocates at a fixed rate; its
 //! `oom_score_adj` is 1000, so if both lose, the kernel's OOM killer takes it and nothing
 //! else. A ballast process (oom_score_adj 0, outside any pod) takes up the rest of the
-//! machine's memory so that every run starts 1–2 GiB above the threshold instead of
-//! filling 20 GiB first. The columns are the reaction benchmark's. Reactors take turns run by
+//! machine's memory so that every run starts 1–2 GiB above the threshold (in the lower of the
+//! two signals) instead of filling 20 GiB first. The columns are the reaction benchmark's. Reactors take turns run by
 //! run, each started with the victim already holding its memory.
 
 use std::{
@@ -226,11 +226,14 @@ pub async fn earlyoom(o: &Opts) -> anyhow::Result<()> {
         capacity: mem_total,
     };
     let need = o.threshold_mib + o.hold_mib + LEAD_MIB;
-    let spare = (mem_available() / MI).checked_sub(need).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} MiB available is less than threshold + hold + {LEAD_MIB} MiB = {need} MiB",
-            available
-        )
+    // The two signals differ by the page cache the kernel counts as available and the
+    // working set does not (gigabytes on a busy machine): the ballast leaves the lead above
+    // the lower one, or evictd's runs start at its threshold and it takes the victim before
+    // the run begins.
+    let lower =
+        (mem_available() / MI).min(mem_total.saturating_sub(reaction::working_set(&node.memory)) / MI);
+    let spare = lower.checked_sub(need).ok_or_else(|| {
+        anyhow::anyhow!("{} MiB available is less than threshold + hold + {LEAD_MIB} MiB = {need} MiB", lower)
     })?;
     eprintln!(
         "[bench] earlyoom: taking {spare} MiB of ballast so that runs start {LEAD_MIB} MiB above the threshold"
