@@ -228,7 +228,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
             _ = sighup.recv() => daemon.reload(),
-            _ = sleep_until(deadline) => break,
+            _ = crate::runtime::evict::sleep_until(deadline) => break,
             Ok(()) = daemon.pods.changed() => daemon.inventory_changed(),
             done = pass_end(&mut daemon.pass) => daemon.pass_done(done?)?,
             n = rx.recv_many(&mut batch, WAKE_BATCH) => {
@@ -426,13 +426,6 @@ impl Daemon {
         self.sources.retain_mut(|s| {
             s.cgroups_changed().inspect_err(|e| tracing::warn!("{e}; disabling this wake source")).is_ok()
         });
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -266,8 +266,8 @@ impl Stop<'_> {
     }
 }
 
-/// Resolves at `deadline`; never without one.
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+/// Resolves at `deadline`; never without one (a `select!` arm that may have no deadline).
+pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

@@ -69,11 +69,10 @@ pub fn detect_images(client: CriClient, ages: SharedImageAges) -> tokio::task::J
     tokio::spawn(async move {
         loop {
             match client.list_images().await {
-                Ok(images) => {
-                    if let Ok(mut a) = ages.lock() {
-                        a.detect(images.iter().map(|i| i.id.as_str()), Instant::now());
-                    }
-                }
+                Ok(images) => ages
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .detect(images.iter().map(|i| i.id.as_str()), Instant::now()),
                 Err(e) => tracing::debug!("listing the node's images for their ages: {e}"),
             }
             tokio::time::sleep(IMAGE_DETECTION).await;
@@ -167,15 +166,14 @@ async fn remove_unused_images(
     }
     let listed = client.list_images().await?;
     let now = Instant::now();
-    // An image the detection has not seen yet is first detected now.
-    let ages = match ages.lock() {
-        Ok(mut a) => {
-            a.detect(listed.iter().map(|i| i.id.as_str()), now);
-            listed.iter().map(|i| a.old_enough(&i.id, min_age, now)).collect::<Vec<bool>>()
-        }
-        Err(_) => vec![false; listed.len()],
+    // An image the detection has not seen yet is first detected now. The ages stay whole
+    // whatever a panic elsewhere did: a poisoned lock is used as it is.
+    let old: Vec<bool> = {
+        let mut ages = ages.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        ages.detect(listed.iter().map(|i| i.id.as_str()), now);
+        listed.iter().map(|i| ages.old_enough(&i.id, min_age, now)).collect()
     };
-    for (img, old_enough) in listed.into_iter().zip(ages) {
+    for (img, old_enough) in listed.into_iter().zip(old) {
         let in_use = used.contains(img.id.as_str())
             || img
                 .repo_tags
