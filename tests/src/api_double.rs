@@ -1,9 +1,10 @@
 //! A stand-in for the Kubernetes API server. No API server can run on these machines, so
 //! the tests of what evictd reads from and writes to Kubernetes use this: a local HTTP server
 //! that speaks the API's JSON for the calls evictd makes (the list and watch of a node's
-//! pods, pod and node status patches, events), records every request, and can be told to
-//! fail, to hold its answers, or to be down. It checks nothing itself; the tests read what
-//! it recorded.
+//! pods, pod and node status patches, events, the get and merge patch of a Node), records
+//! every request, and can be told to fail, to hold its answers, or to be down. It checks
+//! nothing itself but what the API server would (a merge patch's resource version); the
+//! tests read what it recorded.
 
 use std::{
     collections::BTreeMap,
@@ -55,6 +56,8 @@ struct Shared {
     pods: Mutex<PodStore>,
     /// The store's resource version, for the watches waiting on it.
     pods_rv: watch::Sender<u64>,
+    /// Nodes by name, for get and merge patch.
+    nodes: Mutex<BTreeMap<String, Value>>,
 }
 
 /// The double, serving on 127.0.0.1 from a thread of its own until dropped.
@@ -91,6 +94,7 @@ impl ApiDouble {
             answered: Mutex::new(0),
             pods: Mutex::new(PodStore::default()),
             pods_rv: watch::channel(0).0,
+            nodes: Mutex::new(BTreeMap::new()),
         });
         let (open, opened) = watch::channel(true);
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -114,8 +118,8 @@ impl ApiDouble {
         &self.kubeconfig
     }
 
-    /// The next `n` requests whose path contains `path` get `code` (with a Status body); the
-    /// others, and the ones after, are answered normally.
+    /// The next `n` requests whose path (or "METHOD path") contains `path` get `code` (with a
+    /// Status body); the others, and the ones after, are answered normally.
     pub fn fail_next(&self, n: usize, code: u16, path: &str) {
         self.shared.behaviour.lock().expect("behaviour").fail = Some((n, code, path.into()));
     }
@@ -153,6 +157,20 @@ impl ApiDouble {
         store.events.push((rv, "DELETED", pod));
         drop(store);
         self.shared.pods_rv.send_replace(rv);
+    }
+
+    /// Adds or replaces the Node named by `metadata.name`, with a new resource version.
+    pub fn put_node(&self, mut node: Value) {
+        let mut nodes = self.shared.nodes.lock().expect("nodes");
+        let name = node["metadata"]["name"].as_str().expect("a node with metadata.name").to_owned();
+        let rv = nodes.get(&name).map_or(0, resource_version) + 1;
+        node["metadata"]["resourceVersion"] = json!(rv.to_string());
+        nodes.insert(name, node);
+    }
+
+    /// The Node `name` as the double holds it now.
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.shared.nodes.lock().expect("nodes").get(name).cloned()
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -208,6 +226,7 @@ pub fn api_options(kubeconfig: &str) -> evictd::cluster::connect::ApiOptions {
             .expect("the double's kubeconfig"),
         node_name: "node-a".into(),
         timeout: Duration::from_secs(2),
+        taint_effect: Default::default(),
     }
 }
 
@@ -258,7 +277,7 @@ async fn answer(
     let bytes = req.into_body().collect().await?.to_bytes();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     shared.requests.lock().expect("requests").push(Recorded {
-        method,
+        method: method.clone(),
         path: path.clone(),
         content_type,
         body: body.clone(),
@@ -268,7 +287,7 @@ async fn answer(
     let fail = {
         let mut b = shared.behaviour.lock().expect("behaviour");
         match b.fail.take() {
-            Some((n, code, p)) if n > 0 && path.contains(&p) => {
+            Some((n, code, p)) if n > 0 && format!("{method} {path}").contains(&p) => {
                 b.fail = (n > 1).then_some((n - 1, code, p));
                 Some(code)
             }
@@ -280,15 +299,12 @@ async fn answer(
     };
     *shared.answered.lock().expect("answered") += 1;
     let (code, out) = match fail {
-        Some(code) => (
-            code,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                   "message": "injected by the test's API double", "reason": "InternalError", "code": code}),
-        ),
+        Some(code) => status(code, "InternalError", "injected by the test's API double"),
         None if path.starts_with("/api/v1/pods?") && query(&path, "watch").is_some() => {
             return Ok(json_response(200, watch_pods(&shared, &path)));
         }
         None if path.starts_with("/api/v1/pods?") => (200, list_pods(&shared, &path)),
+        None if node_path(&path).is_some() => node_call(&shared, &method, &path, body),
         None => (200, object_for(&path, body)),
     };
     Ok(json_response(code, Full::new(Bytes::from(out.to_string())).boxed()))
@@ -355,6 +371,62 @@ fn watch_pods(shared: &Arc<Shared>, path: &str) -> BoxBody<Bytes, Infallible> {
         }
     });
     body.boxed()
+}
+
+/// The node a `GET` or `PATCH /api/v1/nodes/<name>` names (not its status).
+fn node_path(path: &str) -> Option<&str> {
+    let path = path.split('?').next().unwrap_or(path);
+    let name = path.strip_prefix("/api/v1/nodes/")?;
+    (!name.is_empty() && !name.contains('/')).then_some(name)
+}
+
+fn resource_version(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                      "message": message, "reason": reason, "code": code});
+    (code, body)
+}
+
+/// A Node's get, or its JSON merge patch (RFC 7386) as the API server applies one: a
+/// `metadata.resourceVersion` in the patch that is not the Node's is a 409 Conflict.
+fn node_call(shared: &Shared, method: &str, path: &str, patch: Value) -> (u16, Value) {
+    let name = node_path(path).unwrap_or_default();
+    let mut nodes = shared.nodes.lock().expect("nodes");
+    let Some(node) = nodes.get_mut(name) else {
+        return status(404, "NotFound", &format!("nodes \"{name}\" not found"));
+    };
+    if method == "GET" {
+        return (200, node.clone());
+    }
+    let rv = resource_version(node);
+    if patch["metadata"]["resourceVersion"].as_str().is_some_and(|v| v != rv.to_string()) {
+        let message = "Operation cannot be fulfilled on nodes: the object has been modified";
+        return status(409, "Conflict", message);
+    }
+    merge(node, &patch);
+    node["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+    (200, node.clone())
+}
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (k, v) in p {
+        match (v, target.as_object_mut()) {
+            (Value::Null, Some(t)) => drop(t.remove(k)),
+            (_, Some(t)) => merge(t.entry(k.clone()).or_insert(Value::Null), v),
+            (_, None) => {}
+        }
+    }
 }
 
 /// What the API server would answer a successful call with: the object, as far as the

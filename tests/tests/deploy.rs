@@ -14,6 +14,7 @@ use evictd::{
         connect,
         pods::spawn_pod_watch,
         reporter::{Reporter, Retry},
+        taints::NodeTaints,
     },
     report::metrics::Metrics,
     vocab::monotonic_ns,
@@ -179,6 +180,7 @@ fn access(r: &Recorded) -> (String, String, String) {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let resource = match parts.as_slice() {
         ["api", "v1", "pods"] => "pods".to_owned(),
+        ["api", "v1", "nodes", _] => "nodes".to_owned(),
         ["api", "v1", "namespaces", _, kind] => (*kind).to_owned(),
         ["api", "v1", "namespaces", _, kind, _, sub] | ["api", "v1", kind, _, sub] => format!("{kind}/{sub}"),
         _ => panic!("a request this test cannot name: {} {}", r.method, r.path),
@@ -197,8 +199,9 @@ fn access(r: &Recorded) -> (String, String, String) {
 }
 
 /// The ClusterRole grants exactly what evictd's API code uses: the watch on the node's pods,
-/// and everything the reporter sends (an eviction's status patch and two events, the node's
-/// conditions) — nothing missing (a 403 would lose the record) and nothing more.
+/// everything the reporter sends (an eviction's status patch and two events, the node's
+/// conditions), and the taints' read and write of the Node — nothing missing (a 403 would
+/// lose the record) and nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_role_grants_exactly_the_calls_evictd_makes() {
     let api = ApiDouble::start();
@@ -208,13 +211,19 @@ async fn the_cluster_role_grants_exactly_the_calls_evictd_makes() {
     let mut pods = spawn_pod_watch(client.clone(), &opts.node_name, metrics.api.clone());
     let listed = tokio::time::timeout(Duration::from_secs(10), pods.wait_for(Option::is_some)).await;
     assert!(matches!(listed, Ok(Ok(_))), "the first list");
-    let (reporter, task) = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.api);
+    api.put_node(serde_json::json!({"metadata": {"name": opts.node_name}}));
+    let (reporter, task) =
+        Reporter::spawn(client.clone(), opts.node_name.clone(), Retry::default(), metrics.api.clone());
+    let (taints, taint_task) =
+        NodeTaints::spawn(client, opts.node_name.clone(), opts.taint_effect, Retry::default(), metrics.api);
     reporter.pod_evicted(&eviction_record(), monotonic_ns());
     reporter.node_conditions(&[NodeCondition::MemoryPressure], &NodeCondition::ALL);
-    api.wait_for("the watch, the records and the conditions", Duration::from_secs(10), |r| {
-        r.iter().any(|r| r.path.contains("watch=true")) && r.iter().filter(|r| r.method != "GET").count() >= 4
+    taints.want(&[NodeCondition::MemoryPressure]);
+    api.wait_for("the watch, the records, the conditions and the taint", Duration::from_secs(10), |r| {
+        r.iter().any(|r| r.path.contains("watch=true")) && r.iter().filter(|r| r.method != "GET").count() >= 5
     });
     task.flush(Duration::from_secs(2)).await;
+    taint_task.remove_and_stop(Duration::from_secs(2)).await;
     let made: BTreeSet<(String, String, String)> = api.requests().iter().map(access).collect();
 
     let role: ClusterRole = object("rbac.yaml", "ClusterRole");

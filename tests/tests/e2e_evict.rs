@@ -452,7 +452,8 @@ async fn an_emergency_during_a_grace_period_kills_at_once() {
 
 /// (k) With an API server (the test's double: none can run here), an eviction ends with the
 /// pod's sandbox stopped and its Failed/Evicted status patch recorded, with the pod's uid as
-/// precondition, then the events; evictd's node condition turns True.
+/// precondition, then the events; evictd's node condition turns True and its taint goes on
+/// the Node (one an earlier run left came off at start).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
     let _serial = SERIAL.lock().await;
@@ -470,6 +471,9 @@ async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
     .await;
     let (worker, quiet) = (&pods[0], &pods[1]);
     let api = ApiDouble::start();
+    api.put_node(serde_json::json!({"metadata": {"name": "e2e-node"}, "spec": {"taints": [
+        {"key": "evictd.io/memory-pressure", "effect": "NoSchedule"},
+        {"key": "dedicated", "effect": "NoSchedule"}]}}));
     let evictd = Evictd::start(
         &ctd,
         Some(&file),
@@ -482,6 +486,16 @@ async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
             "e2e-node",
         ],
     );
+    let taint_keys = || -> Vec<String> {
+        let node = api.node("e2e-node").expect("the node");
+        let taints = node["spec"]["taints"].as_array().cloned().unwrap_or_default();
+        taints.iter().filter_map(|t| t["key"].as_str().map(String::from)).collect()
+    };
+    // The taint a run that died under pressure left comes off at start; the other stays.
+    api.wait_for("the taint left behind removed", Duration::from_secs(10), |r| {
+        r.iter().any(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/e2e-node?"))
+    });
+    assert_eq!(taint_keys(), ["dedicated"]);
     // The first pass reports evictd's conditions, all False.
     api.wait_for("the first node conditions", Duration::from_secs(10), |r| {
         r.iter().any(|r| r.path.starts_with("/api/v1/nodes/e2e-node/status"))
@@ -512,6 +526,11 @@ async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
                 && r.body["status"]["conditions"][0]["status"] == "True"
         })
     });
+    // And the node is tainted, so the scheduler does not put the worker straight back.
+    api.wait_for("the memory-pressure taint", Duration::from_secs(10), |r| {
+        r.iter().filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/e2e-node?")).count() >= 2
+    });
+    assert_eq!(taint_keys(), ["dedicated", "evictd.io/memory-pressure"]);
     let log = evictd.log();
     let window = log.lines().find(|l| l.contains("as Failed/Evicted")).unwrap_or_else(|| panic!("{log}"));
     println!("kill → status patch recorded: {window}");

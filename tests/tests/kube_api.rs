@@ -12,6 +12,7 @@ use evictd::{
         connect::{self, ApiOptions},
         pods::spawn_pod_watch,
         reporter::{Reporter, ReporterTask, Retry},
+        taints::{NodeTaints, TaintEffect, TaintTask},
     },
     report::metrics::Metrics,
     runtime::inventory::{ApiPods, ApiPodsReceiver},
@@ -169,6 +170,132 @@ async fn node_conditions_are_patched_under_evictds_own_types() {
             ("EvictdPIDPressure", "False")
         ])
     );
+}
+
+/// evictd's taint writer for node `node-a` of the double, with quick retries.
+async fn taints(api: &ApiDouble, effect: TaintEffect) -> (NodeTaints, TaintTask, Arc<Metrics>) {
+    let opts = api_options(api.kubeconfig());
+    let client = connect::client(&opts).await.expect("a client for the double");
+    let metrics = Arc::new(Metrics::default());
+    let (t, task) = NodeTaints::spawn(client, opts.node_name, effect, quick(), metrics.api.clone());
+    (t, task, metrics)
+}
+
+/// Node `node-a` carrying `taints` (key, effect).
+fn node_with(taints: &[(&str, &str)]) -> serde_json::Value {
+    let taints: Vec<_> = taints.iter().map(|(k, e)| json!({"key": k, "effect": e})).collect();
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}, "spec": {"taints": taints}})
+}
+
+/// The Node's taints as (key, effect), in order.
+fn taints_of(api: &ApiDouble) -> Vec<(String, String)> {
+    let node = api.node("node-a").expect("node-a");
+    let taints = node["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    taints.iter().map(|t| (t["key"].as_str().unwrap().into(), t["effect"].as_str().unwrap().into())).collect()
+}
+
+/// Waits until the double's Node carries exactly `want`.
+async fn wait_taints(api: &ApiDouble, what: &str, want: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = want.iter().map(|(k, e)| ((*k).into(), (*e).into())).collect();
+    let until = std::time::Instant::now() + evictd_tests::patience::patience(WITHIN);
+    while taints_of(api) != want {
+        let seen: Vec<String> = api.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect();
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: the node has {:?}; requests {seen:#?}",
+            taints_of(api)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// While evictd's condition is true the Node carries evictd's taint, written with the
+/// resource version read (a merge patch that cannot drop a taint written meanwhile); every
+/// other taint stays, in its place; the taint comes off with the condition. The gauge says
+/// which taints are on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictds_taint_follows_its_condition_and_keeps_every_other_taint() {
+    let api = ApiDouble::start();
+    api.put_node(node_with(&[("dedicated", "NoSchedule")]));
+    let (t, task, metrics) = taints(&api, TaintEffect::NoSchedule).await;
+    let gauge = "evictd_node_taint{taint=\"evictd.io/memory-pressure\"}";
+    assert_eq!(counter(&metrics.encode(), gauge), 0.0, "a series from the start");
+    t.want(&[NodeCondition::MemoryPressure]);
+    wait_taints(
+        &api,
+        "under memory pressure",
+        &[("dedicated", "NoSchedule"), ("evictd.io/memory-pressure", "NoSchedule")],
+    )
+    .await;
+    let patch = api.requests().into_iter().find(|r| r.method == "PATCH").expect("the patch");
+    assert_eq!(patch.path.split('?').next(), Some("/api/v1/nodes/node-a"));
+    assert_eq!(patch.content_type, "application/merge-patch+json");
+    assert_eq!(patch.body["metadata"]["resourceVersion"], "1", "the version read: {}", patch.body);
+    assert_eq!(counter(&metrics.encode(), gauge), 1.0);
+    // Another controller adds a taint while evictd's is on.
+    let mut node = api.node("node-a").unwrap();
+    node["spec"]["taints"].as_array_mut().unwrap().push(json!({"key": "later", "effect": "NoExecute"}));
+    api.put_node(node);
+    t.want(&[]);
+    wait_taints(&api, "out of pressure", &[("dedicated", "NoSchedule"), ("later", "NoExecute")]).await;
+    assert_eq!(counter(&metrics.encode(), gauge), 0.0);
+    task.remove_and_stop(Duration::from_secs(2)).await;
+}
+
+/// A taint an earlier run left (evictd died under pressure) comes off at start; a Node
+/// already as wanted is read, never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taint_left_by_an_earlier_run_comes_off_at_start() {
+    let api = ApiDouble::start();
+    api.put_node(node_with(&[("evictd.io/disk-pressure", "NoSchedule"), ("dedicated", "NoSchedule")]));
+    let (_t, task, _) = taints(&api, TaintEffect::NoSchedule).await;
+    wait_taints(&api, "at start", &[("dedicated", "NoSchedule")]).await;
+    task.remove_and_stop(Duration::from_secs(2)).await;
+    let patches = api.requests().iter().filter(|r| r.method == "PATCH").count();
+    assert_eq!(patches, 1, "the one write at start; none at shutdown, nothing to remove");
+}
+
+/// A write that conflicts with another writer's (409) is not forced: evictd reads the Node
+/// again and writes from what it read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_taint_write_reads_the_node_again() {
+    let api = ApiDouble::start();
+    api.put_node(node_with(&[]));
+    api.fail_next(1, 409, "PATCH /api/v1/nodes/node-a");
+    let (t, task, _) = taints(&api, TaintEffect::PreferNoSchedule).await;
+    api.wait_for("the read at start", WITHIN, |r| !r.is_empty());
+    t.want(&[NodeCondition::PidPressure]);
+    wait_taints(&api, "after the conflict", &[("evictd.io/pid-pressure", "PreferNoSchedule")]).await;
+    let calls: Vec<String> = api.requests().iter().map(|r| r.method.clone()).collect();
+    assert_eq!(calls, ["GET", "GET", "PATCH", "GET", "PATCH"], "start; read, conflict, read again, write");
+    task.remove_and_stop(Duration::from_secs(2)).await;
+}
+
+/// At shutdown evictd takes its taints off: an uninstalled evictd must not leave a node
+/// nobody schedules to. With effect `none` it writes no taint at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taints_come_off_at_shutdown_and_effect_none_writes_none() {
+    let api = ApiDouble::start();
+    api.put_node(node_with(&[]));
+    let (t, task, _) = taints(&api, TaintEffect::NoSchedule).await;
+    t.want(&[NodeCondition::MemoryPressure, NodeCondition::DiskPressure]);
+    wait_taints(
+        &api,
+        "under pressure",
+        &[("evictd.io/memory-pressure", "NoSchedule"), ("evictd.io/disk-pressure", "NoSchedule")],
+    )
+    .await;
+    task.remove_and_stop(Duration::from_secs(2)).await;
+    assert_eq!(taints_of(&api), [] as [(String, String); 0], "off at shutdown");
+
+    let api = ApiDouble::start();
+    api.put_node(node_with(&[]));
+    let (t, task, _) = taints(&api, TaintEffect::None).await;
+    t.want(&[NodeCondition::MemoryPressure]);
+    api.wait_for("the Node read", WITHIN, |r| r.iter().filter(|r| r.method == "GET").count() >= 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    task.remove_and_stop(Duration::from_secs(2)).await;
+    assert!(api.requests().iter().all(|r| r.method == "GET"), "{:?}", api.requests());
 }
 
 /// 500s are retried, each wait about twice the one before, until the call goes through.

@@ -12,7 +12,10 @@ mod wake_flags;
 use wake_flags::{bytes_flag, charge_tier_flag_values, unwoken_thresholds};
 
 use crate::{
-    cluster::connect::{self, ApiOptions, ApiSource},
+    cluster::{
+        connect::{self, ApiOptions, ApiSource},
+        taints::TaintEffect,
+    },
     daemon::{KillOptions, PressureOptions, RunOptions, protect::SelfProtection, urgency::EmergencyLevel},
     kernel::{stat_items, tracefs},
     node::{
@@ -174,6 +177,12 @@ pub struct RunArgs {
     /// lowercased, as the kubelet's default.
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// While evictd's MemoryPressure (DiskPressure, PIDPressure) condition is true, its Node
+    /// carries the taint evictd.io/memory-pressure (disk-, pid-) with this effect, so the
+    /// scheduler does not put evicted pods straight back: NoSchedule, PreferNoSchedule, or
+    /// none (evictd then only removes the taints an earlier run left).
+    #[arg(long, value_name = "EFFECT", default_value = "NoSchedule")]
+    pub node_taint_effect: TaintEffect,
     /// Deadline of one Kubernetes API request; a failed one is retried with back-off.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub kube_api_timeout: Duration,
@@ -330,7 +339,8 @@ impl RunArgs {
         Ok(SelfProtection { oom_score_adj, lock_memory: self.lock_memory == "on" })
     }
 
-    /// `--kubeconfig`, `--no-kube-api`, `--node-name`, `--kube-api-timeout`.
+    /// `--kubeconfig`, `--no-kube-api`, `--node-name`, `--kube-api-timeout`,
+    /// `--node-taint-effect`.
     fn api_options(&self) -> anyhow::Result<Option<ApiOptions>> {
         let source = match &self.kubeconfig {
             _ if self.no_kube_api => return Ok(None),
@@ -346,7 +356,12 @@ impl RunArgs {
                 .to_string_lossy()
                 .to_lowercase(),
         };
-        Ok(Some(ApiOptions { source, node_name, timeout: self.kube_api_timeout }))
+        Ok(Some(ApiOptions {
+            source,
+            node_name,
+            timeout: self.kube_api_timeout,
+            taint_effect: self.node_taint_effect,
+        }))
     }
 
     /// `--fast-kill`, `--hard-eviction-grace-period`, `--emergency-available`.

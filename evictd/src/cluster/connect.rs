@@ -27,6 +27,8 @@ pub struct ApiOptions {
     pub node_name: String,
     /// Deadline of one API request (connect, read, write each).
     pub timeout: Duration,
+    /// How evictd's taints keep pods off the node while its conditions are true.
+    pub taint_effect: super::taints::TaintEffect,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -6,10 +6,14 @@ use std::{fmt, time::Duration};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
+use evictd_policy::signal::NodeCondition;
+use k8s_openapi::api::core::v1::Taint;
+
+use super::taints::taint_key;
 use crate::vocab::metrics::latency_buckets;
 
 /// The calls evictd makes to the API server.
@@ -23,11 +27,15 @@ pub enum ApiCall {
     NodeStatus,
     /// The list and watch of this node's pods.
     WatchPods,
+    /// `GET` and `PATCH nodes/<node>`: evictd's taints.
+    NodeTaints,
 }
 
 /// How a call ended. The reporter's calls end `Ok`, `Refused` (never retried), `GivenUp`
 /// (retried until too late), or are `Dropped` (a full queue); each failed try before the
-/// last is one `Retried`. A watch that fails counts one `Error` and starts again.
+/// last is one `Retried`. A watch that fails counts one `Error` and starts again. The taint
+/// writes are tried until the Node is as wanted: `Retried` (a failure or a conflicting
+/// write), `Refused` (a 4xx other than 408/409/429: tried again only after a back-off).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApiOutcome {
     Ok,
@@ -39,8 +47,8 @@ pub enum ApiOutcome {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 4] =
-        [ApiCall::PodStatus, ApiCall::Event, ApiCall::NodeStatus, ApiCall::WatchPods];
+    pub const ALL: [ApiCall; 5] =
+        [ApiCall::PodStatus, ApiCall::Event, ApiCall::NodeStatus, ApiCall::WatchPods, ApiCall::NodeTaints];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -48,6 +56,7 @@ impl ApiCall {
             ApiCall::Event => "event",
             ApiCall::NodeStatus => "node_status",
             ApiCall::WatchPods => "watch_pods",
+            ApiCall::NodeTaints => "node_taints",
         }
     }
 
@@ -56,6 +65,7 @@ impl ApiCall {
         use ApiOutcome::*;
         match self {
             ApiCall::WatchPods => &[Error],
+            ApiCall::NodeTaints => &[Ok, Retried, Refused],
             _ => &[Ok, Retried, Refused, GivenUp, Dropped],
         }
     }
@@ -97,14 +107,24 @@ struct CallLabel {
 pub struct ApiMetrics {
     calls: Family<CallLabel, Counter>,
     recorded: Histogram,
+    taints: Family<TaintLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaintLabel {
+    taint: &'static str,
 }
 
 impl ApiMetrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let m = ApiMetrics { calls: Family::default(), recorded: Histogram::new(latency_buckets()) };
+        let m = ApiMetrics {
+            calls: Family::default(),
+            recorded: Histogram::new(latency_buckets()),
+            taints: Family::default(),
+        };
         registry.register(
             "kube_api_calls",
-            "Kubernetes API calls (pod_status, event, node_status, watch_pods) by outcome: ok, retried, refused, given_up, dropped, error",
+            "Kubernetes API calls (pod_status, event, node_status, watch_pods, node_taints) by outcome: ok, retried, refused, given_up, dropped, error",
             m.calls.clone(),
         );
         registry.register(
@@ -112,6 +132,14 @@ impl ApiMetrics {
             "From an evicted pod's kill to its Failed/Evicted status accepted by the API server",
             m.recorded.clone(),
         );
+        registry.register(
+            "node_taint",
+            "1 while this node carries evictd's taint (as last read or written by evictd)",
+            m.taints.clone(),
+        );
+        for c in NodeCondition::ALL {
+            m.taints.get_or_create(&TaintLabel { taint: taint_key(c) }).set(0);
+        }
         for call in ApiCall::ALL {
             for outcome in call.outcomes() {
                 m.calls
@@ -124,6 +152,14 @@ impl ApiMetrics {
 
     pub fn call(&self, call: ApiCall, outcome: ApiOutcome) {
         self.calls.get_or_create(&CallLabel { call: call.as_str(), outcome: outcome.as_str() }).inc();
+    }
+
+    /// The taints the Node carries, as last read or written.
+    pub fn node_taints(&self, taints: &[Taint]) {
+        for c in NodeCondition::ALL {
+            let on = taints.iter().any(|t| t.key == taint_key(c));
+            self.taints.get_or_create(&TaintLabel { taint: taint_key(c) }).set(i64::from(on));
+        }
     }
 
     /// An evicted pod's status accepted, `after_kill` after its containers died.

@@ -8,10 +8,12 @@
 //! - `metrics`: the API calls by outcome, the time to record an eviction;
 //! - `pods`: the specs of the pods bound to this node, watched (read-only, also in a dry run);
 //! - `records`: the bodies the kubelet writes (pure);
-//! - `reporter`: the queue and the task that sends it.
+//! - `reporter`: the queue and the task that sends it;
+//! - `taints`: evictd's taints on its Node while its conditions are true.
 
 pub mod connect;
 pub mod metrics;
 pub mod pods;
 pub mod records;
 pub mod reporter;
+pub mod taints;

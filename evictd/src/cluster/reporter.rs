@@ -218,7 +218,7 @@ struct Worker {
 /// to be called back (408, 429). Any other 4xx is final: the pod is gone (404) or is not
 /// the one evicted (409: the uid precondition), evictd lacks the right (403), or the body
 /// is refused (422).
-fn retriable(e: &kube::Error) -> bool {
+pub(super) fn retriable(e: &kube::Error) -> bool {
     match e {
         kube::Error::Api(s) => !(400..500).contains(&s.code) || matches!(s.code, 408 | 429),
         _ => true,

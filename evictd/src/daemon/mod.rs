@@ -35,6 +35,7 @@ use crate::{
         connect::{self, ApiOptions},
         pods,
         reporter::{Reporter, ReporterTask, Retry},
+        taints::{NodeTaints, TaintTask},
     },
     node::{cgroups::CgroupMounts, growth::GrowthTracker, signals::NodeSignalSources},
     report::{
@@ -197,7 +198,7 @@ struct Daemon {
     /// Refreshes the inventory at once (after an eviction).
     kick: Arc<Notify>,
     /// The Kubernetes API reporter, and the node conditions it was last given.
-    api: Option<(Reporter, ReporterTask)>,
+    api: Option<ApiWriters>,
     reported_conditions: Option<Vec<NodeCondition>>,
     /// What /healthz and /readyz answer from.
     health: Arc<Health>,
@@ -206,6 +207,14 @@ struct Daemon {
     policy_args: PolicyArgs,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
+}
+
+/// What writes to the Kubernetes API (none without one, or in a dry run).
+struct ApiWriters {
+    reporter: Reporter,
+    reporter_task: ReporterTask,
+    taints: NodeTaints,
+    taint_task: TaintTask,
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
@@ -242,8 +251,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     }
     daemon.report.flush()?;
     tracing::info!("stopping");
-    if let Some((_, task)) = daemon.api.take() {
-        task.flush(API_FLUSH).await;
+    if let Some(api) = daemon.api.take() {
+        tokio::join!(api.reporter_task.flush(API_FLUSH), api.taint_task.remove_and_stop(API_FLUSH));
     }
     Ok(())
 }
@@ -369,15 +378,17 @@ impl Daemon {
     }
 
     /// evictd's node conditions go to the API server when they change (and once at start).
+    /// evictd's taints follow them.
     fn send_conditions_to_api(&mut self, now: &[NodeCondition]) {
-        let Some((api, _)) = &self.api else { return };
+        let Some(api) = &self.api else { return };
+        api.taints.want(now);
         let before = self.reported_conditions.as_deref();
         let changed: Vec<NodeCondition> = NodeCondition::ALL
             .into_iter()
             .filter(|c| before.is_none_or(|b| b.contains(c) != now.contains(c)))
             .collect();
         if !changed.is_empty() {
-            api.node_conditions(now, &changed);
+            api.reporter.node_conditions(now, &changed);
             self.reported_conditions = Some(now.to_vec());
         }
     }

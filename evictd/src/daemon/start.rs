@@ -4,13 +4,13 @@
 
 use super::*;
 
-/// The Kubernetes API: the reporter (`None`, said once, without an API or in a dry run) and
-/// the watch on this node's pods (read-only, so also in a dry run).
+/// The Kubernetes API: the reporter and the taints (`None`, said once, without an API or in
+/// a dry run) and the watch on this node's pods (read-only, so also in a dry run).
 async fn start_api(
     opts: Option<&ApiOptions>,
     dry_run: bool,
     metrics: &Arc<Metrics>,
-) -> anyhow::Result<(Option<(Reporter, ReporterTask)>, Option<ApiPodsReceiver>)> {
+) -> anyhow::Result<(Option<ApiWriters>, Option<ApiPodsReceiver>)> {
     let Some(opts) = opts else {
         tracing::warn!(
             "no Kubernetes API (neither --kubeconfig nor a pod's service account): pod specs come \
@@ -26,9 +26,21 @@ async fn start_api(
         tracing::info!("dry run: pod specs are read from the Kubernetes API; nothing is written to it");
         return Ok((None, Some(pods)));
     }
-    tracing::info!(node = %opts.node_name, "recording evictions in the Kubernetes API");
-    let reporter = Reporter::spawn(client, opts.node_name.clone(), Retry::default(), metrics.api.clone());
-    Ok((Some(reporter), Some(pods)))
+    tracing::info!(
+        node = %opts.node_name,
+        taint_effect = %opts.taint_effect,
+        "recording evictions in the Kubernetes API, tainting the node while evictd's conditions are true"
+    );
+    let (reporter, reporter_task) =
+        Reporter::spawn(client.clone(), opts.node_name.clone(), Retry::default(), metrics.api.clone());
+    let (taints, taint_task) = NodeTaints::spawn(
+        client,
+        opts.node_name.clone(),
+        opts.taint_effect,
+        Retry::default(),
+        metrics.api.clone(),
+    );
+    Ok((Some(ApiWriters { reporter, reporter_task, taints, taint_task }), Some(pods)))
 }
 
 /// /readyz waits for the API's first list of the node's pods: before it, every spec is a
@@ -183,7 +195,7 @@ impl Daemon {
         let scope = NodeScope::new(&signals.node.dir, &opts.cgroups);
         let (escalate, escalated) = watch::channel(Urgency::Normal);
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
-        pressure.api = api.as_ref().map(|(r, _)| r.clone());
+        pressure.api = api.as_ref().map(|a| a.reporter.clone());
         if let Some(client) = &pressure.client {
             // Detached: it lists images every few minutes for as long as the daemon runs.
             drop(crate::runtime::reclaim::detect_images(client.clone(), pressure.image_ages.clone()));
