@@ -123,6 +123,11 @@ pub struct PodSpec<'a> {
     /// A kubelet root directory: the pod gets an emptyDir `scratch` where the kubelet makes
     /// one (`<root>/pods/<uid>/volumes/kubernetes.io~empty-dir/scratch`), at `/scratch`.
     pub empty_dir_under: Option<PathBuf>,
+    /// That emptyDir with `medium: Memory`: a tmpfs mounted on the host as the kubelet mounts
+    /// one, so its pages are charged to the pod and outlive its processes (and its sandbox)
+    /// until the pod is torn down. Put `empty_dir_under` in the runtime's `tmp`: its teardown
+    /// detaches what is mounted there.
+    pub empty_dir_in_memory: bool,
 }
 
 impl<'a> PodSpec<'a> {
@@ -138,6 +143,7 @@ impl<'a> PodSpec<'a> {
             termination_grace_seconds: 30,
             hog_args: None,
             empty_dir_under: None,
+            empty_dir_in_memory: false,
         }
     }
 }
@@ -540,6 +546,16 @@ state = "{r}/state"
         let empty_dir = spec.empty_dir_under.as_ref().map(|root| {
             let d = root.join("pods").join(&uid).join("volumes/kubernetes.io~empty-dir/scratch");
             std::fs::create_dir_all(&d).expect("emptyDir");
+            if spec.empty_dir_in_memory {
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    &d,
+                    Some("tmpfs"),
+                    nix::mount::MsFlags::empty(),
+                    None::<&str>,
+                )
+                .unwrap_or_else(|e| panic!("mounting a tmpfs on {}: {e}", d.display()));
+            }
             d
         });
         let ctl_dir = self.tmp.join("ctl").join(&uid);

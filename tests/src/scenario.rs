@@ -84,6 +84,7 @@ pub async fn make_pods(ctd: &mut Containerd, defs: &[PodDef]) -> (Vec<TestPod>, 
                 termination_grace_seconds: d.grace,
                 hog_args: None,
                 empty_dir_under: None,
+                empty_dir_in_memory: false,
             })
             .await;
         let requests = d.request_mib.map_or(json!({}), |r| json!({"memory": format!("{r}Mi")}));

@@ -16,6 +16,7 @@ fn pod(name: &str) -> PodSpec<'_> {
         termination_grace_seconds: 30,
         hog_args: None,
         empty_dir_under: None,
+        empty_dir_in_memory: false,
     }
 }
 

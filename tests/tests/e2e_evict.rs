@@ -305,6 +305,53 @@ async fn a_stopped_pod_whose_cgroup_keeps_a_process_is_still_one_eviction() {
     drop(squatter);
 }
 
+/// (i2) Released means the memory came back, not that the processes exited: a pod holding
+/// most of its memory in a memory-medium emptyDir (a tmpfs on the host, bind-mounted into
+/// its container, so stopping the sandbox does not release it) is evicted; its memory stays
+/// charged, the node stays past the threshold, and still the next pod is not evicted while
+/// that memory is awaited (the kubelet's `waitForPodsCleanup`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_memory_outlives_its_processes_is_one_eviction() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("a_pod_whose_memory_outlives_its_processes_is_one_eviction") {
+        return;
+    }
+    let mut ctd = Containerd::start(1024 * MI);
+    let holder = ctd
+        .run_pod(PodSpec {
+            hog_args: Some(["fill", "/ctl/mib", "/scratch/fill"].map(String::from).to_vec()),
+            empty_dir_under: Some(ctd.tmp.join("kubelet")),
+            empty_dir_in_memory: true,
+            ..PodSpec::besteffort("holder")
+        })
+        .await;
+    let bystander = ctd.run_pod(PodSpec::besteffort("bystander")).await;
+    bystander.set_mib(50);
+    bystander.wait_usage_at_least(50 * MI, Duration::from_secs(10));
+    let item = |name: &str, uid: &str| {
+        serde_json::json!({"metadata": {"name": name, "namespace": "e2e", "uid": uid},
+            "spec": {"containers": [{"name": "hog"}],
+                     "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}}]},
+            "status": {"phase": "Running"}})
+    };
+    let file = ctd.tmp.join("pods.json");
+    let list = serde_json::json!({"kind": "PodList",
+        "items": [item("holder", &holder.uid), item("bystander", &bystander.uid)]});
+    std::fs::write(&file, list.to_string()).expect("pods file");
+    let evictd = Evictd::start(&ctd, Some(&file), &["--eviction-hard", "memory.available<400Mi"]);
+    holder.set_mib(650);
+    let e = evictd.wait_eviction(Duration::from_secs(30));
+    assert_eq!(e["name"], "holder", "{e}");
+    assert!(e["error"].is_null(), "{e}");
+    // The processes are gone, the tmpfs pages are not: the node is still past the threshold.
+    let charged = ctd.node_usage();
+    assert!(charged > 600 * MI, "the tmpfs keeps {} MiB charged to the node", charged / MI);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(evictd.evictions().len(), 1, "one eviction for one pressure: {:?}", evictd.evictions());
+    assert!(ctd.sandbox_ready(&bystander.sandbox_id).await, "the bystander frees nothing and stays");
+    assert!(evictd.log().contains("waits for that memory"), "the wait is said: {}", evictd.log());
+}
+
 /// A pod that ignores SIGTERM, under a soft threshold, with a 30 s grace period of its own.
 async fn stubborn_under_soft_pressure(ctd: &mut Containerd) -> (TestPod, Evictd) {
     let (mut pods, file) = make_pods(ctd, &[PodDef::stubborn(30)]).await;

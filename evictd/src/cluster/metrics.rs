@@ -4,14 +4,13 @@
 
 use std::{fmt, time::Duration};
 
+use evictd_policy::signal::NodeCondition;
+use k8s_openapi::api::core::v1::Taint;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-
-use evictd_policy::signal::NodeCondition;
-use k8s_openapi::api::core::v1::Taint;
 
 use super::taints::taint_key;
 use crate::vocab::metrics::latency_buckets;

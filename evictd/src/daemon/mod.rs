@@ -207,6 +207,8 @@ struct Daemon {
     policy_args: PolicyArgs,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
+    /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
+    cleanup_recheck: Option<tokio::time::Instant>,
 }
 
 /// What writes to the Kubernetes API (none without one, or in a dry run).
@@ -247,6 +249,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 daemon.on_wakes(&mut batch);
             }
             _ = summary_tick.tick() => daemon.each_second()?,
+            _ = crate::runtime::evict::sleep_until(daemon.cleanup_recheck) => daemon.recheck_cleanup(),
         }
     }
     daemon.report.flush()?;
@@ -306,8 +309,13 @@ impl Daemon {
             self.inventory_dirty = false;
         }
         self.escalate.send_replace(Urgency::Normal);
-        let pods = self.pods.borrow().clone();
         let wakes = std::mem::take(&mut self.pending);
+        if pressure.awaiting_cleanup() {
+            // Only an emergency evicts while the last eviction's memory is awaited; the
+            // kernel reclaiming for the node, among this pass's own wakes, is one.
+            self.raise_urgency(&wakes.kept);
+        }
+        let pods = self.pods.borrow().clone();
         // The wake to account the decision to: the earliest in the batch.
         let first = wakes.kept.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
         self.pass = Some(tokio::spawn(async move {
@@ -322,6 +330,7 @@ impl Daemon {
         let observed_ns = done.obs.values().filter_map(|o| o.time_ns).max();
         self.report.conditions(&done.pressure.conditions, observed_ns)?;
         self.send_conditions_to_api(&done.pressure.conditions);
+        self.cleanup_recheck = done.pressure.cleanup_recheck();
         self.pressure = Some(done.pressure);
         if let Some(policy) = self.pending_policy.take() {
             self.apply_policy(policy);
@@ -375,6 +384,13 @@ impl Daemon {
         self.rearm(&obs);
         let list: Vec<String> = self.thresholds.iter().map(|t| t.to_string()).collect();
         tracing::info!(thresholds = %list.join(", "), "policy in force");
+    }
+
+    /// While an evicted pod's memory is awaited, a pass every second even without a wake:
+    /// once the memory is back, a node still under pressure may be quiet.
+    fn recheck_cleanup(&mut self) {
+        self.cleanup_recheck = None;
+        self.on_wakes(&mut vec![Wake::now(WakeCause::Timer)]);
     }
 
     /// evictd's node conditions go to the API server when they change (and once at start).

@@ -2,12 +2,14 @@
 //! engine first decides without pods, and only when a threshold is actionable are the pods'
 //! cgroups read for ranking. One pod per decision; when a kill fails the next candidate is
 //! taken, as the kubelet does (unless the runtime itself is down: then the next pass tries
-//! again); after an eviction the pass repeats at once (the kubelet's loop does not sleep
-//! after an eviction either). The daemon runs each pass in a task of its own.
+//! again); after an eviction no decision evicts again until the evicted pod's memory is
+//! back, for at most 30 s, unless in an emergency (the kubelet's `waitForPodsCleanup`). The
+//! daemon runs each pass in a task of its own.
 //!
 //! The steps each have a file: `storage_limits` (the kubelet's `localStorageEviction`),
 //! `disk` (`reclaimNodeLevelResources` and the settle after it), `evict_pod` (candidates,
-//! ranking's pick, the act step and the record).
+//! ranking's pick, the act step and the record), `cleanup` (the wait for the evicted pod's
+//! memory).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -40,10 +42,12 @@ use crate::{
     wake::Wake,
 };
 
+mod cleanup;
 mod disk;
 mod evict_pod;
 mod storage_limits;
 
+use cleanup::Cleanup;
 use disk::DiskSettle;
 
 /// The wake a pass answers, stamped on its first record: detection is timed from it.
@@ -94,6 +98,8 @@ pub struct Pressure {
     /// they last were.
     storage_limit_period: Duration,
     limits_checked: Option<Instant>,
+    /// Pods evicted whose memory is awaited before the next eviction.
+    cleanups: Vec<Cleanup>,
 }
 
 impl Pressure {
@@ -127,6 +133,7 @@ impl Pressure {
             disk_settle: None,
             storage_limit_period: opts.storage_limit_period,
             limits_checked: None,
+            cleanups: Vec::new(),
         }
     }
 
@@ -207,8 +214,8 @@ impl Pressure {
     }
 
     /// One decision: first without pods (cheap, and all a wake far from any threshold
-    /// costs), then node-level reclaim for disk signals, then the pods' usage and the
-    /// eviction of one pod. Returns its records: those of candidates whose kill failed, then
+    /// costs), then the wait for the last evicted pod's memory, node-level reclaim for disk
+    /// signals, then the pods' usage and the eviction of one pod. Returns its records: those of candidates whose kill failed, then
     /// the eviction (empty: nothing to do).
     async fn decide_and_act(
         &mut self,
@@ -219,12 +226,19 @@ impl Pressure {
         let t0 = Instant::now();
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         self.conditions.clone_from(&first.node_conditions);
+        if first.thresholds_met.is_empty() {
+            // The pressure is gone: no next eviction to hold back.
+            self.cleanups.clear();
+        }
         if first.actionable.is_empty() {
             self.disk_settled();
             self.state = state;
             return Vec::new();
         }
-        if self.disk_settling(&first) || self.node_level_reclaim_resolves(&first, pods, now).await {
+        if self.awaits_cleanup(obs)
+            || self.disk_settling(&first)
+            || self.node_level_reclaim_resolves(&first, pods, now).await
+        {
             self.state = state;
             return Vec::new();
         }

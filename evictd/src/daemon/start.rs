@@ -225,6 +225,7 @@ impl Daemon {
             policy_args: opts.policy_args,
             pending_policy: None,
             reread_pods_file,
+            cleanup_recheck: None,
         };
         daemon.first_observation(&obs);
         Ok(daemon)

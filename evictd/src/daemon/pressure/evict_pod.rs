@@ -97,9 +97,9 @@ impl Pressure {
                 self.warn_no_eviction(&d, failed.len());
                 break;
             };
-            let pod = candidates[e.pod].0;
+            let (pod, stats) = &candidates[e.pod];
             let mut rec = self.record(pod, &e, obs, t0);
-            let done = self.act(pod, &mut rec).await;
+            let done = self.act(pod, stats, &mut rec).await;
             records.push(rec);
             if done {
                 break;
@@ -185,8 +185,9 @@ impl Pressure {
 
     /// Stops the pod (or, in a dry run, says it would). True when this decision is done:
     /// evicted, dry run, or nothing to evict with; false when the kill failed and the next
-    /// candidate may be tried.
-    pub(super) async fn act(&mut self, pod: &PodRecord, rec: &mut EvictionRecord) -> bool {
+    /// candidate may be tried. An evicted pod's memory (`stats`: as it was chosen) is awaited
+    /// before the next eviction.
+    pub(super) async fn act(&mut self, pod: &PodRecord, stats: &PodStats, rec: &mut EvictionRecord) -> bool {
         let who = format!("{}/{}", rec.namespace, rec.name);
         if self.dry_run {
             // Every wake repeats the same decision while the pressure lasts.
@@ -214,6 +215,7 @@ impl Pressure {
                 rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
                 self.gone
                     .insert(pod.sandbox_id.clone(), pod.containers.iter().map(|c| c.id.clone()).collect());
+                self.cleanups.push(Cleanup::after_kill(pod, self.cgroups_of(pod).map(|c| c.memory), stats));
                 tracing::info!(
                     pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
                     grace = rec.grace_period_seconds, decide_us = rec.decide_us,

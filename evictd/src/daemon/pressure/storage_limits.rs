@@ -39,9 +39,9 @@ impl Pressure {
         drop(entries);
         let mut records = Vec::with_capacity(over.len());
         for e in over {
-            let pod = candidates[e.pod].0;
+            let (pod, stats) = &candidates[e.pod];
             let mut rec = self.limit_record(pod, &e, t0);
-            self.act(pod, &mut rec).await;
+            self.act(pod, stats, &mut rec).await;
             records.push(rec);
         }
         records

@@ -274,3 +274,59 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
         .collect();
     assert_eq!(usage, [("stuck", Some(1 << 20))]);
 }
+
+/// Three pods under pressure and a runtime that stops every pod it is asked to.
+async fn three_pods_and_a_runtime(d: &Path) -> (Pressure, Arc<Vec<PodRecord>>) {
+    use crate::runtime::cri::scripted::{Script, scripted_runtime};
+    let sock = d.join("cri.sock");
+    scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
+    let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap();
+    let names = ["a", "b", "c"];
+    for (i, n) in names.iter().enumerate() {
+        memcg(&d.join(format!("kubepods/pod-{n}")), (300 - 100 * i as u64) << 20);
+    }
+    let pods = names.iter().map(|n| pod(n, Some(&format!("/kubepods/pod-{n}")))).collect();
+    (under_pressure(d, Some(client)), Arc::new(pods))
+}
+
+fn names(records: &[EvictionRecord]) -> Vec<&str> {
+    records.iter().map(|r| r.name.as_str()).collect()
+}
+
+/// One eviction per pressure: while the evicted pod's memory stays charged (a tmpfs it
+/// filled outlives its processes), the node's signal has not moved, and deciding again
+/// would take a second pod for the same pressure. The next eviction waits until the charge
+/// drops (or the cgroup is gone).
+#[tokio::test(flavor = "current_thread")]
+async fn the_next_eviction_waits_for_the_evicted_pods_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    assert_eq!(names(&records), ["a"], "one eviction, the node still under pressure: {records:?}");
+    assert!(records[0].error.is_none(), "{records:?}");
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    assert_eq!(names(&records), [] as [&str; 0], "a's 300 MiB still charged");
+    assert!(p.cleanup_recheck().is_some(), "a pass looks again without a wake");
+    // a's charge drops to 100 MiB, a third of what it was chosen with: the memory is back.
+    memcg(&d.path().join("kubepods/pod-a"), 100 << 20);
+    let (records, _) = p.pass(&pods, || 3_000_000_000, None).await;
+    assert_eq!(names(&records), ["b"], "{records:?}");
+    // b's cgroup removed (the kubelet tore the pod down): back as well.
+    std::fs::remove_dir_all(d.path().join("kubepods/pod-b")).unwrap();
+    let (records, _) = p.pass(&pods, || 4_000_000_000, None).await;
+    assert_eq!(names(&records), ["c"], "{records:?}");
+}
+
+/// An emergency does not wait: with memory.available below half the hard threshold, the
+/// kernel's OOM killer is close, and the next pod goes at once.
+#[tokio::test(flavor = "current_thread")]
+async fn an_emergency_evicts_without_waiting_for_the_last_pods_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    assert_eq!(names(&records), ["a"], "{records:?}");
+    // 3.9 of 4 GiB in use: 0.1 GiB available, under half of the 3 GiB threshold.
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    assert_eq!(names(&records)[0], "b", "{records:?}");
+}
