@@ -1,7 +1,8 @@
 //! A stand-in for the Kubernetes API server. No API server can run on these machines, so
 //! the tests of what evictd reads from and writes to Kubernetes use this: a local HTTP server
 //! that speaks the API's JSON for the calls evictd makes (the list and watch of a node's
-//! pods, pod and node status patches, events, the get and merge patch of a Node), records
+//! pods, pod and node status patches, events, the get and merge patch of a Node, the get of
+//! a pod and its status patch applied to the pods it holds), records
 //! every request, and can be told to fail, to hold its answers, or to be down. It checks
 //! nothing itself but what the API server would (a merge patch's resource version); the
 //! tests read what it recorded.
@@ -305,6 +306,7 @@ async fn answer(
         }
         None if path.starts_with("/api/v1/pods?") => (200, list_pods(&shared, &path)),
         None if node_path(&path).is_some() => node_call(&shared, &method, &path, body),
+        None if stored_pod_call(&shared, &path).is_some() => pod_call(&shared, &method, &path, body),
         None => (200, object_for(&path, body)),
     };
     Ok(json_response(code, Full::new(Bytes::from(out.to_string())).boxed()))
@@ -409,6 +411,75 @@ fn node_call(shared: &Shared, method: &str, path: &str, patch: Value) -> (u16, V
     merge(node, &patch);
     node["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
     (200, node.clone())
+}
+
+/// The namespace and name a `/api/v1/namespaces/<ns>/pods/<name>[/status]` names, when the
+/// double holds such a pod (calls on pods it does not hold get the plain answer below).
+fn stored_pod_call(shared: &Shared, path: &str) -> Option<(String, String)> {
+    let path = path.split('?').next().unwrap_or(path);
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (ns, name) = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", name]
+        | ["api", "v1", "namespaces", ns, "pods", name, "status"] => (*ns, *name),
+        _ => return None,
+    };
+    let store = shared.pods.lock().expect("pods");
+    let held = store.pods.values().any(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name);
+    held.then(|| (ns.to_owned(), name.to_owned()))
+}
+
+/// A held pod's get, or its status patch applied as the API server applies a strategic
+/// merge of `status`: conditions merged by `type`, the rest replaced field by field; a
+/// `metadata.uid` in the patch that is not the pod's is a 409. Watches see the change.
+fn pod_call(shared: &Arc<Shared>, method: &str, path: &str, patch: Value) -> (u16, Value) {
+    let Some((ns, name)) = stored_pod_call(shared, path) else {
+        return status(404, "NotFound", "no such pod");
+    };
+    let mut store = shared.pods.lock().expect("pods");
+    let Some(pod) = store
+        .pods
+        .values_mut()
+        .find(|p| p["metadata"]["namespace"] == ns.as_str() && p["metadata"]["name"] == name.as_str())
+    else {
+        return status(404, "NotFound", "no such pod");
+    };
+    if method == "GET" {
+        return (200, pod.clone());
+    }
+    if patch["metadata"]["uid"].as_str().is_some_and(|u| pod["metadata"]["uid"] != u) {
+        return status(409, "Conflict", "Precondition failed: UID in precondition does not match the pod's");
+    }
+    let mut status_patch = patch["status"].clone();
+    if let Some(conditions) = status_patch.as_object_mut().and_then(|s| s.remove("conditions")) {
+        let list = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut merged: Vec<Value> = list;
+        for c in conditions.as_array().cloned().unwrap_or_default() {
+            match merged.iter_mut().find(|m| m["type"] == c["type"]) {
+                Some(m) => merge(m, &c),
+                None => merged.push(c),
+            }
+        }
+        pod["status"]["conditions"] = Value::Array(merged);
+    }
+    merge(&mut pod["status"], &status_patch);
+    let pod = pod.clone();
+    store.rv += 1;
+    let rv = store.rv;
+    let mut pod = pod;
+    pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+    store.pods.insert(uid, pod.clone());
+    store.events.push((rv, "MODIFIED", pod.clone()));
+    drop(store);
+    shared.pods_rv.send_replace(rv);
+    (200, pod)
+}
+
+impl ApiDouble {
+    /// A pod the double holds, by uid (as the API server holds it now).
+    pub fn pod(&self, uid: &str) -> Option<Value> {
+        self.shared.pods.lock().expect("pods").pods.get(uid).cloned()
+    }
 }
 
 /// RFC 7386: objects merge key by key, `null` removes, anything else replaces.

@@ -181,7 +181,7 @@ fn access(r: &Recorded) -> (String, String, String) {
     let resource = match parts.as_slice() {
         ["api", "v1", "pods"] => "pods".to_owned(),
         ["api", "v1", "nodes", _] => "nodes".to_owned(),
-        ["api", "v1", "namespaces", _, kind] => (*kind).to_owned(),
+        ["api", "v1", "namespaces", _, kind] | ["api", "v1", "namespaces", _, kind, _] => (*kind).to_owned(),
         ["api", "v1", "namespaces", _, kind, _, sub] | ["api", "v1", kind, _, sub] => format!("{kind}/{sub}"),
         _ => panic!("a request this test cannot name: {} {}", r.method, r.path),
     };
@@ -199,8 +199,9 @@ fn access(r: &Recorded) -> (String, String, String) {
 }
 
 /// The ClusterRole grants exactly what evictd's API code uses: the watch on the node's pods,
-/// everything the reporter sends (an eviction's status patch and two events, the node's
-/// conditions), and the taints' read and write of the Node — nothing missing (a 403 would
+/// everything the reporter sends (an eviction's condition and status patches, two events,
+/// the read back of the evicted pod, the node's conditions), and the taints' read and write
+/// of the Node — nothing missing (a 403 would
 /// lose the record) and nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_role_grants_exactly_the_calls_evictd_makes() {
@@ -212,16 +213,26 @@ async fn the_cluster_role_grants_exactly_the_calls_evictd_makes() {
     let listed = tokio::time::timeout(Duration::from_secs(10), pods.wait_for(Option::is_some)).await;
     assert!(matches!(listed, Ok(Ok(_))), "the first list");
     api.put_node(serde_json::json!({"metadata": {"name": opts.node_name}}));
+    // The evicted pod is read back at once, not after the default 15 s.
+    let retry = Retry { check_after: Duration::ZERO, ..Retry::default() };
     let (reporter, task) =
-        Reporter::spawn(client.clone(), opts.node_name.clone(), Retry::default(), metrics.api.clone());
+        Reporter::spawn(client.clone(), opts.node_name.clone(), retry, metrics.api.clone());
     let (taints, taint_task) =
         NodeTaints::spawn(client, opts.node_name.clone(), opts.taint_effect, Retry::default(), metrics.api);
+    reporter.pod_disruption(&eviction_record());
     reporter.pod_evicted(&eviction_record(), monotonic_ns());
     reporter.node_conditions(&[NodeCondition::MemoryPressure], &NodeCondition::ALL);
     taints.want(&[NodeCondition::MemoryPressure]);
-    api.wait_for("the watch, the records, the conditions and the taint", Duration::from_secs(10), |r| {
-        r.iter().any(|r| r.path.contains("watch=true")) && r.iter().filter(|r| r.method != "GET").count() >= 5
-    });
+    let pod = "/api/v1/namespaces/shop/pods/web-1";
+    api.wait_for(
+        "the watch, the records, the read back, the conditions and the taint",
+        Duration::from_secs(10),
+        |r| {
+            r.iter().any(|r| r.path.contains("watch=true"))
+                && r.iter().any(|r| r.method == "GET" && r.path.split('?').next() == Some(pod))
+                && r.iter().filter(|r| r.method != "GET").count() >= 6
+        },
+    );
     task.flush(Duration::from_secs(2)).await;
     taint_task.remove_and_stop(Duration::from_secs(2)).await;
     let made: BTreeSet<(String, String, String)> = api.requests().iter().map(access).collect();

@@ -552,13 +552,18 @@ async fn an_eviction_is_recorded_in_the_api_as_the_kubelets() {
     assert_eq!(e["name"], "worker", "{e}");
     assert!(e["error"].is_null(), "{e}");
     let status = format!("/api/v1/namespaces/e2e/pods/{}/status", worker.name);
-    let seen = api.wait_for("the status patch and both events", Duration::from_secs(10), |r| {
-        r.iter().any(|r| r.path.starts_with(&status))
-            && r.iter().filter(|r| r.path.contains("/events")).count() >= 2
-    });
+    let seen =
+        api.wait_for("the condition, the status patch and both events", Duration::from_secs(10), |r| {
+            r.iter().filter(|r| r.path.starts_with(&status)).count() >= 2
+                && r.iter().filter(|r| r.path.contains("/events")).count() >= 2
+        });
     assert!(!ctd.sandbox_ready(&worker.sandbox_id).await, "the worker's sandbox is stopped");
     assert!(ctd.sandbox_ready(&quiet.sandbox_id).await);
-    let patch = seen.iter().find(|r| r.path.starts_with(&status)).expect("the status patch");
+    // First the DisruptionTarget condition alone, queued before the stop; then the phase.
+    let patches: Vec<_> = seen.iter().filter(|r| r.path.starts_with(&status)).collect();
+    assert_eq!(patches[0].body["status"]["conditions"][0]["type"], "DisruptionTarget");
+    assert!(patches[0].body["status"].get("phase").is_none(), "{}", patches[0].body);
+    let patch = patches.iter().find(|r| r.body["status"]["phase"].is_string()).expect("the status patch");
     assert_eq!(patch.body["metadata"]["uid"], worker.uid.as_str());
     assert_eq!(patch.body["status"]["phase"], "Failed");
     assert_eq!(patch.body["status"]["reason"], "Evicted");

@@ -45,6 +45,7 @@ fn quick() -> Retry {
         first: Duration::from_millis(50),
         max: Duration::from_millis(400),
         give_up: Duration::from_secs(30),
+        check_after: Duration::from_millis(500),
     }
 }
 
@@ -170,6 +171,96 @@ async fn node_conditions_are_patched_under_evictds_own_types() {
             ("EvictdPIDPressure", "False")
         ])
     );
+}
+
+/// The pod `eviction_record()` names, Running, as the double holds it.
+fn web_1(api: &ApiDouble) -> String {
+    let rec = eviction_record();
+    api.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "app"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}));
+    rec.uid
+}
+
+fn phase(api: &ApiDouble, uid: &str) -> String {
+    api.pod(uid).expect("the pod")["status"]["phase"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The `DisruptionTarget` condition is written before the stop, alone (a Job's pod failure
+/// policy sees it whichever terminal status lands first, the kubelet's or evictd's), the
+/// phase once the containers are dead; other conditions stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disruption_target_is_written_before_the_stop_and_the_phase_after() {
+    let api = ApiDouble::start();
+    let uid = web_1(&api);
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
+    r.pod_disruption(&eviction_record());
+    api.wait_for("the condition", WITHIN, |r| !status_patches(r).is_empty());
+    let pod = api.pod(&uid).unwrap();
+    assert_eq!(pod["status"]["phase"], "Running", "the phase waits for the kill");
+    let types: Vec<&str> =
+        pod["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["Ready", "DisruptionTarget"]);
+    r.pod_evicted(&eviction_record(), monotonic_ns());
+    api.wait_for("the status", WITHIN, |r| status_patches(r).len() >= 2);
+    assert_eq!(phase(&api, &uid), "Failed");
+    task.flush(Duration::from_secs(1)).await;
+}
+
+/// A stop that failed takes the condition back (False): the pod runs on, and a condition
+/// left True would make its next, unrelated failure count as a disruption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_stop_takes_the_disruption_target_back() {
+    let api = ApiDouble::start();
+    let uid = web_1(&api);
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
+    r.pod_disruption(&eviction_record());
+    r.pod_disruption_failed(&eviction_record(), "StopContainer: deadline exceeded");
+    api.wait_for("both patches", WITHIN, |r| status_patches(r).len() >= 2);
+    let pod = api.pod(&uid).unwrap();
+    let target = pod["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "DisruptionTarget")
+        .cloned();
+    assert_eq!(target.as_ref().map(|c| c["status"].clone()), Some(json!("False")), "{pod}");
+    assert!(target.unwrap()["message"].as_str().unwrap().contains("deadline exceeded"));
+    assert_eq!(phase(&api, &uid), "Running");
+    task.flush(Duration::from_secs(1)).await;
+}
+
+/// The record is read back a while after it landed: one the node reverted (the pod Running
+/// again: the kubelet restarted it before it saw the status) is written again and counted;
+/// one that stuck is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_node_reverted_is_written_again_and_counted() {
+    let api = ApiDouble::start();
+    let uid = web_1(&api);
+    let (r, task, metrics) = reporter(api.kubeconfig(), quick()).await;
+    let reverted = "evictd_eviction_records_reverted_total";
+    assert_eq!(counter(&metrics.encode(), reverted), 0.0, "a series from the start");
+    r.pod_evicted(&eviction_record(), monotonic_ns());
+    api.wait_for("the status", WITHIN, |r| !status_patches(r).is_empty());
+    assert_eq!(phase(&api, &uid), "Failed");
+    // The node's kubelet restarts the pod and writes its own status over evictd's.
+    let mut pod = api.pod(&uid).unwrap();
+    pod["status"]["phase"] = json!("Running");
+    api.put_pod(pod);
+    api.wait_for("the record written again", WITHIN, |r| status_patches(r).len() >= 2);
+    assert_eq!(phase(&api, &uid), "Failed");
+    assert_eq!(counter(&metrics.encode(), reverted), 1.0);
+    // Read back once more, it stuck: nothing more is written.
+    let check = "evictd_kube_api_calls_total{call=\"pod_check\",outcome=\"ok\"}";
+    let until = std::time::Instant::now() + evictd_tests::patience::patience(WITHIN);
+    while counter(&metrics.encode(), check) < 2.0 {
+        assert!(std::time::Instant::now() < until, "the second read back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status_patches(&api.requests()).len(), 2);
+    assert_eq!(counter(&metrics.encode(), reverted), 1.0);
+    task.flush(Duration::from_secs(1)).await;
 }
 
 /// evictd's taint writer for node `node-a` of the double, with quick retries.

@@ -28,6 +28,8 @@ pub enum ApiCall {
     WatchPods,
     /// `GET` and `PATCH nodes/<node>`: evictd's taints.
     NodeTaints,
+    /// `GET pods/<name>`: an evicted pod read back.
+    PodCheck,
 }
 
 /// How a call ended. The reporter's calls end `Ok`, `Refused` (never retried), `GivenUp`
@@ -46,8 +48,14 @@ pub enum ApiOutcome {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 5] =
-        [ApiCall::PodStatus, ApiCall::Event, ApiCall::NodeStatus, ApiCall::WatchPods, ApiCall::NodeTaints];
+    pub const ALL: [ApiCall; 6] = [
+        ApiCall::PodStatus,
+        ApiCall::Event,
+        ApiCall::NodeStatus,
+        ApiCall::WatchPods,
+        ApiCall::NodeTaints,
+        ApiCall::PodCheck,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -56,6 +64,7 @@ impl ApiCall {
             ApiCall::NodeStatus => "node_status",
             ApiCall::WatchPods => "watch_pods",
             ApiCall::NodeTaints => "node_taints",
+            ApiCall::PodCheck => "pod_check",
         }
     }
 
@@ -65,6 +74,7 @@ impl ApiCall {
         match self {
             ApiCall::WatchPods => &[Error],
             ApiCall::NodeTaints => &[Ok, Retried, Refused],
+            ApiCall::PodCheck => &[Ok, Error],
             _ => &[Ok, Retried, Refused, GivenUp, Dropped],
         }
     }
@@ -107,6 +117,7 @@ pub struct ApiMetrics {
     calls: Family<CallLabel, Counter>,
     recorded: Histogram,
     taints: Family<TaintLabel, Gauge>,
+    reverted: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -120,16 +131,22 @@ impl ApiMetrics {
             calls: Family::default(),
             recorded: Histogram::new(latency_buckets()),
             taints: Family::default(),
+            reverted: Counter::default(),
         };
         registry.register(
             "kube_api_calls",
-            "Kubernetes API calls (pod_status, event, node_status, watch_pods, node_taints) by outcome: ok, retried, refused, given_up, dropped, error",
+            "Kubernetes API calls (pod_status, event, node_status, watch_pods, node_taints, pod_check) by outcome: ok, retried, refused, given_up, dropped, error",
             m.calls.clone(),
         );
         registry.register(
             "eviction_recorded_seconds",
             "From an evicted pod's kill to its Failed/Evicted status accepted by the API server",
             m.recorded.clone(),
+        );
+        registry.register(
+            "eviction_records_reverted",
+            "Evicted pods read back running again (the node reverted the record); each is written again",
+            m.reverted.clone(),
         );
         registry.register(
             "node_taint",
@@ -151,6 +168,11 @@ impl ApiMetrics {
 
     pub fn call(&self, call: ApiCall, outcome: ApiOutcome) {
         self.calls.get_or_create(&CallLabel { call: call.as_str(), outcome: outcome.as_str() }).inc();
+    }
+
+    /// An evicted pod read back running again.
+    pub fn record_reverted(&self) {
+        self.reverted.inc();
     }
 
     /// The taints the Node carries, as last read or written.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use evictd_policy::signal::NodeCondition;
 use k8s_openapi::{
-    api::core::v1::{Event, EventSource, ObjectReference},
+    api::core::v1::{Event, EventSource, ObjectReference, Pod},
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
@@ -33,15 +33,39 @@ pub fn pod_evicted_patch(uid: &str, message: &str, disruption_target: bool, now:
         "status": { "phase": "Failed", "reason": "Evicted", "message": message },
     });
     if disruption_target {
-        patch["status"]["conditions"] = json!([{
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": DISRUPTION_REASON,
-            "message": message,
-            "lastTransitionTime": Time(now),
-        }]);
+        patch["status"]["conditions"] = json!([disruption_condition(true, message, now)]);
     }
     patch
+}
+
+fn disruption_condition(on: bool, message: &str, now: Timestamp) -> Value {
+    json!({
+        "type": "DisruptionTarget",
+        "status": if on { "True" } else { "False" },
+        "reason": DISRUPTION_REASON,
+        "message": message,
+        "lastTransitionTime": Time(now),
+    })
+}
+
+/// The patch written before a pod's stop: the `DisruptionTarget` condition alone, so that a
+/// Job's pod failure policy sees it whichever terminal status lands first, the kubelet's
+/// own (it sees the containers die) or evictd's. `on: false` takes it back when the stop
+/// failed and the pod runs on: a condition left True would make its later, unrelated
+/// failure count as a disruption.
+pub fn disruption_target_patch(uid: &str, on: bool, message: &str, now: Timestamp) -> Value {
+    json!({
+        "metadata": { "uid": uid },
+        "status": { "conditions": [disruption_condition(on, message, now)] },
+    })
+}
+
+/// Whether a pod read back some time after its eviction was recorded has lost the record:
+/// the same pod (uid), no longer terminal. A pod gone, replaced (another uid) or terminal
+/// (evictd's Failed, or the kubelet's own) keeps the eviction.
+pub fn record_reverted(pod: &Pod, uid: &str) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.uid.as_deref() == Some(uid) && !matches!(phase, Some("Failed" | "Succeeded"))
 }
 
 /// Who an event is about.
@@ -205,6 +229,29 @@ mod tests {
     }
 
     /// The kubelet's local-storage evictions set no condition: only phase, reason, message.
+    #[test]
+    fn the_disruption_target_goes_first_alone_and_can_be_taken_back() {
+        let on = disruption_target_patch("u-1", true, "The node was low on resource: memory. ", t0());
+        assert_eq!(on["metadata"]["uid"], "u-1");
+        assert!(on["status"].get("phase").is_none(), "the phase waits for the containers' death: {on}");
+        assert_eq!(on["status"]["conditions"][0]["type"], "DisruptionTarget");
+        assert_eq!(on["status"]["conditions"][0]["status"], "True");
+        let off = disruption_target_patch("u-1", false, "the stop failed", t0());
+        assert_eq!(off["status"]["conditions"][0]["status"], "False");
+    }
+
+    #[test]
+    fn a_record_is_reverted_only_on_the_same_pod_running_again() {
+        let pod = |uid: &str, phase: &str| -> Pod {
+            serde_json::from_value(json!({"metadata": {"uid": uid}, "status": {"phase": phase}})).unwrap()
+        };
+        assert!(record_reverted(&pod("u-1", "Running"), "u-1"));
+        assert!(record_reverted(&pod("u-1", "Pending"), "u-1"));
+        assert!(!record_reverted(&pod("u-1", "Failed"), "u-1"));
+        assert!(!record_reverted(&pod("u-1", "Succeeded"), "u-1"));
+        assert!(!record_reverted(&pod("u-2", "Running"), "u-1"), "another pod of the same name");
+    }
+
     #[test]
     fn a_limit_evictions_status_patch_has_no_disruption_target() {
         let msg = "Usage of EmptyDir volume \"v\" exceeds the limit \"1Mi\". ";

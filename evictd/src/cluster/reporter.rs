@@ -5,8 +5,11 @@
 //! gone or was replaced, evictd lacks the right, the body is refused). The pressure path
 //! only ever `try_send`s: a full queue drops the call and counts it, it never waits.
 //!
-//! An eviction queues the pod's status patch (what makes it stick), then the pod's
-//! `Evicted` event; and, on the node's queue, the node's `EvictionThresholdMet` event.
+//! An eviction for a threshold queues the pod's `DisruptionTarget` condition before the
+//! stop; once the containers are dead, the pod's status patch (what makes it stick), then the
+//! pod's `Evicted` event; and, on the node's queue, the node's `EvictionThresholdMet` event.
+//! A while after the status landed the pod is read back: a record the node reverted (the
+//! pod Running again) is written again, and counted.
 
 use std::{
     sync::Arc,
@@ -45,6 +48,8 @@ pub struct Retry {
     pub max: Duration,
     /// A call still failing this long after it was queued is dropped, logged.
     pub give_up: Duration,
+    /// How long after an evicted pod's status landed it is read back.
+    pub check_after: Duration,
 }
 
 impl Default for Retry {
@@ -55,20 +60,37 @@ impl Default for Retry {
             first: Duration::from_millis(200),
             max: Duration::from_secs(30),
             give_up: Duration::from_secs(600),
+            // Past the kubelet's next syncs of the pod (PLEG relists every 1 s, a pod worker
+            // syncs within seconds): a status it was going to overwrite is overwritten then.
+            check_after: Duration::from_secs(15),
         }
     }
 }
 
+/// A record written again at most this often when the node keeps reverting it.
+const REWRITES: u8 = 3;
+
 /// One API call evictd makes.
 #[derive(Clone, Debug)]
 enum Call {
-    /// `PATCH pods/<name>/status`; `stopped_ns` is when the kill completed (the window the
-    /// kubelet might restart the pod in ends when this lands).
-    PodStatus { namespace: String, name: String, patch: Value, stopped_ns: u64 },
+    /// `PATCH pods/<name>/status`: an evicted pod's record (`evicted`), or its
+    /// `DisruptionTarget` condition alone.
+    PodStatus { namespace: String, name: String, patch: Value, evicted: Option<Evicted> },
     /// `POST events` in the event's namespace.
     Event(Box<Event>),
     /// `PATCH nodes/<node>/status`.
     NodeStatus(Value),
+}
+
+/// What an evicted pod's status patch carries beyond its body.
+#[derive(Clone, Debug)]
+struct Evicted {
+    uid: String,
+    /// When the kill completed: the window the kubelet might restart the pod in ends when
+    /// the patch lands.
+    stopped_ns: u64,
+    /// How often it was written again after the pod was read back without it.
+    rewrites: u8,
 }
 
 impl Call {
@@ -133,12 +155,47 @@ impl Reporter {
                 retry,
                 metrics: metrics.clone(),
                 closing: closed.clone(),
+                requeue: tx.downgrade(),
             };
             tasks.spawn(worker.run(rx));
             tx
         };
         let (pods, node_calls) = (lane(), lane());
         (Reporter { pods, node_calls, node, metrics }, ReporterTask { closing, tasks })
+    }
+
+    /// Before a pod's stop: its `DisruptionTarget` condition, for a threshold's eviction (the
+    /// kubelet sets none for a pod over its own storage limit).
+    pub fn pod_disruption(&self, rec: &EvictionRecord) {
+        if matches!(rec.signal, EvictionCause::Signal(_)) {
+            let patch = records::disruption_target_patch(&rec.uid, true, &rec.message, Timestamp::now());
+            self.queue(
+                &self.pods,
+                Call::PodStatus {
+                    namespace: rec.namespace.clone(),
+                    name: rec.name.clone(),
+                    patch,
+                    evicted: None,
+                },
+            );
+        }
+    }
+
+    /// The stop failed and the pod runs on: its `DisruptionTarget` condition is taken back.
+    pub fn pod_disruption_failed(&self, rec: &EvictionRecord, why: &str) {
+        if matches!(rec.signal, EvictionCause::Signal(_)) {
+            let message = format!("evictd's eviction failed: {why}");
+            let patch = records::disruption_target_patch(&rec.uid, false, &message, Timestamp::now());
+            self.queue(
+                &self.pods,
+                Call::PodStatus {
+                    namespace: rec.namespace.clone(),
+                    name: rec.name.clone(),
+                    patch,
+                    evicted: None,
+                },
+            );
+        }
     }
 
     /// Records an eviction whose kill completed at `stopped_ns` as the kubelet does.
@@ -155,7 +212,7 @@ impl Reporter {
                     matches!(rec.signal, EvictionCause::Signal(_)),
                     now,
                 ),
-                stopped_ns,
+                evicted: Some(Evicted { uid: rec.uid.clone(), stopped_ns, rewrites: 0 }),
             },
         );
         let pod = Involved { kind: "Pod", namespace: Some(&rec.namespace), name: &rec.name, uid: &rec.uid };
@@ -212,6 +269,9 @@ struct Worker {
     retry: Retry,
     metrics: ApiMetrics,
     closing: watch::Receiver<bool>,
+    /// Its own queue, for a record written again (weak: the queue still closes with the
+    /// reporter).
+    requeue: mpsc::WeakSender<Queued>,
 }
 
 /// Whether a failed call may succeed later: the server or the way to it failed, or asked
@@ -275,8 +335,9 @@ impl Worker {
     }
 
     fn delivered(&self, call: &Call, what: &str) {
-        if let Call::PodStatus { stopped_ns, .. } = call {
-            let window = Duration::from_nanos(monotonic_ns().saturating_sub(*stopped_ns));
+        let Call::PodStatus { evicted: Some(e), .. } = call else { return };
+        if e.rewrites == 0 {
+            let window = Duration::from_nanos(monotonic_ns().saturating_sub(e.stopped_ns));
             self.metrics.status_recorded(window);
             tracing::info!(
                 window_ms = window.as_secs_f64() * 1e3,
@@ -284,6 +345,54 @@ impl Worker {
                 window.as_secs_f64() * 1e3
             );
         }
+        self.check_later(call.clone());
+    }
+
+    /// Reads an evicted pod back `check_after` after its record landed; a record the node
+    /// reverted is written again (at most `REWRITES` times), and counted.
+    fn check_later(&self, call: Call) {
+        let Call::PodStatus { namespace, name, patch, evicted: Some(e) } = call else { return };
+        let (pods, metrics, requeue) = (
+            Api::<Pod>::namespaced(self.client.clone(), &namespace),
+            self.metrics.clone(),
+            self.requeue.clone(),
+        );
+        let after = self.retry.check_after;
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let pod = match pods.get_opt(&name).await {
+                Ok(pod) => pod,
+                Err(err) => {
+                    metrics.call(ApiCall::PodCheck, ApiOutcome::Error);
+                    tracing::warn!(
+                        "Kubernetes API: reading pod {namespace}/{name} back after its eviction: {err}"
+                    );
+                    return;
+                }
+            };
+            metrics.call(ApiCall::PodCheck, ApiOutcome::Ok);
+            if !pod.is_some_and(|p| records::record_reverted(&p, &e.uid)) {
+                return;
+            }
+            metrics.record_reverted();
+            if e.rewrites >= REWRITES {
+                tracing::error!(
+                    "Kubernetes API: pod {namespace}/{name} runs again after its eviction was written \
+                     {} times; evictd gives up on its record",
+                    REWRITES + 1
+                );
+                return;
+            }
+            tracing::warn!(
+                "Kubernetes API: pod {namespace}/{name} runs again: the node reverted its eviction; writing it again"
+            );
+            let evicted = Some(Evicted { rewrites: e.rewrites + 1, ..e });
+            let again =
+                Queued { call: Call::PodStatus { namespace, name, patch, evicted }, queued: Instant::now() };
+            if requeue.upgrade().is_none_or(|q| q.try_send(again).is_err()) {
+                metrics.call(ApiCall::PodStatus, ApiOutcome::Dropped);
+            }
+        });
     }
 
     async fn send(&self, call: &Call) -> Result<(), kube::Error> {

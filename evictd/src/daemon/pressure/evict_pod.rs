@@ -204,7 +204,15 @@ impl Pressure {
             return true;
         };
         let plan = self.stop_plan(pod, rec.grace_period_seconds);
-        match evict::stop(client, pod, &plan, Some(self.escalate.clone())).await {
+        // Queued, never awaited: the kill does not wait for the API server.
+        if let Some(api) = &self.api {
+            api.pod_disruption(rec);
+        }
+        let stopped = evict::stop(client, pod, &plan, Some(self.escalate.clone())).await;
+        if let (Err(err), Some(api)) = (&stopped, &self.api) {
+            api.pod_disruption_failed(rec, &err.to_string());
+        }
+        match stopped {
             Ok(mut phases) => {
                 // Recorded the moment the pod is stopped: until the API server has the
                 // status, the kubelet may restart it.
