@@ -37,6 +37,9 @@ pub struct Recorded {
 struct Behaviour {
     /// The next this many requests whose path contains the string get this status code.
     fail: Option<(usize, u16, String)>,
+    /// Put in place of its Node right after the next get of that Node is answered: another
+    /// writer between evictd's read and its write.
+    after_node_get: Option<Value>,
 }
 
 /// The pods the double serves, with the history a watch replays from a resource version.
@@ -169,6 +172,13 @@ impl ApiDouble {
         nodes.insert(name, node);
     }
 
+    /// Right after the next get of the Node `node` names is answered, `node` replaces it
+    /// (with a new resource version): a write by somebody else between evictd's read and
+    /// its write.
+    pub fn after_next_node_get(&self, node: Value) {
+        self.shared.behaviour.lock().expect("behaviour").after_node_get = Some(node);
+    }
+
     /// The Node `name` as the double holds it now.
     pub fn node(&self, name: &str) -> Option<Value> {
         self.shared.nodes.lock().expect("nodes").get(name).cloned()
@@ -280,7 +290,7 @@ async fn answer(
     shared.requests.lock().expect("requests").push(Recorded {
         method: method.clone(),
         path: path.clone(),
-        content_type,
+        content_type: content_type.clone(),
         body: body.clone(),
         at: Instant::now(),
     });
@@ -305,7 +315,7 @@ async fn answer(
             return Ok(json_response(200, watch_pods(&shared, &path)));
         }
         None if path.starts_with("/api/v1/pods?") => (200, list_pods(&shared, &path)),
-        None if node_path(&path).is_some() => node_call(&shared, &method, &path, body),
+        None if node_path(&path).is_some() => node_call(&shared, &method, &content_type, &path, body),
         None if stored_pod_call(&shared, &path).is_some() => pod_call(&shared, &method, &path, body),
         None => (200, object_for(&path, body)),
     };
@@ -392,18 +402,51 @@ fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
     (code, body)
 }
 
-/// A Node's get, or its JSON merge patch (RFC 7386) as the API server applies one: a
-/// `metadata.resourceVersion` in the patch that is not the Node's is a 409 Conflict.
-fn node_call(shared: &Shared, method: &str, path: &str, patch: Value) -> (u16, Value) {
+/// A Node's get, or its patch as the API server applies one: a JSON merge patch (RFC 7386)
+/// whose `metadata.resourceVersion` is not the Node's is a 409 Conflict; a JSON patch
+/// (RFC 6902) whose `test` fails is a 422.
+fn node_call(shared: &Shared, method: &str, content_type: &str, path: &str, patch: Value) -> (u16, Value) {
     let name = node_path(path).unwrap_or_default();
     let mut nodes = shared.nodes.lock().expect("nodes");
     let Some(node) = nodes.get_mut(name) else {
         return status(404, "NotFound", &format!("nodes \"{name}\" not found"));
     };
     if method == "GET" {
-        return (200, node.clone());
+        let answer = node.clone();
+        let swap = shared.behaviour.lock().expect("behaviour").after_node_get.take();
+        if let Some(mut next) = swap {
+            next["metadata"]["resourceVersion"] = json!((resource_version(node) + 1).to_string());
+            *node = next;
+        }
+        return (200, answer);
     }
     let rv = resource_version(node);
+    if content_type == "application/json-patch+json" {
+        let mut next = node.clone();
+        for op in patch.as_array().cloned().unwrap_or_default() {
+            let (path, value) = (op["path"].as_str().unwrap_or_default(), op["value"].clone());
+            match op["op"].as_str() {
+                Some("test") if next.pointer(path) != Some(&value) => {
+                    return status(422, "Invalid", &format!("testing value {path} failed"));
+                }
+                Some("test") => {}
+                Some("replace" | "add") => match next.pointer_mut(path) {
+                    Some(v) => *v = value,
+                    None => {
+                        return status(
+                            422,
+                            "Invalid",
+                            &format!("{path}: no such member (the double adds none)"),
+                        );
+                    }
+                },
+                other => return status(422, "Invalid", &format!("op {other:?}: not one the double knows")),
+            }
+        }
+        *node = next;
+        node["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+        return (200, node.clone());
+    }
     if patch["metadata"]["resourceVersion"].as_str().is_some_and(|v| v != rv.to_string()) {
         let message = "Operation cannot be fulfilled on nodes: the object has been modified";
         return status(409, "Conflict", message);

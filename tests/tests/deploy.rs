@@ -221,7 +221,7 @@ async fn the_cluster_role_grants_exactly_the_calls_evictd_makes() {
         NodeTaints::spawn(client, opts.node_name.clone(), opts.taint_effect, Retry::default(), metrics.api);
     reporter.pod_disruption(&eviction_record());
     reporter.pod_evicted(&eviction_record(), monotonic_ns());
-    reporter.node_conditions(&[NodeCondition::MemoryPressure], &NodeCondition::ALL);
+    reporter.node_conditions(&[NodeCondition::MemoryPressure]);
     taints.want(&[NodeCondition::MemoryPressure]);
     let pod = "/api/v1/namespaces/shop/pods/web-1";
     api.wait_for(

@@ -46,6 +46,7 @@ fn quick() -> Retry {
         max: Duration::from_millis(400),
         give_up: Duration::from_secs(30),
         check_after: Duration::from_millis(500),
+        resend: Duration::from_secs(600),
     }
 }
 
@@ -154,7 +155,7 @@ async fn a_limit_eviction_is_recorded_without_condition_or_node_event() {
 async fn node_conditions_are_patched_under_evictds_own_types() {
     let api = ApiDouble::start();
     let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
-    r.node_conditions(&[NodeCondition::MemoryPressure], &[NodeCondition::MemoryPressure]);
+    r.node_conditions(&[NodeCondition::MemoryPressure]);
     let seen = api.wait_for("the node status patch", WITHIN, |r| !r.is_empty());
     task.flush(Duration::from_secs(1)).await;
     assert_eq!(seen[0].method, "PATCH");
@@ -300,8 +301,8 @@ async fn wait_taints(api: &ApiDouble, what: &str, want: &[(&str, &str)]) {
     }
 }
 
-/// While evictd's condition is true the Node carries evictd's taint, written with the
-/// resource version read (a merge patch that cannot drop a taint written meanwhile); every
+/// While evictd's condition is true the Node carries evictd's taint, written with the list
+/// read as the write's precondition (it cannot drop a taint written meanwhile); every
 /// other taint stays, in its place; the taint comes off with the condition. The gauge says
 /// which taints are on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,8 +321,9 @@ async fn evictds_taint_follows_its_condition_and_keeps_every_other_taint() {
     .await;
     let patch = api.requests().into_iter().find(|r| r.method == "PATCH").expect("the patch");
     assert_eq!(patch.path.split('?').next(), Some("/api/v1/nodes/node-a"));
-    assert_eq!(patch.content_type, "application/merge-patch+json");
-    assert_eq!(patch.body["metadata"]["resourceVersion"], "1", "the version read: {}", patch.body);
+    assert_eq!(patch.content_type, "application/json-patch+json");
+    assert_eq!(patch.body[0]["op"], "test", "the list read is the precondition: {}", patch.body);
+    assert_eq!(patch.body[0]["value"], json!([{"key": "dedicated", "effect": "NoSchedule"}]));
     assert_eq!(counter(&metrics.encode(), gauge), 1.0);
     // Another controller adds a taint while evictd's is on.
     let mut node = api.node("node-a").unwrap();
@@ -333,17 +335,51 @@ async fn evictds_taint_follows_its_condition_and_keeps_every_other_taint() {
     task.remove_and_stop(Duration::from_secs(2)).await;
 }
 
-/// A taint an earlier run left (evictd died under pressure) comes off at start; a Node
-/// already as wanted is read, never written.
+/// A taint an earlier run left (evictd died under pressure) comes off once the first pass
+/// finds no pressure, not before; a Node already as wanted is read, never written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taint_left_by_an_earlier_run_comes_off_at_start() {
     let api = ApiDouble::start();
     api.put_node(node_with(&[("evictd.io/disk-pressure", "NoSchedule"), ("dedicated", "NoSchedule")]));
-    let (_t, task, _) = taints(&api, TaintEffect::NoSchedule).await;
-    wait_taints(&api, "at start", &[("dedicated", "NoSchedule")]).await;
+    let (t, task, _) = taints(&api, TaintEffect::NoSchedule).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        api.requests().is_empty(),
+        "nothing before the first pass decided: a run starting under pressure keeps it"
+    );
+    t.want(&[]);
+    wait_taints(&api, "after the first pass", &[("dedicated", "NoSchedule")]).await;
     task.remove_and_stop(Duration::from_secs(2)).await;
     let patches = api.requests().iter().filter(|r| r.method == "PATCH").count();
     assert_eq!(patches, 1, "the one write at start; none at shutdown, nothing to remove");
+}
+
+/// Another controller's taint written between evictd's read and its write is kept: the
+/// write tests the list it read, fails, and evictd reads again. A write that only moved the
+/// Node's resource version (the kubelet's status heartbeat) does not fail it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taint_written_between_evictds_read_and_write_is_kept() {
+    let api = ApiDouble::start();
+    api.put_node(node_with(&[("dedicated", "NoSchedule")]));
+    api.after_next_node_get(node_with(&[("dedicated", "NoSchedule"), ("later", "NoExecute")]));
+    let (t, task, _) = taints(&api, TaintEffect::NoSchedule).await;
+    t.want(&[NodeCondition::MemoryPressure]);
+    wait_taints(
+        &api,
+        "after the race",
+        &[("dedicated", "NoSchedule"), ("later", "NoExecute"), ("evictd.io/memory-pressure", "NoSchedule")],
+    )
+    .await;
+    let patches: Vec<Recorded> = api.requests().into_iter().filter(|r| r.method == "PATCH").collect();
+    assert_eq!(patches.len(), 2, "the first write failed its test");
+    assert_eq!(patches[0].content_type, "application/json-patch+json");
+    // The kubelet's heartbeat between the read and the write: same taints, new version.
+    api.after_next_node_get(api.node("node-a").unwrap());
+    t.want(&[]);
+    wait_taints(&api, "out of pressure", &[("dedicated", "NoSchedule"), ("later", "NoExecute")]).await;
+    let patches = api.requests().iter().filter(|r| r.method == "PATCH").count();
+    assert_eq!(patches, 3, "one write: a status write is no conflict");
+    task.remove_and_stop(Duration::from_secs(2)).await;
 }
 
 /// A write that conflicts with another writer's (409) is not forced: evictd reads the Node
@@ -353,12 +389,15 @@ async fn a_conflicting_taint_write_reads_the_node_again() {
     let api = ApiDouble::start();
     api.put_node(node_with(&[]));
     api.fail_next(1, 409, "PATCH /api/v1/nodes/node-a");
-    let (t, task, _) = taints(&api, TaintEffect::PreferNoSchedule).await;
-    api.wait_for("the read at start", WITHIN, |r| !r.is_empty());
+    let (t, task, metrics) = taints(&api, TaintEffect::PreferNoSchedule).await;
     t.want(&[NodeCondition::PidPressure]);
     wait_taints(&api, "after the conflict", &[("evictd.io/pid-pressure", "PreferNoSchedule")]).await;
-    let calls: Vec<String> = api.requests().iter().map(|r| r.method.clone()).collect();
-    assert_eq!(calls, ["GET", "GET", "PATCH", "GET", "PATCH"], "start; read, conflict, read again, write");
+    let calls: Vec<String> = api.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect();
+    assert_eq!(calls.len(), 4, "read, conflict, read again, write: {calls:?}");
+    assert!(calls[0].ends_with("resourceVersion=0"), "the first read from the API server's cache: {calls:?}");
+    assert!(!calls[2].contains("resourceVersion=0"), "after a conflict, a fresh read: {calls:?}");
+    let retried = "evictd_kube_api_calls_total{call=\"node_taints\",outcome=\"retried\"}";
+    assert_eq!(counter(&metrics.encode(), retried), 1.0, "the conflict is counted");
     task.remove_and_stop(Duration::from_secs(2)).await;
 }
 
@@ -387,6 +426,61 @@ async fn taints_come_off_at_shutdown_and_effect_none_writes_none() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     task.remove_and_stop(Duration::from_secs(2)).await;
     assert!(api.requests().iter().all(|r| r.method == "GET"), "{:?}", api.requests());
+}
+
+/// evictd's conditions count as sent once the API accepted them: a patch refused (a 403
+/// while the ClusterRole is being fixed, a webhook) or failing is tried again after a
+/// back-off, never dropped; accepted ones are written again every `resend`, with a
+/// transition time only on the first; at shutdown they turn `Unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_conditions_are_kept_until_accepted_rewritten_and_unknown_at_exit() {
+    let api = ApiDouble::start();
+    api.fail_next(1, 403, "/api/v1/nodes/node-a/status");
+    let opts = api_options(api.kubeconfig());
+    let client = connect::client(&opts).await.expect("a client for the double");
+    let retry = Retry { resend: Duration::from_millis(300), ..quick() };
+    let (r, task) = Reporter::spawn(client, opts.node_name, retry, Metrics::default().api);
+    r.node_conditions(&[NodeCondition::PidPressure]);
+    let node_patches = |r: &[Recorded]| -> Vec<Recorded> {
+        r.iter().filter(|r| r.path.starts_with("/api/v1/nodes/node-a/status")).cloned().collect()
+    };
+    let seen =
+        api.wait_for("the refused patch, its retry and a rewrite", WITHIN, |r| node_patches(r).len() >= 3);
+    let patches = node_patches(&seen);
+    let pid = |p: &Recorded| p.body["status"]["conditions"][2].clone();
+    assert_eq!(pid(&patches[1])["status"], "True");
+    assert!(pid(&patches[1]).get("lastTransitionTime").is_some(), "the first accepted: a transition");
+    assert!(
+        pid(&patches[2]).get("lastTransitionTime").is_none(),
+        "a rewrite is no transition: {}",
+        patches[2].body
+    );
+    task.flush(Duration::from_secs(2)).await;
+    let last = node_patches(&api.requests()).pop().unwrap();
+    assert_eq!(last.body["status"]["conditions"][0]["status"], "Unknown", "{}", last.body);
+}
+
+/// One object's call the server keeps failing (a webhook answering 500 to one pod's patch)
+/// holds up only that object's later calls: another pod's record lands meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failing_pod_does_not_delay_the_other_pods_records() {
+    let api = ApiDouble::start();
+    api.fail_next(1000, 500, "/pods/web-1/status");
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
+    r.pod_evicted(&eviction_record(), monotonic_ns());
+    let mut other = eviction_record();
+    other.name = "web-2".into();
+    other.uid = "6f1d7c1e-0000-4000-8000-000000000002".into();
+    r.pod_evicted(&other, monotonic_ns());
+    let seen = api.wait_for("web-2's status and event", WITHIN, |r| {
+        r.iter().any(|r| r.path.contains("/pods/web-2/status"))
+            && r.iter().any(|r| r.body["involvedObject"]["name"] == "web-2")
+    });
+    assert!(
+        !seen.iter().any(|r| r.body["involvedObject"]["name"] == "web-1"),
+        "web-1's event waits behind its status"
+    );
+    drop(task);
 }
 
 /// 500s are retried, each wait about twice the one before, until the call goes through.

@@ -4,6 +4,7 @@
 //! sends after the kill, from a queue of its own, retried with back-off. A slow or absent
 //! API server never delays a kill.
 //!
+//! - `conditions`: evictd's node conditions, kept as last decided;
 //! - `connect`: the client, from `--kubeconfig` or the pod's service account;
 //! - `metrics`: the API calls by outcome, the time to record an eviction;
 //! - `pods`: the specs of the pods bound to this node, watched (read-only, also in a dry run);
@@ -11,6 +12,7 @@
 //! - `reporter`: the queue and the task that sends it;
 //! - `taints`: evictd's taints on its Node while its conditions are true.
 
+pub mod conditions;
 pub mod connect;
 pub mod metrics;
 pub mod pods;

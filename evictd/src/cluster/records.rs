@@ -175,6 +175,26 @@ fn condition_message(c: NodeCondition, pressure: bool) -> String {
     }
 }
 
+/// evictd's three conditions `Unknown`, as the node lifecycle controller marks a kubelet
+/// that stopped reporting: written at evictd's exit, so that no stale `True` (or `False`)
+/// outlives the daemon that judged it.
+pub fn node_conditions_unknown_patch(now: Timestamp) -> Value {
+    let conditions: Vec<Value> = NodeCondition::ALL
+        .into_iter()
+        .map(|c| {
+            json!({
+                "type": condition_type(c),
+                "status": "Unknown",
+                "reason": "EvictdStopped",
+                "message": "evictd stopped: it no longer judges this node's pressure",
+                "lastHeartbeatTime": Time(now),
+                "lastTransitionTime": Time(now),
+            })
+        })
+        .collect();
+    json!({ "status": { "conditions": conditions } })
+}
+
 /// The strategic-merge patch of `nodes/status` that sets evictd's three conditions (merged
 /// by `type`, so the kubelet's and other agents' conditions stay): `True` for those in
 /// `pressure`, `False` for the rest. `changed` are the ones whose status just flipped (or

@@ -1,24 +1,28 @@
-//! The reporter: two bounded queues of API calls — the pods' records, and the node's — each
-//! with one task that sends its calls in order (so a node status patch the server is slow
-//! with never holds up a pod's), each call retried with exponential back-off while the API server is down or answers 5xx/429, and
-//! dropped (with the reason logged) when it says the call can never succeed (the pod is
-//! gone or was replaced, evictd lacks the right, the body is refused). The pressure path
-//! only ever `try_send`s: a full queue drops the call and counts it, it never waits.
+//! The reporter: the queued API calls of evictions — each sent by a task of its own, in
+//! order per object (a pod's status before its event), up to `PARALLEL` objects at once, so
+//! that a call the server keeps failing (a webhook refusing one pod's patch with 500s) holds
+//! up only that object's later calls — each retried with exponential back-off while the API
+//! server is down or answers 5xx/429, and dropped (with the reason logged) when it says the
+//! call can never succeed (the pod is gone or was replaced, evictd lacks the right, the body
+//! is refused). The pressure path only ever `try_send`s: a full queue drops the call and
+//! counts it, it never waits. evictd's node conditions are kept by a task of their own
+//! (`conditions`).
 //!
 //! An eviction for a threshold queues the pod's `DisruptionTarget` condition before the
 //! stop; once the containers are dead, the pod's status patch (what makes it stick), then the
-//! pod's `Evicted` event; and, on the node's queue, the node's `EvictionThresholdMet` event.
-//! A while after the status landed the pod is read back: a record the node reverted (the
-//! pod Running again) is written again, and counted.
+//! pod's `Evicted` event, and the node's `EvictionThresholdMet` event. A while after the
+//! status landed the pod is read back: a record the node reverted (the pod Running again) is
+//! written again, and counted.
 
 use std::{
+    collections::{HashMap, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use evictd_policy::signal::NodeCondition;
 use k8s_openapi::{
-    api::core::v1::{Event, Node, Pod},
+    api::core::v1::{Event, Pod},
     jiff::Timestamp,
 };
 use kube::{
@@ -32,15 +36,19 @@ use tokio::{
 };
 
 use super::{
+    conditions::{self, Conditions},
     metrics::{ApiCall, ApiMetrics, ApiOutcome},
     records::{self, Involved},
 };
 use crate::vocab::{EvictionCause, EvictionRecord, monotonic_ns};
 
-/// Calls waiting at most; an eviction takes three.
+/// Calls waiting at most; an eviction takes four.
 const QUEUE: usize = 1024;
 
-/// How a failing call is retried.
+/// Objects whose calls are sent at once, at most.
+const PARALLEL: usize = 8;
+
+/// How a failing call is retried, and when a landed one is looked at again.
 #[derive(Clone, Copy, Debug)]
 pub struct Retry {
     /// The first wait; each next one doubles, up to `max`.
@@ -50,6 +58,8 @@ pub struct Retry {
     pub give_up: Duration,
     /// How long after an evicted pod's status landed it is read back.
     pub check_after: Duration,
+    /// How often evictd's accepted node conditions are written again while unchanged.
+    pub resend: Duration,
 }
 
 impl Default for Retry {
@@ -63,6 +73,9 @@ impl Default for Retry {
             // Past the kubelet's next syncs of the pod (PLEG relists every 1 s, a pod worker
             // syncs within seconds): a status it was going to overwrite is overwritten then.
             check_after: Duration::from_secs(15),
+            // The kubelet heartbeats its node status every 10 s; evictd's conditions are
+            // judged continuously, so a minute only repairs a write that was lost.
+            resend: Duration::from_secs(60),
         }
     }
 }
@@ -78,8 +91,6 @@ enum Call {
     PodStatus { namespace: String, name: String, patch: Value, evicted: Option<Evicted> },
     /// `POST events` in the event's namespace.
     Event(Box<Event>),
-    /// `PATCH nodes/<node>/status`.
-    NodeStatus(Value),
 }
 
 /// What an evicted pod's status patch carries beyond its body.
@@ -98,11 +109,22 @@ impl Call {
         match self {
             Call::PodStatus { .. } => ApiCall::PodStatus,
             Call::Event(_) => ApiCall::Event,
-            Call::NodeStatus(_) => ApiCall::NodeStatus,
         }
     }
 
-    fn describe(&self, node: &str) -> String {
+    /// The object the call is about: calls about one object are sent in order.
+    fn object(&self) -> String {
+        match self {
+            Call::PodStatus { namespace, name, .. } => format!("Pod {namespace}/{name}"),
+            Call::Event(e) => {
+                let o = &e.involved_object;
+                let part = |s: &Option<String>| s.clone().unwrap_or_default();
+                format!("{} {}/{}", part(&o.kind), part(&o.namespace), part(&o.name))
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
         match self {
             Call::PodStatus { namespace, name, .. } => format!("the status of pod {namespace}/{name}"),
             Call::Event(e) => format!(
@@ -110,7 +132,6 @@ impl Call {
                 e.reason.as_deref().unwrap_or(""),
                 e.involved_object.name.as_deref().unwrap_or("")
             ),
-            Call::NodeStatus(_) => format!("the conditions of node {node}"),
         }
     }
 }
@@ -123,10 +144,9 @@ struct Queued {
 /// The handle the daemon and its passes hold; cheap to clone.
 #[derive(Clone)]
 pub struct Reporter {
-    /// The pods' records.
-    pods: mpsc::Sender<Queued>,
-    /// The node's events and conditions.
-    node_calls: mpsc::Sender<Queued>,
+    calls: mpsc::Sender<Queued>,
+    /// evictd's node conditions, as last decided.
+    conditions: conditions::Wanted,
     node: Arc<str>,
     metrics: ApiMetrics,
 }
@@ -147,105 +167,83 @@ impl Reporter {
         let (closing, closed) = watch::channel(false);
         let node: Arc<str> = node.into();
         let mut tasks = JoinSet::new();
-        let mut lane = || {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            let worker = Worker {
-                client: client.clone(),
-                node: node.clone(),
-                retry,
-                metrics: metrics.clone(),
-                closing: closed.clone(),
-                requeue: tx.downgrade(),
-            };
-            tasks.spawn(worker.run(rx));
-            tx
+        let (calls, rx) = mpsc::channel(QUEUE);
+        let worker = Worker {
+            client: client.clone(),
+            retry,
+            metrics: metrics.clone(),
+            closing: closed.clone(),
+            requeue: calls.downgrade(),
         };
-        let (pods, node_calls) = (lane(), lane());
-        (Reporter { pods, node_calls, node, metrics }, ReporterTask { closing, tasks })
+        tasks.spawn(worker.run(rx));
+        let (conditions, wanted) = watch::channel(None);
+        tasks.spawn(Conditions::new(client, node.clone(), retry, metrics.clone()).run(wanted, closed));
+        (Reporter { calls, conditions, node, metrics }, ReporterTask { closing, tasks })
     }
 
     /// Before a pod's stop: its `DisruptionTarget` condition, for a threshold's eviction (the
     /// kubelet sets none for a pod over its own storage limit).
     pub fn pod_disruption(&self, rec: &EvictionRecord) {
-        if matches!(rec.signal, EvictionCause::Signal(_)) {
-            let patch = records::disruption_target_patch(&rec.uid, true, &rec.message, Timestamp::now());
-            self.queue(
-                &self.pods,
-                Call::PodStatus {
-                    namespace: rec.namespace.clone(),
-                    name: rec.name.clone(),
-                    patch,
-                    evicted: None,
-                },
-            );
-        }
+        self.disruption_target(rec, true, &rec.message);
     }
 
     /// The stop failed and the pod runs on: its `DisruptionTarget` condition is taken back.
     pub fn pod_disruption_failed(&self, rec: &EvictionRecord, why: &str) {
+        self.disruption_target(rec, false, &format!("evictd's eviction failed: {why}"));
+    }
+
+    fn disruption_target(&self, rec: &EvictionRecord, on: bool, message: &str) {
         if matches!(rec.signal, EvictionCause::Signal(_)) {
-            let message = format!("evictd's eviction failed: {why}");
-            let patch = records::disruption_target_patch(&rec.uid, false, &message, Timestamp::now());
-            self.queue(
-                &self.pods,
-                Call::PodStatus {
-                    namespace: rec.namespace.clone(),
-                    name: rec.name.clone(),
-                    patch,
-                    evicted: None,
-                },
-            );
+            let patch = records::disruption_target_patch(&rec.uid, on, message, Timestamp::now());
+            let (namespace, name) = (rec.namespace.clone(), rec.name.clone());
+            self.queue(Call::PodStatus { namespace, name, patch, evicted: None });
         }
     }
 
     /// Records an eviction whose kill completed at `stopped_ns` as the kubelet does.
     pub fn pod_evicted(&self, rec: &EvictionRecord, stopped_ns: u64) {
         let now = Timestamp::now();
-        self.queue(
-            &self.pods,
-            Call::PodStatus {
-                namespace: rec.namespace.clone(),
-                name: rec.name.clone(),
-                patch: records::pod_evicted_patch(
-                    &rec.uid,
-                    &rec.message,
-                    matches!(rec.signal, EvictionCause::Signal(_)),
-                    now,
-                ),
-                evicted: Some(Evicted { uid: rec.uid.clone(), stopped_ns, rewrites: 0 }),
-            },
-        );
+        let signal = matches!(rec.signal, EvictionCause::Signal(_));
+        self.queue(Call::PodStatus {
+            namespace: rec.namespace.clone(),
+            name: rec.name.clone(),
+            patch: records::pod_evicted_patch(&rec.uid, &rec.message, signal, now),
+            evicted: Some(Evicted { uid: rec.uid.clone(), stopped_ns, rewrites: 0 }),
+        });
         let pod = Involved { kind: "Pod", namespace: Some(&rec.namespace), name: &rec.name, uid: &rec.uid };
         let event = records::pod_evicted_event(&pod, &rec.message, rec.annotations.clone(), &self.node, now);
-        self.queue(&self.pods, Call::Event(Box::new(event)));
+        self.queue(Call::Event(Box::new(event)));
         // The kubelet posts the node's EvictionThresholdMet for thresholds only, not for a
         // pod over its own limit.
         if let EvictionCause::Signal(signal) = rec.signal {
             let resource = signal.resource().as_str();
-            self.queue(
-                &self.node_calls,
-                Call::Event(Box::new(records::threshold_met_event(&self.node, resource, now))),
-            );
+            self.queue(Call::Event(Box::new(records::threshold_met_event(&self.node, resource, now))));
         }
     }
 
-    /// evictd's node conditions: `pressure` are true, the others false; `changed` flipped.
-    pub fn node_conditions(&self, pressure: &[NodeCondition], changed: &[NodeCondition]) {
-        let patch = records::node_conditions_patch(pressure, changed, Timestamp::now());
-        self.queue(&self.node_calls, Call::NodeStatus(patch));
+    /// evictd's node conditions as decided now: `pressure` are true, the others false.
+    /// Written when they change, and every minute.
+    pub fn node_conditions(&self, pressure: &[NodeCondition]) {
+        self.conditions.send_if_modified(|w| {
+            let changed = w.as_deref() != Some(pressure);
+            if changed {
+                *w = Some(pressure.to_vec());
+            }
+            changed
+        });
     }
 
-    fn queue(&self, lane: &mpsc::Sender<Queued>, call: Call) {
+    fn queue(&self, call: Call) {
         let kind = call.kind();
-        tracing::debug!("Kubernetes API: queued {}", call.describe(&self.node));
-        if let Err(e) = lane.try_send(Queued { call, queued: Instant::now() }) {
+        tracing::debug!("Kubernetes API: queued {}", call.describe());
+        if let Err(e) = self.calls.try_send(Queued { call, queued: Instant::now() }) {
             let call = match e {
                 mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q.call,
             };
             self.metrics.call(kind, ApiOutcome::Dropped);
             tracing::warn!(
                 "Kubernetes API: {} not sent: the report queue is full or closed",
-                call.describe(&self.node)
+                call.describe()
             );
         }
     }
@@ -265,7 +263,6 @@ impl ReporterTask {
 
 struct Worker {
     client: Client,
-    node: Arc<str>,
     retry: Retry,
     metrics: ApiMetrics,
     closing: watch::Receiver<bool>,
@@ -285,24 +282,92 @@ pub(super) fn retriable(e: &kube::Error) -> bool {
     }
 }
 
+/// The calls being sent, one object each, and those queued behind them.
+#[derive(Default)]
+struct InFlight {
+    sending: JoinSet<()>,
+    /// The object each task sends for.
+    objects: HashMap<tokio::task::Id, String>,
+    /// By object: the calls waiting for the one being sent.
+    behind: HashMap<String, VecDeque<Queued>>,
+    waiting: usize,
+}
+
+impl InFlight {
+    /// Whether another call may be taken from the queue: room to send it, and room to hold
+    /// it if its object is busy.
+    fn room(&self) -> bool {
+        self.sending.len() < PARALLEL && self.waiting < QUEUE
+    }
+
+    fn take(&mut self, worker: &Arc<Worker>, q: Queued) {
+        let object = q.call.object();
+        if let Some(queue) = self.behind.get_mut(&object) {
+            queue.push_back(q);
+            self.waiting += 1;
+            return;
+        }
+        self.behind.insert(object.clone(), VecDeque::new());
+        self.send(worker, object, q);
+    }
+
+    fn send(&mut self, worker: &Arc<Worker>, object: String, q: Queued) {
+        let w = worker.clone();
+        let task = self.sending.spawn(async move { w.deliver(q).await });
+        self.objects.insert(task.id(), object);
+    }
+
+    /// A call ended: the next one for its object, if any, goes.
+    fn ended(&mut self, worker: &Arc<Worker>, id: tokio::task::Id) {
+        let Some(object) = self.objects.remove(&id) else { return };
+        match self.behind.get_mut(&object).and_then(VecDeque::pop_front) {
+            Some(next) => {
+                self.waiting -= 1;
+                self.send(worker, object, next);
+            }
+            None => drop(self.behind.remove(&object)),
+        }
+    }
+}
+
 impl Worker {
-    async fn run(mut self, mut rx: mpsc::Receiver<Queued>) {
-        loop {
-            let q = tokio::select! {
-                q = rx.recv() => q,
-                _ = self.closing.wait_for(|c| *c) => rx.try_recv().ok(),
-            };
-            let Some(q) = q else { return };
-            self.deliver(q).await;
+    async fn run(self, mut rx: mpsc::Receiver<Queued>) {
+        let me = Arc::new(self);
+        let mut closing = me.closing.clone();
+        let mut inflight = InFlight::default();
+        let mut open = true;
+        while open || !inflight.sending.is_empty() {
+            tokio::select! {
+                q = rx.recv(), if open && inflight.room() => match q {
+                    Some(q) => inflight.take(&me, q),
+                    None => open = false,
+                },
+                Some(done) = inflight.sending.join_next_with_id() => {
+                    let id = match done {
+                        Ok((id, ())) => id,
+                        Err(e) => e.id(),
+                    };
+                    inflight.ended(&me, id);
+                }
+                // Closing, or the task's owner gone: what is queued gets its last try now,
+                // each object's calls in order.
+                _ = closing.wait_for(|c| *c), if open => {
+                    while let Ok(q) = rx.try_recv() {
+                        inflight.take(&me, q);
+                    }
+                    open = false;
+                },
+            }
         }
     }
 
     /// Sends one call until it succeeds, fails for good, or is given up.
-    async fn deliver(&mut self, q: Queued) {
-        let what = q.call.describe(&self.node);
+    async fn deliver(&self, q: Queued) {
+        let what = q.call.describe();
         tracing::debug!("Kubernetes API: sending {what}");
         let kind = q.call.kind();
         let mut wait = self.retry.first;
+        let mut closing_rx = self.closing.clone();
         loop {
             let err = match self.send(&q.call).await {
                 Ok(()) => {
@@ -312,7 +377,7 @@ impl Worker {
                 }
                 Err(e) => e,
             };
-            let closing = *self.closing.borrow();
+            let closing = *self.closing.borrow() || self.closing.has_changed().is_err();
             if !retriable(&err) {
                 self.metrics.call(kind, ApiOutcome::Refused);
                 tracing::warn!("Kubernetes API refused {what}: {err}");
@@ -328,7 +393,7 @@ impl Worker {
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 // At shutdown, one last try at once.
-                _ = self.closing.wait_for(|c| *c) => {}
+                _ = closing_rx.wait_for(|c| *c) => {}
             }
             wait = (wait * 2).min(self.retry.max);
         }
@@ -406,13 +471,6 @@ impl Worker {
                 let ns = event.metadata.namespace.as_deref().unwrap_or("default");
                 let events: Api<Event> = Api::namespaced(client, ns);
                 events.create(&PostParams::default(), event).await.map(drop)
-            }
-            Call::NodeStatus(patch) => {
-                let nodes: Api<Node> = Api::all(client);
-                nodes
-                    .patch_status(&self.node, &PatchParams::default(), &Patch::Strategic(patch))
-                    .await
-                    .map(drop)
             }
         }
     }

@@ -20,9 +20,9 @@ use evictd_policy::signal::NodeCondition;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{GetParams, Patch, PatchParams},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::{
@@ -103,8 +103,7 @@ pub fn retainted(current: &[Taint], wanted: &[NodeCondition], effect: TaintEffec
     (next != current).then_some(next)
 }
 
-/// While a taint is wanted, how often the Node is read again to put back one somebody
-/// removed. Out of pressure nothing is read: a node costs the API server nothing then.
+/// While a taint is on, how often the Node is read again.
 const RECHECK: Duration = Duration::from_secs(60);
 
 /// Conflicts in a row answered by reading again at once; more back off as failures do.
@@ -113,7 +112,7 @@ const EAGER_CONFLICTS: u32 = 3;
 /// The handle the daemon holds.
 #[derive(Clone)]
 pub struct NodeTaints {
-    wanted: watch::Sender<Vec<NodeCondition>>,
+    wanted: watch::Sender<Option<Vec<NodeCondition>>>,
 }
 
 /// The task behind it, for the last write at shutdown.
@@ -130,7 +129,7 @@ impl NodeTaints {
         retry: Retry,
         metrics: ApiMetrics,
     ) -> (NodeTaints, TaintTask) {
-        let (wanted, wanted_rx) = watch::channel(Vec::new());
+        let (wanted, wanted_rx) = watch::channel(None);
         let (closing, closed) = watch::channel(false);
         let tainter = Tainter { nodes: Api::all(client), node: node.into(), effect, retry, metrics };
         let task = tokio::spawn(tainter.run(wanted_rx, closed));
@@ -140,9 +139,9 @@ impl NodeTaints {
     /// The taints for evictd's conditions that are true now.
     pub fn want(&self, pressure: &[NodeCondition]) {
         self.wanted.send_if_modified(|w| {
-            let changed = w.as_slice() != pressure;
+            let changed = w.as_deref() != Some(pressure);
             if changed {
-                *w = pressure.to_vec();
+                *w = Some(pressure.to_vec());
             }
             changed
         });
@@ -172,26 +171,47 @@ enum Failed {
     /// Another writer changed the Node between the read and the write.
     Conflict,
     Api(kube::Error),
+    /// Shutdown came first.
+    Closing,
 }
 
 impl Tainter {
-    async fn run(self, mut wanted: watch::Receiver<Vec<NodeCondition>>, mut closing: watch::Receiver<bool>) {
+    /// Until the daemon's first pass has decided its conditions nothing is written: a run
+    /// that starts under pressure keeps the taint its predecessor left.
+    async fn run(
+        self,
+        mut wanted: watch::Receiver<Option<Vec<NodeCondition>>>,
+        mut closing: watch::Receiver<bool>,
+    ) {
         let mut wait = self.retry.first;
         let mut conflicts = 0;
         loop {
             let want = wanted.borrow_and_update().clone();
-            let next = match self.reconcile(&want).await {
-                Ok(()) => {
+            let outcome = match &want {
+                None => None,
+                Some(want) => tokio::select! {
+                    r = self.reconcile(want, conflicts > 0) => Some(r),
+                    // A write under way at shutdown is not waited for: the last one follows.
+                    _ = closing.wait_for(|c| *c) => Some(Err(Failed::Closing)),
+                },
+            };
+            let next = match outcome {
+                None => None,
+                Some(Err(Failed::Closing)) => return self.last_write().await,
+                Some(Ok(())) => {
                     (wait, conflicts) = (self.retry.first, 0);
-                    (!want.is_empty()).then_some(RECHECK)
+                    self.recheck(want.as_deref().unwrap_or_default())
                 }
-                Err(Failed::Conflict) if conflicts < EAGER_CONFLICTS => {
-                    conflicts += 1;
-                    Some(Duration::ZERO)
-                }
-                Err(failed) => {
-                    let again = wait;
-                    wait = (wait * 2).min(self.retry.max);
+                Some(Err(failed)) => {
+                    let again = match failed {
+                        Failed::Conflict if conflicts < EAGER_CONFLICTS => Duration::ZERO,
+                        _ => {
+                            let again = wait;
+                            wait = (wait * 2).min(self.retry.max);
+                            again
+                        }
+                    };
+                    conflicts += u32::from(matches!(failed, Failed::Conflict));
                     self.failed(failed, again);
                     Some(again)
                 }
@@ -199,7 +219,8 @@ impl Tainter {
             let closed = tokio::select! {
                 changed = wanted.changed() => changed.is_err(),
                 _ = crate::runtime::evict::sleep_until(next.map(|d| tokio::time::Instant::now() + d)) => false,
-                c = closing.wait_for(|c| *c) => c.is_ok(),
+                // Closing, or the task's owner gone: either way the end.
+                _ = closing.wait_for(|c| *c) => true,
             };
             if closed {
                 return self.last_write().await;
@@ -207,11 +228,17 @@ impl Tainter {
         }
     }
 
+    /// While a taint is on, the Node is read again every `RECHECK` to put back one somebody
+    /// removed; otherwise never (a node costs the API server nothing then).
+    fn recheck(&self, want: &[NodeCondition]) -> Option<Duration> {
+        (self.effect != TaintEffect::None && !want.is_empty()).then_some(RECHECK)
+    }
+
     /// At shutdown: the taints off, a conflict or two read again.
     async fn last_write(&self) {
-        for _ in 0..=EAGER_CONFLICTS {
-            match self.reconcile(&[]).await {
-                Err(Failed::Conflict) => continue,
+        for fresh in [false, true, true, true] {
+            match self.reconcile(&[], fresh).await {
+                Err(Failed::Conflict) => self.metrics.call(ApiCall::NodeTaints, ApiOutcome::Retried),
                 Err(failed) => return self.failed(failed, Duration::ZERO),
                 Ok(()) => return,
             }
@@ -223,14 +250,15 @@ impl Tainter {
         match failed {
             Failed::Conflict => {
                 self.metrics.call(ApiCall::NodeTaints, ApiOutcome::Retried);
-                tracing::warn!(
-                    "Kubernetes API: node {node} keeps changing under evictd's taint write; again in {again:?}"
+                tracing::debug!(
+                    "Kubernetes API: node {node} changed under evictd's taint write; again in {again:?}"
                 );
             }
             Failed::Api(e) if retriable(&e) => {
                 self.metrics.call(ApiCall::NodeTaints, ApiOutcome::Retried);
                 tracing::warn!("Kubernetes API: the taints of node {node} failed, again in {again:?}: {e}");
             }
+            Failed::Closing => {}
             Failed::Api(e) => {
                 self.metrics.call(ApiCall::NodeTaints, ApiOutcome::Refused);
                 let hint = match &e {
@@ -244,21 +272,18 @@ impl Tainter {
         }
     }
 
-    /// Reads the Node and writes its taints if they are not as wanted.
-    async fn reconcile(&self, want: &[NodeCondition]) -> Result<(), Failed> {
-        let node = self.nodes.get(&self.node).await.map_err(Failed::Api)?;
+    /// Reads the Node (from the API server's cache unless `fresh`: the write's precondition
+    /// catches a stale read) and writes its taints if they are not as wanted.
+    async fn reconcile(&self, want: &[NodeCondition], fresh: bool) -> Result<(), Failed> {
+        let params = if fresh { GetParams::default() } else { GetParams::any() };
+        let node = self.nodes.get_with(&self.node, &params).await.map_err(Failed::Api)?;
         let current = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
         let Some(next) = retainted(&current, want, self.effect) else {
             self.metrics.node_taints(&current);
             return Ok(());
         };
-        // A merge patch replaces the list whole; the resource version makes the write fail
-        // (409) instead of dropping a taint written since the read.
-        let patch = json!({
-            "metadata": { "resourceVersion": node.metadata.resource_version },
-            "spec": { "taints": next },
-        });
-        match self.nodes.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        let patch = taints_patch(&current, &next, node.metadata.resource_version.as_deref())?;
+        match self.nodes.patch(&self.node, &PatchParams::default(), &patch).await {
             Ok(_) => {
                 self.metrics.call(ApiCall::NodeTaints, ApiOutcome::Ok);
                 self.metrics.node_taints(&next);
@@ -266,10 +291,36 @@ impl Tainter {
                 tracing::info!(node = %self.node, "Kubernetes API: evictd's taints on the node now: {keys:?}");
                 Ok(())
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => Err(Failed::Conflict),
+            // 409: the resource version moved; 422: the JSON patch's test failed.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => Err(Failed::Conflict),
             Err(e) => Err(Failed::Api(e)),
         }
     }
+}
+
+/// The write of the Node's taints that fails rather than drop one written since the read.
+/// A JSON patch testing the list read and replacing it: only a concurrent change of the
+/// taints fails it, not the kubelet's (or evictd's own) status writes, which move the
+/// resource version every few seconds. A Node read without taints has no list to test, so
+/// the write carries the resource version read instead.
+fn taints_patch(
+    current: &[Taint],
+    next: &[Taint],
+    resource_version: Option<&str>,
+) -> Result<Patch<Value>, Failed> {
+    if current.is_empty() {
+        // Without it a merge patch would write unconditionally.
+        let Some(rv) = resource_version else { return Err(Failed::Conflict) };
+        return Ok(Patch::Merge(
+            json!({ "metadata": { "resourceVersion": rv }, "spec": { "taints": next } }),
+        ));
+    }
+    let ops = json!([
+        { "op": "test", "path": "/spec/taints", "value": current },
+        { "op": "replace", "path": "/spec/taints", "value": next },
+    ]);
+    let ops: json_patch::Patch = serde_json::from_value(ops).map_err(|_| Failed::Conflict)?;
+    Ok(Patch::Json(ops))
 }
 
 #[cfg(test)]

@@ -199,7 +199,6 @@ struct Daemon {
     kick: Arc<Notify>,
     /// The Kubernetes API reporter, and the node conditions it was last given.
     api: Option<ApiWriters>,
-    reported_conditions: Option<Vec<NodeCondition>>,
     /// What /healthz and /readyz answer from.
     health: Arc<Health>,
     /// SIGHUP: where the policy comes from, a re-read policy waiting for the running pass to
@@ -231,15 +230,34 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let duration = opts.duration;
     let mut daemon = Daemon::start(opts, tx).await?;
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+    let served = serve(&mut daemon, &mut rx, deadline, &mut sigterm, &mut sighup).await;
+    // Also after an error: the record of what was decided, and evictd's taints taken off
+    // the node (nobody else would).
+    let flushed = daemon.report.flush();
+    tracing::info!("stopping");
+    if let Some(api) = daemon.api.take() {
+        tokio::join!(api.reporter_task.flush(API_FLUSH), api.taint_task.remove_and_stop(API_FLUSH));
+    }
+    served.and(flushed.map_err(Into::into))
+}
+
+/// The loop, until a signal, `--duration`, or an error.
+async fn serve(
+    daemon: &mut Daemon,
+    rx: &mut mpsc::Receiver<Wake>,
+    deadline: Option<tokio::time::Instant>,
+    sigterm: &mut tokio::signal::unix::Signal,
+    sighup: &mut tokio::signal::unix::Signal,
+) -> anyhow::Result<()> {
     let mut summary_tick = tokio::time::interval(Duration::from_secs(1));
     summary_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch = Vec::with_capacity(1024);
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = sigterm.recv() => break,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = sigterm.recv() => return Ok(()),
             _ = sighup.recv() => daemon.reload(),
-            _ = crate::runtime::evict::sleep_until(deadline) => break,
+            _ = crate::runtime::evict::sleep_until(deadline) => return Ok(()),
             Ok(()) = daemon.pods.changed() => daemon.inventory_changed(),
             done = pass_end(&mut daemon.pass) => daemon.pass_done(done?)?,
             n = rx.recv_many(&mut batch, WAKE_BATCH) => {
@@ -252,12 +270,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             _ = crate::runtime::evict::sleep_until(daemon.cleanup_recheck) => daemon.recheck_cleanup(),
         }
     }
-    daemon.report.flush()?;
-    tracing::info!("stopping");
-    if let Some(api) = daemon.api.take() {
-        tokio::join!(api.reporter_task.flush(API_FLUSH), api.taint_task.remove_and_stop(API_FLUSH));
-    }
-    Ok(())
 }
 
 /// The end of the running pass; never, when none runs.
@@ -310,11 +322,6 @@ impl Daemon {
         }
         self.escalate.send_replace(Urgency::Normal);
         let wakes = std::mem::take(&mut self.pending);
-        if pressure.awaiting_cleanup() {
-            // Only an emergency evicts while the last eviction's memory is awaited; the
-            // kernel reclaiming for the node, among this pass's own wakes, is one.
-            self.raise_urgency(&wakes.kept);
-        }
         let pods = self.pods.borrow().clone();
         // The wake to account the decision to: the earliest in the batch.
         let first = wakes.kept.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
@@ -390,23 +397,15 @@ impl Daemon {
     /// once the memory is back, a node still under pressure may be quiet.
     fn recheck_cleanup(&mut self) {
         self.cleanup_recheck = None;
-        self.on_wakes(&mut vec![Wake::now(WakeCause::Timer)]);
+        self.on_wakes(&mut vec![Wake::now(WakeCause::Recheck)]);
     }
 
-    /// evictd's node conditions go to the API server when they change (and once at start).
+    /// evictd's node conditions go to the API server (when they change, and every minute);
     /// evictd's taints follow them.
     fn send_conditions_to_api(&mut self, now: &[NodeCondition]) {
         let Some(api) = &self.api else { return };
         api.taints.want(now);
-        let before = self.reported_conditions.as_deref();
-        let changed: Vec<NodeCondition> = NodeCondition::ALL
-            .into_iter()
-            .filter(|c| before.is_none_or(|b| b.contains(c) != now.contains(c)))
-            .collect();
-        if !changed.is_empty() {
-            api.reporter.node_conditions(now, &changed);
-            self.reported_conditions = Some(now.to_vec());
-        }
+        api.reporter.node_conditions(now);
     }
 
     fn inventory_changed(&mut self) {

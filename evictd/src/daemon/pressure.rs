@@ -2,9 +2,9 @@
 //! engine first decides without pods, and only when a threshold is actionable are the pods'
 //! cgroups read for ranking. One pod per decision; when a kill fails the next candidate is
 //! taken, as the kubelet does (unless the runtime itself is down: then the next pass tries
-//! again); after an eviction no decision evicts again until the evicted pod's memory is
-//! back, for at most 30 s, unless in an emergency (the kubelet's `waitForPodsCleanup`). The
-//! daemon runs each pass in a task of its own.
+//! again); after a memory eviction no memory decision evicts again until the evicted pod's
+//! memory is back, for at most 30 s, unless in an emergency (the kubelet's
+//! `waitForPodsCleanup`). The daemon runs each pass in a task of its own.
 //!
 //! The steps each have a file: `storage_limits` (the kubelet's `localStorageEviction`),
 //! `disk` (`reclaimNodeLevelResources` and the settle after it), `evict_pod` (candidates,
@@ -21,7 +21,7 @@ use evictd_policy::{
     engine::{self, EngineState},
     local_storage::LimitEviction,
     observations::Observations,
-    policy::{NodeCondition, Policy, Threshold},
+    policy::{NodeCondition, Policy, Signal, Threshold},
     rank::{FsLayout, PodEntry},
     summary::PodStats,
 };
@@ -98,8 +98,10 @@ pub struct Pressure {
     /// they last were.
     storage_limit_period: Duration,
     limits_checked: Option<Instant>,
-    /// Pods evicted whose memory is awaited before the next eviction.
+    /// Pods evicted for memory whose memory is awaited before the next memory eviction, and
+    /// for how long at most.
     cleanups: Vec<Cleanup>,
+    cleanup_window: Duration,
 }
 
 impl Pressure {
@@ -134,6 +136,7 @@ impl Pressure {
             storage_limit_period: opts.storage_limit_period,
             limits_checked: None,
             cleanups: Vec::new(),
+            cleanup_window: cleanup::CLEANUP_WINDOW,
         }
     }
 
@@ -164,6 +167,7 @@ impl Pressure {
             p.containers.iter().any(|c| c.running && !stopped.contains(&c.id))
         };
         self.gone.retain(|id, stopped| pods.iter().any(|p| &p.sandbox_id == id && !restarted(p, stopped)));
+        self.forget_restarted_cleanups(pods);
     }
 
     /// Observe, decide, act; repeated while evictions succeed. `pods` is the inventory's
@@ -235,7 +239,8 @@ impl Pressure {
             self.state = state;
             return Vec::new();
         }
-        if self.awaits_cleanup(obs)
+        let signal = self.thresholds[first.actionable[0]].signal;
+        if self.awaits_cleanup(signal, obs).await
             || self.disk_settling(&first)
             || self.node_level_reclaim_resolves(&first, pods, now).await
         {

@@ -220,7 +220,6 @@ impl Daemon {
             pods,
             kick,
             api,
-            reported_conditions: None,
             health,
             policy_args: opts.policy_args,
             pending_policy: None,

@@ -87,7 +87,7 @@ fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bo
 
 /// A memory signal below its emergency level. Without a hard memory threshold there is no
 /// level in `HalfHard` mode: the operator asked for soft evictions only.
-fn emergency_met(thresholds: &[Threshold], obs: &Observations, level: EmergencyLevel) -> bool {
+pub(crate) fn emergency_met(thresholds: &[Threshold], obs: &Observations, level: EmergencyLevel) -> bool {
     match level {
         EmergencyLevel::Bytes(b) => obs.get(&Signal::MemoryAvailable).is_some_and(|o| o.available < b),
         EmergencyLevel::HalfHard => thresholds

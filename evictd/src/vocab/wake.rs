@@ -21,13 +21,15 @@ pub enum WakeCause {
     Poll,
     /// The disk poll saw a disk threshold met.
     Disk,
+    /// The daemon itself, looking again at an evicted pod's memory (not a housekeeping tick).
+    Recheck,
 }
 
 // Per-cause arrays are indexed by `index()`: ALL must end with the last variant.
-const _: () = assert!(WakeCause::Disk as usize + 1 == WakeCause::ALL.len());
+const _: () = assert!(WakeCause::Recheck as usize + 1 == WakeCause::ALL.len());
 
 impl WakeCause {
-    pub const ALL: [WakeCause; 9] = [
+    pub const ALL: [WakeCause; 10] = [
         WakeCause::Charge,
         WakeCause::DirectReclaim,
         WakeCause::MemcgReclaim,
@@ -37,6 +39,7 @@ impl WakeCause {
         WakeCause::Psi,
         WakeCause::Poll,
         WakeCause::Disk,
+        WakeCause::Recheck,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +53,7 @@ impl WakeCause {
             WakeCause::Psi => "psi",
             WakeCause::Poll => "poll",
             WakeCause::Disk => "disk",
+            WakeCause::Recheck => "recheck",
         }
     }
 

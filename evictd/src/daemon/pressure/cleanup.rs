@@ -1,13 +1,15 @@
-//! The kubelet's `waitForPodsCleanup` in the daemon: after an eviction, no next decision
-//! evicts until the evicted pod's memory has come back, for at most `CLEANUP_WINDOW`.
+//! The kubelet's `waitForPodsCleanup` in the daemon: after a memory eviction, no next
+//! decision on a memory signal evicts until the evicted pod's memory has come back, for at
+//! most `cleanup_window` (the kubelet's 30 s).
 //!
 //! A pod's processes exiting is not its memory coming back: a memory-medium emptyDir, the
 //! sandbox's `/dev/shm`, any tmpfs page stays charged to the pod until the pod is torn down.
 //! Deciding again on a node whose signal has not moved yet would evict a second pod for the
 //! same pressure. Released here means the pod's memory cgroup is gone (the kubelet removed
-//! it) or its working set is down to half of what it was when it was chosen. Only an
-//! emergency (memory.available below the emergency level, the kernel reclaiming or
-//! OOM-killing for the node) evicts inside the window: then waiting would let the kernel act.
+//! it) or its working set is down to half of what it was when it was chosen. Only memory
+//! below the emergency level, read now, evicts inside the window: waiting then would let the
+//! kernel's OOM killer act. Disk evictions have their own settle (`disk`), and PID pressure
+//! is relieved once the processes are gone, so neither waits here.
 
 use super::*;
 use crate::{daemon::urgency, node::memory::MemoryCgroup};
@@ -18,15 +20,20 @@ pub(super) const CLEANUP_WINDOW: Duration = Duration::from_secs(30);
 
 /// While a pod's memory is awaited, how often a pass looks again without a wake (the
 /// kubelet's `podCleanupPollFreq`): the node may be quiet once the memory is back.
-pub(super) const CLEANUP_POLL: Duration = Duration::from_secs(1);
+const CLEANUP_POLL: Duration = Duration::from_secs(1);
+
+/// A read of an evicted pod's memory taking longer than this counts as "still held".
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// An evicted pod whose memory is awaited.
 #[derive(Clone, Debug)]
 pub(super) struct Cleanup {
     /// `namespace/name`, for the log.
     pod: String,
+    sandbox_id: String,
     cgroup: Option<MemoryCgroup>,
-    /// Its working set when it was chosen.
+    /// Its working set when it was chosen (0 when it could not be read: then only its
+    /// cgroup's removal, or the window's end, ends the wait).
     chosen_with: u64,
     killed: Instant,
 }
@@ -44,6 +51,7 @@ impl Cleanup {
     pub(super) fn after_kill(pod: &PodRecord, cgroup: Option<MemoryCgroup>, stats: &PodStats) -> Self {
         Cleanup {
             pod: format!("{}/{}", pod.namespace, pod.name),
+            sandbox_id: pod.sandbox_id.clone(),
             cgroup,
             chosen_with: stats.memory.as_ref().and_then(|m| m.working_set_bytes).unwrap_or(0),
             killed: Instant::now(),
@@ -51,7 +59,7 @@ impl Cleanup {
     }
 
     /// Reads the pod's memory cgroup (two small files) and tells whether its memory is back.
-    pub(super) fn charge(&self) -> Charge {
+    fn charge(&self) -> Charge {
         let Some(cg) = &self.cgroup else { return Charge::Released };
         match cg.read() {
             Ok(m) if m.working_set() <= self.chosen_with / 2 => Charge::Released,
@@ -63,59 +71,80 @@ impl Cleanup {
 }
 
 impl Pressure {
-    /// True while the last evictions' memory is awaited and the node is not in an
-    /// emergency: this decision evicts nobody. Logs when the wait ends, and why.
-    pub(super) fn awaits_cleanup(&mut self, obs: &Observations) -> bool {
+    /// True while the last memory evictions' memory is awaited and memory is not below the
+    /// emergency level: this decision, on `signal`, evicts nobody. Logs when a wait ends.
+    pub(super) async fn awaits_cleanup(&mut self, signal: Signal, obs: &Observations) -> bool {
+        self.forget_expired_cleanups();
+        if self.cleanups.is_empty() || !signal.is_memory() {
+            return false;
+        }
+        if urgency::emergency_met(&self.thresholds, obs, self.kill.emergency) {
+            tracing::warn!(
+                "memory below the emergency level: evicting without waiting for the last evicted pod's memory"
+            );
+            self.cleanups.clear();
+            return false;
+        }
+        // The cgroups are read off the daemon's thread, as the candidates' usage is.
+        let awaited = self.cleanups.clone();
+        let read =
+            tokio::task::spawn_blocking(move || awaited.into_iter().map(|c| c.charge()).collect::<Vec<_>>());
+        let charges = tokio::time::timeout(READ_TIMEOUT, read).await.ok().and_then(Result::ok);
         let mut held = Vec::new();
-        for c in std::mem::take(&mut self.cleanups) {
-            match c.charge() {
+        for (i, c) in std::mem::take(&mut self.cleanups).into_iter().enumerate() {
+            match charges.as_ref().map_or(&Charge::Held(None), |ch| &ch[i]) {
                 Charge::Released => tracing::info!(
                     pod = %c.pod, after_ms = c.killed.elapsed().as_millis() as u64,
                     "the evicted pod's memory is back; the next eviction may go ahead"
                 ),
-                Charge::Held(bytes) if c.killed.elapsed() >= CLEANUP_WINDOW => tracing::warn!(
-                    pod = %c.pod, charged_mib = bytes.map(|b| b >> 20),
-                    "the evicted pod's memory is still charged {CLEANUP_WINDOW:?} after its kill \
-                     (tmpfs, a memory-medium emptyDir, /dev/shm?); the next eviction may go ahead"
-                ),
-                Charge::Held(bytes) => held.push((c, bytes)),
+                Charge::Held(bytes) => held.push((c, *bytes)),
             }
         }
-        if held.is_empty() {
-            return false;
+        let Some((first, bytes)) = held.first() else { return false };
+        // One line per pod and 10 s: the numbers change every pass.
+        if !self.repeated(&format!("awaiting the memory of {}", first.pod)) {
+            tracing::warn!(
+                pod = %first.pod, charged_mib = bytes.map(|b| b >> 20),
+                evicted_s_ago = first.killed.elapsed().as_secs_f64(),
+                "pressure persists, but the pod evicted last still holds its memory: the next \
+                 eviction waits for that memory, at most {:?}, unless memory falls below the \
+                 emergency level", self.cleanup_window
+            );
         }
-        if self.emergency(obs) {
-            tracing::warn!("emergency: evicting again without waiting for the last evicted pod's memory");
-            return false;
-        }
-        let (first, bytes) = &held[0];
-        let charged = bytes.map_or_else(|| "an unreadable amount".to_owned(), |b| format!("{} MiB", b >> 20));
-        self.warn_limited(format!(
-            "pressure persists, but pod {} evicted {:.1} s ago still holds {charged}: the next \
-             eviction waits for that memory, at most {CLEANUP_WINDOW:?}, unless an emergency",
-            first.pod,
-            first.killed.elapsed().as_secs_f64()
-        ));
         self.cleanups = held.into_iter().map(|(c, _)| c).collect();
         true
     }
 
-    /// When a pass should look again without a wake, while evicted pods' memory is awaited.
+    /// Waits past the window end: the next eviction goes ahead, as the kubelet's would.
+    fn forget_expired_cleanups(&mut self) {
+        let window = self.cleanup_window;
+        self.cleanups.retain(|c| {
+            let live = c.killed.elapsed() < window;
+            if !live {
+                tracing::warn!(
+                    pod = %c.pod,
+                    "the evicted pod's memory is still charged {window:?} after its kill (tmpfs, a \
+                     memory-medium emptyDir, /dev/shm?); the next eviction may go ahead"
+                );
+            }
+            live
+        });
+    }
+
+    /// A pod the kubelet restarted (its record did not land in time) will not give its
+    /// memory back: waiting for it would only delay the next eviction.
+    pub(super) fn forget_restarted_cleanups(&mut self, pods: &[PodRecord]) {
+        let gone = &self.gone;
+        self.cleanups.retain(|c| {
+            gone.contains_key(&c.sandbox_id) || !pods.iter().any(|p| p.sandbox_id == c.sandbox_id)
+        });
+    }
+
+    /// When a pass should look again without a wake, while evicted pods' memory is awaited;
+    /// never a time past (that would spin the loop).
     pub fn cleanup_recheck(&self) -> Option<tokio::time::Instant> {
-        let end = self.cleanups.iter().map(|c| c.killed + CLEANUP_WINDOW).max()?;
-        Some(tokio::time::Instant::from_std((Instant::now() + CLEANUP_POLL).min(end)))
-    }
-
-    /// Whether evicted pods' memory is awaited: the pass then judges the urgency of its own
-    /// wakes (a direct reclaim among them is an emergency).
-    pub fn awaiting_cleanup(&self) -> bool {
-        !self.cleanups.is_empty()
-    }
-
-    /// An emergency: memory below the emergency level now, or the kernel seen acting for the
-    /// node by the wakes of this pass.
-    fn emergency(&self, obs: &Observations) -> bool {
-        let now = urgency::urgency_now(&self.thresholds, obs, self.kill.emergency, Default::default());
-        now == Urgency::Emergency || *self.escalate.borrow() == Urgency::Emergency
+        let end = self.cleanups.iter().map(|c| c.killed + self.cleanup_window).max()?;
+        let now = Instant::now();
+        (end > now).then(|| tokio::time::Instant::from_std((now + CLEANUP_POLL).min(end)))
     }
 }

@@ -185,8 +185,8 @@ impl Pressure {
 
     /// Stops the pod (or, in a dry run, says it would). True when this decision is done:
     /// evicted, dry run, or nothing to evict with; false when the kill failed and the next
-    /// candidate may be tried. An evicted pod's memory (`stats`: as it was chosen) is awaited
-    /// before the next eviction.
+    /// candidate may be tried. A pod evicted for memory has its memory (`stats`: as it was
+    /// chosen) awaited before the next memory eviction.
     pub(super) async fn act(&mut self, pod: &PodRecord, stats: &PodStats, rec: &mut EvictionRecord) -> bool {
         let who = format!("{}/{}", rec.namespace, rec.name);
         if self.dry_run {
@@ -223,7 +223,13 @@ impl Pressure {
                 rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
                 self.gone
                     .insert(pod.sandbox_id.clone(), pod.containers.iter().map(|c| c.id.clone()).collect());
-                self.cleanups.push(Cleanup::after_kill(pod, self.cgroups_of(pod).map(|c| c.memory), stats));
+                if matches!(rec.signal, EvictionCause::Signal(s) if s.is_memory()) {
+                    self.cleanups.push(Cleanup::after_kill(
+                        pod,
+                        self.cgroups_of(pod).map(|c| c.memory),
+                        stats,
+                    ));
+                }
                 tracing::info!(
                     pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
                     grace = rec.grace_period_seconds, decide_us = rec.decide_us,

@@ -330,3 +330,22 @@ async fn an_emergency_evicts_without_waiting_for_the_last_pods_memory() {
     let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
     assert_eq!(names(&records)[0], "b", "{records:?}");
 }
+
+/// The wait is bounded: memory still charged when the window ends (a tmpfs nobody tears
+/// down) holds the next eviction no longer, as the kubelet's 30 s do not.
+#[tokio::test(flavor = "current_thread")]
+async fn the_wait_for_an_evicted_pods_memory_ends_with_its_window() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
+    p.cleanup_window = Duration::from_millis(300);
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    assert_eq!(names(&records), ["a"], "{records:?}");
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    assert_eq!(names(&records), [] as [&str; 0]);
+    let recheck = p.cleanup_recheck().expect("a recheck while waiting");
+    assert!(recheck <= tokio::time::Instant::now() + Duration::from_millis(300), "never past the window");
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(p.cleanup_recheck(), None, "no recheck past the window: the loop would spin");
+    let (records, _) = p.pass(&pods, || 3_000_000_000, None).await;
+    assert_eq!(names(&records), ["b"], "{records:?}");
+}
