@@ -23,6 +23,7 @@ use evictd_policy::policy::NodeCondition;
 use evictd_tests::api_double::{ApiDouble, Recorded, api_options, eviction_record};
 use k8s_openapi::{
     api::{
+        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
         apps::v1::DaemonSet,
         core::v1::{Container, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding},
@@ -96,6 +97,12 @@ fn every_manifest_reads_as_the_api_types() {
                 Some("ServiceAccount") => drop(object::<ServiceAccount>(file, "ServiceAccount")),
                 Some("ClusterRole") => drop(object::<ClusterRole>(file, "ClusterRole")),
                 Some("ClusterRoleBinding") => drop(object::<ClusterRoleBinding>(file, "ClusterRoleBinding")),
+                Some("ValidatingAdmissionPolicy") => {
+                    drop(object::<ValidatingAdmissionPolicy>(file, "ValidatingAdmissionPolicy"))
+                }
+                Some("ValidatingAdmissionPolicyBinding") => {
+                    drop(object::<ValidatingAdmissionPolicyBinding>(file, "ValidatingAdmissionPolicyBinding"))
+                }
                 other => panic!("deploy/{file}: a {other:?} this test does not know"),
             }
         }
@@ -266,5 +273,188 @@ fn the_systemd_unit_runs_evictd_with_valid_flags() {
     assert!(cli.command.is_none() && cli.run.no_kube_api, "{exec}");
     for line in ["OOMScoreAdjust=-999", "LimitMEMLOCK=infinity", "Restart=always"] {
         assert!(unit.lines().any(|l| l == line), "{line} missing");
+    }
+}
+
+/// One request as the admission policy sees it.
+struct Admission {
+    user: &'static str,
+    /// The token's node-name claim (`None`: a token without it).
+    node: Option<&'static str>,
+    resource: &'static str,
+    sub_resource: &'static str,
+    object: serde_json::Value,
+    old: serde_json::Value,
+}
+
+/// What `deploy/admission-policy.yaml` answers `req`: `Ok` when admitted, else the failed
+/// validation's message. Expressions are CEL, evaluated as the API server does: the match
+/// conditions first (not matched: admitted), then the variables in order (one that fails
+/// is left out, failing only the validations that use it), then every validation; an
+/// expression that fails denies (`failurePolicy: Fail`).
+fn admit(policy: &serde_json::Value, req: &Admission) -> Result<(), String> {
+    use cel_interpreter::{Context, Program, Value};
+    let extra = match req.node {
+        Some(n) => serde_json::json!({"authentication.kubernetes.io/node-name": [n]}),
+        None => serde_json::json!({}),
+    };
+    let mut ctx = Context::default();
+    let request = serde_json::json!({
+        "userInfo": {"username": req.user, "extra": extra},
+        "resource": {"group": "", "version": "v1", "resource": req.resource},
+        "subResource": req.sub_resource,
+    });
+    ctx.add_variable("request", request).unwrap();
+    ctx.add_variable("object", req.object.clone()).unwrap();
+    ctx.add_variable("oldObject", req.old.clone()).unwrap();
+    let eval = |ctx: &Context, e: &serde_json::Value| -> Result<Value, String> {
+        let e = e.as_str().expect("an expression");
+        let program = Program::compile(e).map_err(|err| format!("{e}: does not compile: {err}"))?;
+        program.execute(ctx).map_err(|err| format!("{e}: {err}"))
+    };
+    let spec = &policy["spec"];
+    for m in spec["matchConditions"].as_array().unwrap() {
+        if eval(&ctx, &m["expression"])? != Value::Bool(true) {
+            return Ok(());
+        }
+    }
+    let mut variables = serde_json::Map::new();
+    for v in spec["variables"].as_array().unwrap() {
+        ctx.add_variable("variables", serde_json::Value::Object(variables.clone())).unwrap();
+        if let Ok(value) = eval(&ctx, &v["expression"]) {
+            variables.insert(v["name"].as_str().unwrap().into(), value.json().expect("a JSON value"));
+        }
+    }
+    ctx.add_variable("variables", serde_json::Value::Object(variables)).unwrap();
+    for v in spec["validations"].as_array().unwrap() {
+        let why = v["message"].as_str().map_or_else(|| v["messageExpression"].to_string(), String::from);
+        match eval(&ctx, &v["expression"]) {
+            Ok(Value::Bool(true)) => {}
+            Ok(other) => return Err(format!("{why} ({other:?})")),
+            Err(e) => return Err(format!("{why} (error: {e})")),
+        }
+    }
+    Ok(())
+}
+
+fn node(name: &str, taints: serde_json::Value, labels: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"},
+                                  {"type": "EvictdMemoryPressure", "status": "False"}]}})
+}
+
+/// The admission policy lets each evictd write only for its own node — the node its token
+/// names: pods bound there, its own Node's evictd.io taints and Evictd conditions, events it
+/// reports from there — and leaves everyone else alone. Each refused case is a write the
+/// ClusterRole alone would allow.
+#[test]
+fn the_admission_policy_scopes_evictd_to_its_own_node() {
+    use serde_json::json;
+    let policy = documents("admission-policy.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .unwrap();
+    let evictd = "system:serviceaccount:kube-system:evictd";
+    let pod = |node: &str| json!({"metadata": {"name": "web-1"}, "spec": {"nodeName": node}, "status": {"phase": "Failed"}});
+    let labels = json!({"kubernetes.io/hostname": "node-a"});
+    let before = node("node-a", json!([{"key": "dedicated", "effect": "NoSchedule"}]), labels.clone());
+    let tainted = |effect: &str| {
+        node(
+            "node-a",
+            json!([{"key": "dedicated", "effect": "NoSchedule"}, {"key": "evictd.io/memory-pressure", "effect": effect}]),
+            labels.clone(),
+        )
+    };
+    let with_conditions = |memory: &str, evictd_memory: &str| {
+        let mut n = before.clone();
+        n["status"]["conditions"][1]["status"] = json!(memory);
+        n["status"]["conditions"][2]["status"] = json!(evictd_memory);
+        n
+    };
+    let req = |resource, sub_resource, object, old| Admission {
+        user: evictd,
+        node: Some("node-a"),
+        resource,
+        sub_resource,
+        object,
+        old,
+    };
+    let admitted = [
+        ("its pod's status", req("pods", "status", pod("node-a"), pod("node-a"))),
+        ("its taint on", req("nodes", "", tainted("NoSchedule"), before.clone())),
+        ("its taint off", req("nodes", "", before.clone(), tainted("PreferNoSchedule"))),
+        ("its condition", req("nodes", "status", with_conditions("False", "True"), before.clone())),
+        ("its event", req("events", "", json!({"reportingInstance": "node-a"}), serde_json::Value::Null)),
+        (
+            "the kubelet, untouched",
+            Admission {
+                user: "system:node:node-b",
+                node: None,
+                ..req("nodes", "", tainted("NoExecute"), before.clone())
+            },
+        ),
+    ];
+    for (what, r) in &admitted {
+        assert_eq!(admit(&policy, r), Ok(()), "{what} must be admitted");
+    }
+    let mut relabelled = tainted("NoSchedule");
+    relabelled["metadata"]["labels"]["role"] = json!("db");
+    let mut cordoned = before.clone();
+    cordoned["spec"]["unschedulable"] = json!(true);
+    let refused = [
+        ("another node's pod", req("pods", "status", pod("node-b"), pod("node-b"))),
+        (
+            "another Node",
+            req(
+                "nodes",
+                "",
+                node("node-b", json!([]), json!({})),
+                node("node-b", json!([{"key": "x", "effect": "NoSchedule"}]), json!({})),
+            ),
+        ),
+        (
+            "another taint removed",
+            req("nodes", "", node("node-a", json!([]), labels.clone()), before.clone()),
+        ),
+        ("a NoExecute taint", req("nodes", "", tainted("NoExecute"), before.clone())),
+        ("a label", req("nodes", "", relabelled, before.clone())),
+        ("a cordon", req("nodes", "", cordoned, before.clone())),
+        ("the kubelet's condition", req("nodes", "status", with_conditions("True", "True"), before.clone())),
+        (
+            "another node's event",
+            req("events", "", json!({"reportingInstance": "node-b"}), serde_json::Value::Null),
+        ),
+        (
+            "a token naming no node",
+            Admission { node: None, ..req("pods", "status", pod("node-a"), pod("node-a")) },
+        ),
+    ];
+    for (what, r) in &refused {
+        let why = admit(&policy, r).expect_err(what);
+        // Refused by a validation that said no, not by an expression that failed to evaluate.
+        assert!(!why.contains("(error:"), "{what}: {why}");
+        println!("refused {what}: {why}");
+    }
+    // It covers every write the ClusterRole grants.
+    let role: ClusterRole = object("rbac.yaml", "ClusterRole");
+    let rules = policy["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap();
+    let covered = |resource: &str, operation: &str| {
+        rules.iter().any(|r| {
+            r["resources"].as_array().unwrap().iter().any(|x| x == resource)
+                && r["operations"].as_array().unwrap().iter().any(|o| o == operation)
+        })
+    };
+    for rule in role.rules.unwrap_or_default() {
+        for resource in rule.resources.unwrap_or_default() {
+            for verb in &rule.verbs {
+                let operation = match verb.as_str() {
+                    "patch" | "update" => "UPDATE",
+                    "create" => "CREATE",
+                    "delete" => "DELETE",
+                    _ => continue,
+                };
+                assert!(covered(&resource, operation), "the policy does not cover {verb} {resource}");
+            }
+        }
     }
 }
