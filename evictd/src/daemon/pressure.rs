@@ -27,7 +27,7 @@ use evictd_policy::{
 };
 use tokio::sync::watch;
 
-use super::{KillOptions, PressureOptions};
+use super::{KillOptions, PressureOptions, urgency};
 use crate::{
     cluster::reporter::Reporter,
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
@@ -77,6 +77,9 @@ pub struct Pressure {
     pub kill: KillOptions,
     pub own_pod_uid: Option<String>,
     pub evict_inferred_kube_system: bool,
+    /// Whether pod specs come from the Kubernetes API: then an inferred one is a guess
+    /// while the API is late, evicted only at an emergency.
+    pub specs_from_api: bool,
     /// Where evictions are recorded in Kubernetes (`None`: no API, or a dry run).
     pub api: Option<Reporter>,
     /// The node conditions of the last decision (the kubelet's, reported as evictd's own).
@@ -125,6 +128,7 @@ impl Pressure {
             kill: opts.kill,
             own_pod_uid: opts.own_pod_uid,
             evict_inferred_kube_system: opts.evict_inferred_kube_system,
+            specs_from_api: false,
             api: None,
             conditions: Vec::new(),
             escalate,

@@ -175,6 +175,7 @@ impl Daemon {
         if let Some(rx) = &api_pods {
             ready_after_the_first_list(rx.clone(), health.clone());
         }
+        let specs_from_api = api_pods.is_some();
         let kick = Arc::new(Notify::new());
         let reread_pods_file = Arc::new(AtomicBool::new(false));
         let pods = spawn_inventory(
@@ -196,6 +197,7 @@ impl Daemon {
         let (escalate, escalated) = watch::channel(Urgency::Normal);
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         pressure.api = api.as_ref().map(|a| a.reporter.clone());
+        pressure.specs_from_api = specs_from_api;
         if let Some(client) = &pressure.client {
             // Detached: it lists images every few minutes for as long as the daemon runs.
             drop(crate::runtime::reclaim::detect_images(client.clone(), pressure.image_ages.clone()));

@@ -79,6 +79,7 @@ impl Pressure {
         let mut records = Vec::new();
         let mut failed: BTreeSet<usize> = BTreeSet::new();
         let mut final_state = None;
+        let guesses_wait = self.guesses_wait(candidates, obs);
         for _ in 0..MAX_CANDIDATES {
             let entries: Vec<PodEntry> = candidates
                 .iter()
@@ -86,7 +87,7 @@ impl Pressure {
                 .map(|(i, (p, s))| PodEntry {
                     pod: &p.spec,
                     stats: Some(s),
-                    protected: failed.contains(&i) || self.protects(p),
+                    protected: failed.contains(&i) || self.protects(p) || (guesses_wait && p.spec_inferred()),
                 })
                 .collect();
             // Every try decides from the state before the decision: a state taken after a failed
@@ -112,6 +113,31 @@ impl Pressure {
             self.state = state;
         }
         records
+    }
+
+    /// With specs from the API server, a pod whose spec is only inferred (the API has not
+    /// listed it yet: a late first list, a pod newer than the last watch event) may be
+    /// anyone's — its priority unknown, its requests a guess — and is evicted only when
+    /// memory is below the emergency level, where waiting would let the kernel act.
+    fn guesses_wait(&mut self, candidates: &[(&PodRecord, PodStats)], obs: &Observations) -> bool {
+        if !self.specs_from_api || !candidates.iter().any(|(p, _)| p.spec_inferred()) {
+            return false;
+        }
+        if urgency::emergency_met(&self.thresholds, obs, self.kill.emergency) {
+            return false;
+        }
+        let guessed: Vec<String> = candidates
+            .iter()
+            .filter(|(p, _)| p.spec_inferred())
+            .map(|(p, _)| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        if !self.repeated("inferred specs wait") {
+            tracing::info!(
+                pods = %guessed.join(", "),
+                "not evicted short of an emergency: the Kubernetes API has not listed these pods, their specs are only inferred"
+            );
+        }
+        true
     }
 
     /// Pods evictd never evicts, beyond the kubelet's critical pods: itself, and — unless

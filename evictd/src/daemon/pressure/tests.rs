@@ -349,3 +349,31 @@ async fn the_wait_for_an_evicted_pods_memory_ends_with_its_window() {
     let (records, _) = p.pass(&pods, || 3_000_000_000, None).await;
     assert_eq!(names(&records), ["b"], "{records:?}");
 }
+
+/// With specs from the API server, a pod it has not listed (its spec only inferred: the
+/// first list is late, the pod newer than the last event) is not evicted short of an
+/// emergency, even as the largest: its priority is unknown. Listed pods go first; below
+/// the emergency level the inferred one may go too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
+    let mut pods = (*pods).clone();
+    for listed in &mut pods[1..] {
+        listed.spec_source = crate::vocab::SpecSource::Api;
+    }
+    let pods = Arc::new(pods);
+    // Without an API every spec is what evictd has: the largest (inferred) goes first.
+    std::fs::create_dir_all(d.path().join("no-api")).unwrap();
+    let (mut no_api, _) = three_pods_and_a_runtime(&d.path().join("no-api")).await;
+    let (records, _) = no_api.pass(&pods, || 1_000_000_000, None).await;
+    assert_eq!(names(&records), ["a"], "{records:?}");
+    p.specs_from_api = true;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    assert_eq!(names(&records), ["b"], "the listed pod, not the guess: {records:?}");
+    // b's memory back; 3.9 of 4 GiB in use: an emergency.
+    memcg(&d.path().join("kubepods/pod-b"), 1 << 20);
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    assert_eq!(names(&records)[0], "a", "{records:?}");
+}
