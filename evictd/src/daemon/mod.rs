@@ -46,6 +46,7 @@ use crate::{
     },
     runtime::{
         cri::CriClient,
+        disk_usage::DiskWalker,
         inventory::{self, ApiPodsReceiver, Inventory, PodRecord},
     },
     vocab::{EvictionRecord, Urgency, WakeCause, monotonic_ns},

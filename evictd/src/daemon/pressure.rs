@@ -33,12 +33,13 @@ use crate::{
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     runtime::{
         cri::CriClient,
+        disk_usage::{self, DiskWalker},
         evict::{self, StopPlan},
         inventory::PodRecord,
         kill::KillTarget,
         reclaim, usage,
     },
-    vocab::{EvictionCause, EvictionRecord, Urgency, WakeCause, monotonic_ns},
+    vocab::{EvictionCause, EvictionRecord, Urgency, monotonic_ns},
     wake::Wake,
 };
 
@@ -77,6 +78,8 @@ pub struct Pressure {
     pub kill: KillOptions,
     pub own_pod_uid: Option<String>,
     pub evict_inferred_kube_system: bool,
+    /// The pods' logs and volumes, walked by a thread of its own (`None`: not started).
+    pub disk_walker: Option<DiskWalker>,
     /// Whether pod specs come from the Kubernetes API: then an inferred one is a guess
     /// while the API is late, evicted only at an emergency.
     pub specs_from_api: bool,
@@ -129,6 +132,7 @@ impl Pressure {
             own_pod_uid: opts.own_pod_uid,
             evict_inferred_kube_system: opts.evict_inferred_kube_system,
             specs_from_api: false,
+            disk_walker: None,
             api: None,
             conditions: Vec::new(),
             escalate,
@@ -144,10 +148,18 @@ impl Pressure {
         }
     }
 
+    /// How often pods are checked against their own storage limits: the housekeeping period.
+    pub fn storage_limit_period(&self) -> Duration {
+        self.storage_limit_period
+    }
+
     /// A re-read policy (SIGHUP): its thresholds for this node's disk layout, with the
     /// engine's state carried over (`engine::carry_over`).
     pub fn set_policy(&mut self, policy: Policy) {
         let thresholds = engine::thresholds_for_layout(&policy, self.layout);
+        if let Some(w) = &self.disk_walker {
+            w.walk_all(thresholds.iter().any(|t| t.signal.resource().is_disk()));
+        }
         self.state = engine::carry_over(&self.state, &self.thresholds, &thresholds);
         self.thresholds = thresholds;
         self.policy = policy;
@@ -182,7 +194,7 @@ impl Pressure {
         now_ns: impl Fn() -> i64,
         wake: Option<Wake>,
     ) -> (Vec<EvictionRecord>, Observations) {
-        let mut records = self.evict_pods_over_storage_limits(pods, wake).await;
+        let mut records = self.evict_pods_over_storage_limits(pods).await;
         if !records.is_empty() {
             let observed_ns = monotonic_ns();
             for rec in &mut records {
@@ -253,6 +265,10 @@ impl Pressure {
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
         let disk = self.drives_on_disk(&first);
+        if disk && self.disk_walk_is_stale() {
+            self.state = state;
+            return Vec::new();
+        }
         let candidates = self.candidates(pods, disk).await;
         let records = self.evict_one(&candidates, obs, now, t0).await;
         if disk && records.iter().any(|r| r.error.is_none() && !r.dry_run) {

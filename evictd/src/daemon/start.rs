@@ -167,6 +167,8 @@ impl Daemon {
         detect_split_containerfs(&mut opts.pressure, client.as_ref()).await;
         let stats = Arc::new(WakeStats::default());
         let sources = wake::start(&opts.wake, &opts.pressure.signals, &tx, &stats)?;
+        // The disk walker wakes the pass it was asked for by; it starts with the inventory.
+        let walker_wakes = tx.clone();
         drop(tx);
         let health = Arc::new(Health::new(endpoint::DEFAULT_STALL));
         health.beat();
@@ -198,6 +200,13 @@ impl Daemon {
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         pressure.api = api.as_ref().map(|a| a.reporter.clone());
         pressure.specs_from_api = specs_from_api;
+        pressure.disk_walker = DiskWalker::spawn(
+            pods.clone(),
+            pressure.signals.nodefs.clone(),
+            pressure.storage_limit_period(),
+            pressure.thresholds.iter().any(|t| t.signal.resource().is_disk()),
+            walker_wakes,
+        );
         if let Some(client) = &pressure.client {
             // Detached: it lists images every few minutes for as long as the daemon runs.
             drop(crate::runtime::reclaim::detect_images(client.clone(), pressure.image_ages.clone()));

@@ -4,6 +4,7 @@
 //! time), and node-level reclaim before disk evictions.
 
 pub mod cri;
+pub mod disk_usage;
 pub mod evict;
 pub mod infer;
 pub mod inventory;

@@ -1,9 +1,13 @@
 //! The pods' usage, for ranking and eviction messages: their cgroups found from the
 //! runtime's `cgroup_parent` (cgroupfs paths, and systemd slices expanded to their
 //! directories, on cgroup v1 and v2), memory and processes read now from those cgroups,
-//! disk from the inventory's last refresh.
+//! writable layers from the inventory's last refresh, logs and volumes from the disk
+//! walker's last walk (`disk_usage`): walking directories is never done in a pass.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+};
 
 use evictd_policy::summary::{
     ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats, VolumeStats,
@@ -58,29 +62,58 @@ pub enum UsageError {
     NoCgroup,
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    #[error("its logs and volumes have not been measured yet")]
+    DiskNotMeasured,
 }
 
-/// Where a pod's disk usage is measured, read only when a disk signal drives the decision:
-/// walking log and volume directories is the costly part of reading usage.
-#[derive(Clone, Debug)]
-pub struct DiskSources {
-    /// The kubelet's root directory: local volumes live in `pods/<uid>/volumes/<plugin>/<name>`.
-    pub kubelet_root: PathBuf,
+/// What the disk walker measured of one pod: what the kubelet's host stats provider and
+/// volume stats count beside the writable layers (which come from the runtime).
+#[derive(Clone, Debug, Default)]
+pub struct PodDisk {
+    /// (bytes, inodes) of each container's log directory, by container name.
+    pub logs: BTreeMap<String, (u64, u64)>,
+    pub volumes: Vec<VolumeStats>,
+    /// The files directly in the pod's log directory, and its `etc-hosts`.
+    pub pod_level: (u64, u64),
+}
+
+/// The pods' logs and volumes as last walked, by pod uid.
+pub type DiskMeasured = HashMap<String, PodDisk>;
+
+/// Walks one pod's logs and local volumes (the costly part of its usage: a volume may hold
+/// millions of files). `kubelet_root`: local volumes live in
+/// `<root>/pods/<uid>/volumes/<plugin>/<name>`.
+pub fn measure_disk(rec: &PodRecord, kubelet_root: &Path) -> PodDisk {
+    let logs = rec
+        .containers
+        .iter()
+        .filter_map(|c| Some((c.name.clone(), du(&Path::new(rec.log_directory.as_deref()?).join(&c.name)))))
+        .collect();
+    PodDisk {
+        logs,
+        volumes: local_volume_stats(rec, kubelet_root),
+        pod_level: pod_level_files(rec, kubelet_root),
+    }
 }
 
 /// The pod's stats for ranking and messages, as the kubelet's CRI stats provider counts
 /// them: memory and processes read now from its cgroups; per running container (exited
 /// instances use no memory and the kubelet leaves them out) the writable layer from the
-/// last refresh and, with `disk`, its own log directory once; with `disk`, the pod's local
-/// volumes. An error when its memory cgroup cannot be read: the caller must not rank such a
-/// pod "without stats" (first), since that would evict on data evictd could not read.
+/// last refresh and, with `disk`, its log directory as last walked; with `disk`, the pod's
+/// local volumes as last walked. An error when its memory cgroup cannot be read, or (with
+/// `disk`) it was not walked yet: the caller must not rank such a pod "without stats"
+/// (first), since that would evict on data evictd could not read.
 pub fn pod_stats(
     rec: &PodRecord,
     cgroups: Option<&PodCgroups>,
     layout: &CgroupMounts,
-    disk: Option<&DiskSources>,
+    disk: Option<&DiskMeasured>,
 ) -> Result<PodStats, UsageError> {
     let cg = cgroups.ok_or(UsageError::NoCgroup)?;
+    let disk = match disk {
+        Some(measured) => Some(measured.get(&rec.uid).ok_or(UsageError::DiskNotMeasured)?),
+        None => None,
+    };
     let mem = cg.memory.read()?;
     let processes = cg
         .pids
@@ -98,12 +131,11 @@ pub fn pod_stats(
                 ..Default::default()
             }),
             rootfs: c.rootfs.map(|(b, i)| fs_stats((b, i))),
-            logs: disk.and(rec.log_directory.as_deref()).map(|d| fs_stats(du(&Path::new(d).join(&c.name)))),
+            logs: disk.and_then(|d| d.logs.get(&c.name)).map(|&l| fs_stats(l)),
         })
         .collect();
-    let volume = disk.map(|d| local_volume_stats(rec, &d.kubelet_root)).unwrap_or_default();
-    let ephemeral_storage =
-        disk.map(|d| ephemeral_storage(rec, &containers, &volume, pod_level_files(rec, d)));
+    let volume = disk.map(|d| d.volumes.clone()).unwrap_or_default();
+    let ephemeral_storage = disk.map(|d| ephemeral_storage(rec, &containers, &volume, d.pod_level));
     Ok(PodStats {
         pod_ref: PodRef { name: rec.name.clone(), namespace: rec.namespace.clone(), uid: rec.uid.clone() },
         containers,
@@ -154,14 +186,14 @@ fn ephemeral_storage(
 /// volumes: the files directly in the pod's log directory (its containers' directories are
 /// counted with them) and the `/etc/hosts` it writes for the pod (`<root>/pods/<uid>/etc-hosts`;
 /// none for a pod that mounts its own).
-fn pod_level_files(rec: &PodRecord, disk: &DiskSources) -> (u64, u64) {
+fn pod_level_files(rec: &PodRecord, kubelet_root: &Path) -> (u64, u64) {
     let log_files: Vec<PathBuf> = rec
         .log_directory
         .as_deref()
         .and_then(|d| std::fs::read_dir(d).ok())
         .map(|d| d.flatten().filter(|e| e.file_type().is_ok_and(|t| !t.is_dir())).map(|e| e.path()).collect())
         .unwrap_or_default();
-    let etc_hosts = disk.kubelet_root.join("pods").join(&rec.uid).join("etc-hosts");
+    let etc_hosts = kubelet_root.join("pods").join(&rec.uid).join("etc-hosts");
     log_files.iter().chain([&etc_hosts]).map(|f| du(f)).fold((0, 0), |(b, i), (fb, fi)| (b + fb, i + fi))
 }
 
@@ -362,8 +394,10 @@ mod tests {
             unified_root: None,
         };
         let cgroups = pod_cgroups(&rec, &layout);
-        let disk = DiskSources { kubelet_root: d.path().join("kubelet") };
-        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&disk)).unwrap();
+        let walk = |rec: &PodRecord| {
+            DiskMeasured::from([(rec.uid.clone(), measure_disk(rec, &d.path().join("kubelet")))])
+        };
+        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walk(&rec))).unwrap();
 
         let fs = |f: &Option<FsStats>| f.as_ref().map(|f| (f.used_bytes.unwrap(), f.inodes_used.unwrap()));
         let got: Vec<_> =
@@ -401,7 +435,7 @@ mod tests {
         assert_eq!(inodes, 3 + 5 + app_logs.1 + sidecar_logs.1 + vols[0].1.1 + vols[1].1.1 + 2);
         // A memory emptyDir with a sizeLimit is measured (its limit applies), not counted in the total.
         rec.spec.spec.volumes[3].empty_dir.as_mut().unwrap().size_limit = Some("1Mi".parse().unwrap());
-        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&disk)).unwrap();
+        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walk(&rec))).unwrap();
         let ram = stats.volume.iter().find(|v| v.name == "ram").and_then(|v| v.used_bytes);
         assert_eq!(ram, Some(vol("kubernetes.io~empty-dir/ram", &["x"]).0));
         assert_eq!(stats.ephemeral_storage.and_then(|f| f.used_bytes), Some(total));
@@ -409,6 +443,42 @@ mod tests {
         // A memory pass walks nothing.
         let stats = pod_stats(&rec, cgroups.as_ref(), &layout, None).unwrap();
         assert!(stats.volume.is_empty() && stats.containers.iter().all(|c| c.logs.is_none()));
+    }
+
+    /// A pass reads logs and volumes as the walker last measured them, never the disk
+    /// itself (a walk of a big volume would hold the pass); a pod not walked yet has no
+    /// disk stats, rather than zeros that would rank it wrongly.
+    #[test]
+    fn disk_stats_come_from_the_last_walk_not_the_disk() {
+        let d = tempfile::tempdir().unwrap();
+        use crate::runtime::inventory::tests::{container, record};
+        let mut rec = record("/kubepods/podu", vec![container(None, None)]);
+        rec.uid = "u".into();
+        rec.spec = serde_json::from_value(
+            serde_json::json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}}),
+        )
+        .unwrap();
+        let vol = d.path().join("kubelet/pods/u/volumes/kubernetes.io~empty-dir/scratch");
+        std::fs::create_dir_all(&vol).unwrap();
+        std::fs::write(vol.join("big"), vec![7u8; 1 << 20]).unwrap();
+        let layout = CgroupMounts {
+            memory_root: d.path().join("memory"),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
+        let memory = d.path().join("memory/kubepods/podu");
+        std::fs::create_dir_all(&memory).unwrap();
+        std::fs::write(memory.join("memory.usage_in_bytes"), "1048576\n").unwrap();
+        std::fs::write(memory.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+        std::fs::write(memory.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        let walked = DiskMeasured::from([(rec.uid.clone(), measure_disk(&rec, &d.path().join("kubelet")))]);
+        std::fs::remove_file(vol.join("big")).unwrap();
+        let cgroups = pod_cgroups(&rec, &layout);
+        let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walked)).unwrap();
+        let used = stats.volume[0].used_bytes.unwrap();
+        assert!(used >= 1 << 20, "the walk's {used} bytes, not the disk's now");
+        let e = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&DiskMeasured::new())).unwrap_err();
+        assert!(matches!(e, UsageError::DiskNotMeasured), "{e}");
     }
 
     /// A volume of many small files: the walk counts every one but remembers only what it

@@ -31,6 +31,19 @@ impl Pressure {
         d.actionable.first().is_some_and(|&i| self.thresholds[i].signal.resource().is_disk())
     }
 
+    /// True when the pods' last disk walk is too old to rank them by: a new one is asked
+    /// for, and its end wakes the pass that evicts. The pass never walks itself (a memory
+    /// crossing meanwhile would wait behind the walk).
+    pub(super) fn disk_walk_is_stale(&mut self) -> bool {
+        let Some(walker) = &self.disk_walker else { return false };
+        let fresh = walker.last().at.is_some_and(|at| at.elapsed() <= disk_usage::FRESH);
+        if !fresh {
+            walker.kick();
+            tracing::debug!("disk pressure: measuring the pods' logs and volumes before ranking them");
+        }
+        !fresh
+    }
+
     /// True while space released by reclaim or a disk eviction may still be on its way: a
     /// decision driven by disk waits (memory and PIDs never do).
     pub(super) fn disk_settling(&mut self, d: &engine::Decision) -> bool {

@@ -14,7 +14,7 @@ fn read_usage(
     pods: &[PodRecord],
     gone: &BTreeMap<String, BTreeSet<String>>,
     cgroups: &CgroupMounts,
-    disk: Option<&usage::DiskSources>,
+    disk: Option<&usage::DiskMeasured>,
 ) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
     pods.iter()
         .enumerate()
@@ -34,17 +34,18 @@ impl Pressure {
     /// cgroup is gone is terminating, not a candidate; one evicted already is skipped until
     /// the inventory stops listing it; one whose usage cannot be read is left out and
     /// logged: ranked "without stats" it would go first, on data evictd could not read.
-    /// The reads (cgroup files, and for a disk signal log and volume directories walked)
-    /// run on the blocking pool: the daemon's one thread keeps serving wakes meanwhile.
+    /// The reads (cgroup files) run on the blocking pool: the daemon's one thread keeps
+    /// serving wakes meanwhile; logs and volumes come from the disk walker's last walk.
     pub(super) async fn candidates<'a>(
         &mut self,
         pods: &'a Arc<Vec<PodRecord>>,
         disk: bool,
     ) -> Vec<(&'a PodRecord, PodStats)> {
         let (all, gone, cgroups) = (pods.clone(), self.gone.clone(), self.cgroups.clone());
-        let disk = disk.then(|| usage::DiskSources { kubelet_root: self.signals.nodefs.clone() });
+        // Logs and volumes as last walked (none walked: no pod has disk stats).
+        let disk = disk.then(|| self.disk_walker.as_ref().map(|w| w.last().measured).unwrap_or_default());
         let read =
-            tokio::task::spawn_blocking(move || read_usage(&all, &gone, &cgroups, disk.as_ref())).await;
+            tokio::task::spawn_blocking(move || read_usage(&all, &gone, &cgroups, disk.as_deref())).await;
         let usage = match read {
             Ok(usage) => usage,
             Err(e) => {
@@ -57,6 +58,10 @@ impl Pressure {
             let p = &pods[i];
             match stats {
                 Ok(stats) => out.push((p, stats)),
+                // A pod newer than the last walk: in the next one.
+                Err(usage::UsageError::DiskNotMeasured) => {
+                    tracing::debug!(pod = %format!("{}/{}", p.namespace, p.name), "left out of a disk ranking: not walked yet")
+                }
                 Err(e) => self.warn_limited(format!(
                     "pod {}/{} left out of ranking: its usage cannot be read: {e}",
                     p.namespace, p.name

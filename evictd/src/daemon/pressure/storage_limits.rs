@@ -1,23 +1,23 @@
 //! The kubelet's `localStorageEviction` in the daemon: when the check runs is decided here
-//! (on the housekeeping cadence, in a pass the timer woke, never on a memory wake); what it
-//! decides is `evictd_policy::engine::local_storage_eviction`'s.
+//! (on the housekeeping cadence, in whichever pass comes first once it is due: it reads the
+//! disk walker's last walk, never the disk); what it decides is
+//! `evictd_policy::engine::local_storage_eviction`'s.
 
 use super::*;
 
 impl Pressure {
-    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period` and only
-    /// in a pass the housekeeping timer woke (the disk walk never delays a pass a memory
-    /// wake asked for): every pod over one of its own ephemeral-storage limits (emptyDir
+    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period`, in the
+    /// first pass after it is due, whatever woke it (a steady stream of kernel wakes must not
+    /// starve it): every pod over one of its own ephemeral-storage limits (emptyDir
     /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
-    /// whatever the thresholds say. Nothing is read when no pod sets such a limit.
+    /// whatever the thresholds say. Nothing is read when no pod sets such a limit, and no
+    /// directory is walked: logs and volumes are the walker's.
     pub(super) async fn evict_pods_over_storage_limits(
         &mut self,
         pods: &Arc<Vec<PodRecord>>,
-        wake: Option<Wake>,
     ) -> Vec<EvictionRecord> {
-        let housekeeping = wake.is_none_or(|w| w.cause == WakeCause::Timer);
         let due = self.limits_checked.is_none_or(|t| t.elapsed() >= self.storage_limit_period);
-        if !self.policy.local_storage_capacity_isolation || !housekeeping || !due {
+        if !self.policy.local_storage_capacity_isolation || !due {
             return Vec::new();
         }
         self.limits_checked = Some(Instant::now());

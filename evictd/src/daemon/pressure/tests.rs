@@ -377,3 +377,44 @@ async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
     let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
     assert_eq!(names(&records)[0], "a", "{records:?}");
 }
+
+/// The storage-limit check runs in the first pass once it is due, whatever woke it (a
+/// steady stream of kernel wakes must not starve it), and reads the disk walker's last
+/// walk instead of walking in the pass.
+#[tokio::test(flavor = "current_thread")]
+async fn the_storage_limit_check_runs_on_any_wake_from_the_last_walk() {
+    use crate::{
+        runtime::{
+            cri::scripted::{Script, scripted_runtime},
+            disk_usage::DiskWalker,
+        },
+        vocab::WakeCause,
+    };
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("cri.sock");
+    scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
+    let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap();
+    memcg(&d.path().join("kubepods/pod-over"), 10 << 20);
+    let mut over = pod("over", Some("/kubepods/pod-over"));
+    over.uid = "over".into();
+    over.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
+        {"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}}))
+    .unwrap();
+    let kubelet = d.path().join("kubelet");
+    let vol = kubelet.join("pods/over/volumes/kubernetes.io~empty-dir/scratch");
+    std::fs::create_dir_all(&vol).unwrap();
+    std::fs::write(vol.join("fill"), vec![1u8; 2 << 20]).unwrap();
+    let pods = Arc::new(vec![over]);
+    let (wakes, _woken) = tokio::sync::mpsc::channel(4);
+    let walker =
+        DiskWalker::spawn(watch::channel(pods.clone()).1, kubelet, Duration::from_secs(3600), false, wakes)
+            .unwrap();
+    while walker.last().at.is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut p = pressure_with(d.path(), &PolicyArgs::default(), Some(client));
+    p.disk_walker = Some(walker);
+    let (records, _) = p.pass(&pods, || 1_000_000_000, Some(Wake::now(WakeCause::Charge))).await;
+    assert_eq!(names(&records), ["over"], "checked on a charge wake: {records:?}");
+    assert!(records[0].message.contains("exceeds the limit"), "{}", records[0].message);
+}
