@@ -17,6 +17,10 @@ pub struct PolicyArgs {
     /// A KubeletConfiguration file (YAML or JSON) to read the eviction fields from.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// The kubelet's drop-in directory (its `--config-dir`): every `*.conf` in it is merged
+    /// over `--config` in lexical order, as the kubelet merges them.
+    #[arg(long, value_name = "DIR")]
+    pub config_dir: Option<PathBuf>,
     /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`.
     /// Omitted: the kubelet's Linux defaults. Empty (`--eviction-hard=`): none.
     #[arg(long, value_name = "LIST")]
@@ -73,9 +77,10 @@ impl PolicyArgs {
 
     /// The policy inputs: the config file's fields, each replaced by its flag when given.
     pub fn input(&self) -> Result<PolicyInput, FlagsError> {
-        let mut input = match &self.config {
-            Some(path) => kubelet_config::read(path)?,
-            None => PolicyInput::default(),
+        let mut input = match (&self.config, &self.config_dir) {
+            (main, Some(dir)) => kubelet_config::read_with_dropins(main.as_deref(), dir)?,
+            (Some(path), None) => kubelet_config::read(path)?,
+            (None, None) => PolicyInput::default(),
         };
         if let Some(h) = &self.eviction_hard {
             input.hard = Some(MapSetting::from_flag("--eviction-hard", h, '<')?);

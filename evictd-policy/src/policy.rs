@@ -130,9 +130,9 @@ pub enum PolicyError {
     Invalid { setting: String, reason: String },
 }
 
-/// The kubelet's Linux `evictionHard` default, used when no hard thresholds are given at all.
-pub const DEFAULT_EVICTION_HARD: &str =
-    "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<15%";
+/// The kubelet's Linux `evictionHard` default (`DefaultEvictionHard`; `imagefs.inodesFree`
+/// since 1.33), used when no hard thresholds are given at all.
+pub const DEFAULT_EVICTION_HARD: &str = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<15%,imagefs.inodesFree<5%";
 pub const DEFAULT_PRESSURE_TRANSITION_NS: i64 = 300 * 1_000_000_000;
 
 /// One map-valued setting and where it came from (a flag or a config-file field), so that
@@ -250,6 +250,7 @@ pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, 
         let copies = allocatable_thresholds(&thresholds);
         thresholds.extend(copies);
     }
+    warn_empty_policy(input, &thresholds, warnings);
     Ok(Policy {
         thresholds,
         pressure_transition_period_ns: parse_pressure_transition_period(input)?,
@@ -261,6 +262,18 @@ pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, 
             DEFAULT_IMAGE_MINIMUM_GC_AGE_NS,
         )?,
     })
+}
+
+/// A policy without a threshold evicts nothing for node pressure — the kubelet accepts it
+/// (`evictionHard: {}`) without a word; evictd says so, naming where the hard map came from.
+fn warn_empty_policy(input: &PolicyInput, thresholds: &[Threshold], warnings: &mut Vec<String>) {
+    if thresholds.is_empty() {
+        let hard = input.hard.as_ref().map_or("--eviction-hard (default)", |h| h.source.as_str());
+        warnings.push(format!(
+            "no eviction threshold (from {hard}): no pod is evicted for node pressure, only pods over \
+             their own storage limits; the kernel's OOM killer is the node's only defence"
+        ));
+    }
 }
 
 /// `parseThresholdStatements`: one threshold per `signal<value`, in signal order; the exact

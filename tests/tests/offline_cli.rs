@@ -56,6 +56,41 @@ fn check_config_prints_the_policy_contract() {
     assert!(t.iter().any(|t| t["signal"] == "allocatableMemory.available"));
 }
 
+/// `--config` and `--config-dir` assembled as the kubelet assembles them: a drop-in's map
+/// merges into the main file's key by key; a policy left empty is said on stderr.
+#[test]
+fn check_config_reads_the_kubelets_drop_ins() {
+    let d = tempfile::tempdir().unwrap();
+    let main = d.path().join("config.yaml");
+    std::fs::write(
+        &main,
+        "kind: KubeletConfiguration\nevictionHard:\n  memory.available: 500Mi\n  nodefs.available: 10%\n",
+    )
+    .unwrap();
+    let dir = d.path().join("config.d");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(
+        dir.join("10-memory.conf"),
+        "kind: KubeletConfiguration\nevictionHard:\n  memory.available: 1Gi\n",
+    )
+    .unwrap();
+    let (m, c) = (main.display().to_string(), dir.display().to_string());
+    let o = evictd(&["check-config", "--config", &m, "--config-dir", &c, "--output", "json"]);
+    let v = &stdout_json_lines(&o)[0];
+    let hard: Vec<String> = v["thresholds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["hard"] == true && t["signal"] != "allocatableMemory.available")
+        .map(|t| t["signal"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(hard, ["memory.available", "nodefs.available"], "{v}");
+    std::fs::write(dir.join("20-none.conf"), "kind: KubeletConfiguration\nevictionHard: null\n").unwrap();
+    std::fs::write(&main, "kind: KubeletConfiguration\nevictionHard: {}\n").unwrap();
+    let o = evictd(&["check-config", "--config", &m, "--output", "json"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no eviction threshold"), "{o:?}");
+}
+
 /// A percentage is the kubelet's float32 (`parsePercentage`: the number parsed as float32,
 /// divided by 100 in float32), printed as the shortest decimal that reads back as that
 /// float32; `check-config` and `simulate`'s `thresholds_met` print the same number for the

@@ -37,6 +37,7 @@ fn omitted_hard_gives_linux_defaults_plus_allocatable_copy() {
             "nodefs.available<10%",
             "nodefs.inodesFree<5%",
             "imagefs.available<15%",
+            "imagefs.inodesFree<5%",
             "allocatableMemory.available<100Mi"
         ]
     );
@@ -56,7 +57,7 @@ fn empty_hard_means_none_and_partial_hard_drops_other_defaults() {
 fn zero_and_hundred_percent_are_dropped_with_a_warning() {
     let (p, w) = build_ok(&input(Some("memory.available<0%,nodefs.available<100%"), "", "", ""));
     assert!(p.thresholds.is_empty());
-    assert_eq!(w.len(), 2, "{w:?}");
+    assert_eq!(w.len(), 3, "two dropped, and the policy left empty: {w:?}");
     // ... but 0.0% and 100.0% are real thresholds.
     let (p, _) = build_ok(&input(Some("memory.available<0.0%,nodefs.available<100.0%"), "", "", ""));
     assert_eq!(p.thresholds[0].value, ThresholdValue::Percentage(0.0));
@@ -131,7 +132,7 @@ fn grace_period_rules() {
     // A grace period without a soft threshold is ignored, with a warning.
     let (p, w) = build_ok(&input(Some(""), "", "memory.available=1m", ""));
     assert!(p.thresholds.is_empty());
-    assert_eq!(w.len(), 1);
+    assert_eq!(w.len(), 2, "the unused grace period, and the policy left empty: {w:?}");
 }
 
 #[test]
@@ -250,4 +251,14 @@ proptest::proptest! {
         let (p, _) = build_ok(&input(Some(&text), "", "", ""));
         proptest::prop_assert_eq!(p.thresholds[0].value.resolve(0), v);
     }
+}
+
+/// A policy that evicts nothing is accepted, as the kubelet accepts it, and said loudly.
+#[test]
+fn an_empty_policy_is_said() {
+    let (p, w) = build_ok(&input(Some(""), "", "", ""));
+    assert!(p.thresholds.is_empty());
+    assert!(w.iter().any(|w| w.contains("no eviction threshold")), "{w:?}");
+    let (_, w) = build_ok(&input(None, "", "", ""));
+    assert!(!w.iter().any(|w| w.contains("no eviction threshold")), "{w:?}");
 }

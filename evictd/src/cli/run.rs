@@ -267,6 +267,12 @@ impl RunArgs {
         if let Some(f) = &self.kubeconfig {
             paths.push(HostPath { path: f.clone(), why: "--kubeconfig" });
         }
+        if let Some(f) = &self.policy.config {
+            paths.push(HostPath { path: f.clone(), why: "--config: the kubelet's configuration file" });
+        }
+        if let Some(d) = &self.policy.config_dir {
+            paths.push(HostPath { path: d.clone(), why: "--config-dir: the kubelet's drop-in directory" });
+        }
         paths
     }
 
@@ -440,7 +446,7 @@ mod tests {
     #[test]
     fn defaults_are_the_kubelet_hard_thresholds_and_the_whole_node() {
         let o = args(&[]).unwrap();
-        assert_eq!(o.policy.thresholds.len(), 5, "4 kubelet defaults + the allocatable copy");
+        assert_eq!(o.policy.thresholds.len(), 6, "5 kubelet defaults + the allocatable copy");
         assert!(o.pressure.signals.node.is_root);
         assert!(!o.pressure.dry_run);
         assert_eq!(o.pressure.cri_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));

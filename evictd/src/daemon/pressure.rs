@@ -78,8 +78,10 @@ pub struct Pressure {
     pub kill: KillOptions,
     pub own_pod_uid: Option<String>,
     pub evict_inferred_kube_system: bool,
-    /// The pods' logs and volumes, walked by a thread of its own (`None`: not started).
+    /// The pods' logs and volumes, walked by a thread of its own (`None`: not started), and
+    /// since when a disk threshold is met (a walk from before cannot rank for it).
     pub disk_walker: Option<DiskWalker>,
+    disk_met_since: Option<Instant>,
     /// Whether pod specs come from the Kubernetes API: then an inferred one is a guess
     /// while the API is late, evicted only at an emergency.
     pub specs_from_api: bool,
@@ -133,6 +135,7 @@ impl Pressure {
             evict_inferred_kube_system: opts.evict_inferred_kube_system,
             specs_from_api: false,
             disk_walker: None,
+            disk_met_since: None,
             api: None,
             conditions: Vec::new(),
             escalate,
@@ -246,6 +249,7 @@ impl Pressure {
         let t0 = Instant::now();
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         self.conditions.clone_from(&first.node_conditions);
+        self.note_disk_pressure(&first);
         if first.thresholds_met.is_empty() {
             // The pressure is gone: no next eviction to hold back.
             self.cleanups.clear();

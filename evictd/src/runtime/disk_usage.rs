@@ -1,9 +1,9 @@
 //! The pods' logs and volumes, measured by a thread of its own (the kubelet's
 //! `fsResourceAnalyzer` caches volume stats the same way): a directory walk can take
 //! minutes on a volume of millions of files, and a pass that waited for it would hold every
-//! memory decision behind it. The pass reads the last walk; a disk decision whose walk is
-//! older than `FRESH` asks for a new one and leaves the eviction to the pass the walker's
-//! wake starts when it is done.
+//! memory decision behind it. The pass reads the last walk; a disk decision whose walk
+//! predates the disk pressure (or is older than a housekeeping period) asks for a new one
+//! and leaves the eviction to the pass the walker's `recheck` wake starts when it is done.
 //!
 //! The walker measures every pod while the policy has a disk threshold, else only the pods
 //! that set their own storage limits (all the storage-limit check reads); pods the
@@ -27,14 +27,16 @@ use super::{
 };
 use crate::{vocab::WakeCause, wake::Wake};
 
-/// A walk at most this old serves a disk decision; an older one is walked again first.
-pub const FRESH: Duration = Duration::from_secs(2);
+/// A walk serves a disk decision when it was made after the disk pressure began and at
+/// most a housekeeping period and this much ago (the kubelet ranks on stats of a similar
+/// age); else it is walked again first.
+pub const SLACK: Duration = Duration::from_secs(2);
 
 /// One walk's results.
 #[derive(Clone, Debug)]
 pub struct Walk {
     pub measured: Arc<DiskMeasured>,
-    /// When it ended (`None`: no walk yet).
+    /// When it began (`None`: no walk yet): what it measured is at least that recent.
     pub at: Option<Instant>,
 }
 
@@ -50,7 +52,7 @@ pub struct DiskWalker {
 
 impl DiskWalker {
     /// Starts the walker thread: a walk every `period` and whenever asked; one asked for ends
-    /// with a `Disk` wake on `wakes`, so the decision waiting for it runs. `None` (said why) when the
+    /// with a `Recheck` wake on `wakes`, so the decision waiting for it runs. `None` (said why) when the
     /// thread cannot be started: the daemon then runs without disk stats.
     pub fn spawn(
         pods: watch::Receiver<Arc<Vec<PodRecord>>>,
@@ -114,11 +116,11 @@ fn walk_until_dropped(
             .map(|p| (p.uid.clone(), usage::measure_disk(p, &kubelet_root)))
             .collect();
         tracing::debug!(pods = measured.len(), took_ms = t.elapsed().as_millis() as u64, "disk walk");
-        if last.send(Walk { measured: Arc::new(measured), at: Some(Instant::now()) }).is_err() {
+        if last.send(Walk { measured: Arc::new(measured), at: Some(t) }).is_err() {
             return;
         }
         if asked {
-            let _ = wakes.try_send(Wake::now(WakeCause::Disk));
+            let _ = wakes.try_send(Wake::now(WakeCause::Recheck));
         }
         asked = match kicked.recv_timeout(period) {
             Ok(()) => true,
@@ -174,7 +176,7 @@ mod tests {
         pods_tx.send_replace(Arc::new(vec![plain]));
         walker.kick();
         let wake = tokio::time::timeout(Duration::from_secs(10), woken.recv()).await.unwrap().unwrap();
-        assert_eq!(wake.cause, WakeCause::Disk);
+        assert_eq!(wake.cause, WakeCause::Recheck);
         assert_eq!(walked(&walker), ["plain"], "every pod now; the one no longer listed dropped");
         assert!(walker.last().measured["plain"].volumes[0].used_bytes.unwrap() >= 64 << 10);
     }

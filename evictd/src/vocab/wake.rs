@@ -21,7 +21,8 @@ pub enum WakeCause {
     Poll,
     /// The disk poll saw a disk threshold met.
     Disk,
-    /// The daemon itself, looking again at an evicted pod's memory (not a housekeeping tick).
+    /// The daemon's own second look (not a housekeeping tick): at an evicted pod's memory,
+    /// or at the pods' disk usage once a walk it asked for is done.
     Recheck,
 }
 

@@ -31,12 +31,26 @@ impl Pressure {
         d.actionable.first().is_some_and(|&i| self.thresholds[i].signal.resource().is_disk())
     }
 
-    /// True when the pods' last disk walk is too old to rank them by: a new one is asked
-    /// for, and its end wakes the pass that evicts. The pass never walks itself (a memory
-    /// crossing meanwhile would wait behind the walk).
+    /// Notes when a disk threshold began to be met (`None` while none is).
+    pub(super) fn note_disk_pressure(&mut self, d: &engine::Decision) {
+        let disk_met = d.thresholds_met.iter().any(|&i| self.thresholds[i].signal.resource().is_disk());
+        match (disk_met, self.disk_met_since) {
+            (true, None) => self.disk_met_since = Some(Instant::now()),
+            (false, Some(_)) => self.disk_met_since = None,
+            _ => {}
+        }
+    }
+
+    /// True when the pods' last disk walk is too old to rank them by — made before this disk
+    /// pressure began, or more than a housekeeping period ago: a new one is asked for, and
+    /// its end wakes the pass that evicts. The pass never walks itself (a memory crossing
+    /// meanwhile would wait behind the walk).
     pub(super) fn disk_walk_is_stale(&mut self) -> bool {
         let Some(walker) = &self.disk_walker else { return false };
-        let fresh = walker.last().at.is_some_and(|at| at.elapsed() <= disk_usage::FRESH);
+        let since = self.disk_met_since;
+        let max_age = self.storage_limit_period + disk_usage::SLACK;
+        let fresh =
+            walker.last().at.is_some_and(|at| since.is_none_or(|s| at >= s) && at.elapsed() <= max_age);
         if !fresh {
             walker.kick();
             tracing::debug!("disk pressure: measuring the pods' logs and volumes before ranking them");
