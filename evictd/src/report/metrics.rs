@@ -90,6 +90,8 @@ pub struct Metrics {
     phases: Family<PhaseLabel, Histogram>,
     pods: Family<SpecSourceLabel, Gauge>,
     ignored_annotations: Gauge,
+    /// Thresholds in force: 0 is a policy that evicts nothing for node pressure.
+    policy_thresholds: Gauge,
     available: Gauges<SignalLabel>,
     capacity: Gauges<SignalLabel>,
     thresholds: Gauges<ThresholdLabel>,
@@ -131,6 +133,7 @@ impl Default for Metrics {
             phases: histograms(),
             pods: Family::default(),
             ignored_annotations: Gauge::default(),
+            policy_thresholds: Gauge::default(),
             available: gauges_by_unit(
                 &mut r,
                 "signal_available",
@@ -176,6 +179,11 @@ impl Metrics {
             self.pods.clone(),
         );
         r.register(
+            "policy_thresholds",
+            "Eviction thresholds in force (hard, soft and allocatable copies); 0: no pod is evicted for node pressure",
+            self.policy_thresholds.clone(),
+        );
+        r.register(
             "pods_ignored_annotations",
             "Pods whose evictd.io annotations are ignored: their namespace is not in --annotation-namespaces",
             self.ignored_annotations.clone(),
@@ -215,6 +223,7 @@ impl Metrics {
     /// created at 0 so that evictions read 0 before the first, and the threshold gauges of a
     /// previous policy go (`observed` sets the current ones).
     pub fn configured(&self, thresholds: &[Threshold]) {
+        self.policy_thresholds.set(thresholds.len() as i64);
         for family in &self.thresholds {
             family.clear();
         }
@@ -412,6 +421,9 @@ mod tests {
             "evictd_eviction_recorded_seconds histogram",
             "evictd_pods gauge",
             "evictd_pods_ignored_annotations gauge",
+            "evictd_policy_thresholds gauge",
+            "evictd_node_taint gauge",
+            "evictd_eviction_records_reverted counter",
             "evictd_signal_available_bytes gauge",
             "evictd_signal_available_inodes gauge",
             "evictd_signal_available_pids gauge",
@@ -426,6 +438,9 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {family}\n")), "{family} missing:\n{text}");
         }
         for series in [
+            "evictd_policy_thresholds 1",
+            "evictd_eviction_records_reverted_total 0",
+            "evictd_node_taint{taint=\"evictd.io/memory-pressure\"} 0",
             "evictd_pods{spec_source=\"inferred\"} 0",
             "evictd_node_condition{condition=\"MemoryPressure\"} 0",
             "evictd_wake_source_active{source=\"ebpf\"} 0",
