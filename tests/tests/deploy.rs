@@ -435,6 +435,17 @@ fn the_admission_policy_scopes_evictd_to_its_own_node() {
         assert!(!why.contains("(error:"), "{what}: {why}");
         println!("refused {what}: {why}");
     }
+    // A refusal is a 403 (evictd reports it as refused, not a conflict to retry), and the
+    // binding names the policy (a typo would disable it without a word).
+    for v in policy["spec"]["validations"].as_array().unwrap() {
+        assert_eq!(v["reason"], "Forbidden", "{v}");
+    }
+    let binding = documents("admission-policy.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .unwrap();
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     // It covers every write the ClusterRole grants.
     let role: ClusterRole = object("rbac.yaml", "ClusterRole");
     let rules = policy["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap();

@@ -352,6 +352,10 @@ impl Worker {
                 // Closing, or the task's owner gone: what is queued gets its last try now,
                 // each object's calls in order.
                 _ = closing.wait_for(|c| *c), if open => {
+                    // Closed first: a call queued from here on (an eviction finishing during
+                    // the flush) is refused at once, counted and logged as dropped, not kept
+                    // where nobody would send it.
+                    rx.close();
                     while let Ok(q) = rx.try_recv() {
                         inflight.take(&me, q);
                     }

@@ -243,6 +243,10 @@ impl Tainter {
                 Ok(()) => return,
             }
         }
+        tracing::error!(
+            "Kubernetes API: evictd's taints left on node {} at exit: every write conflicted",
+            self.node
+        );
     }
 
     fn failed(&self, failed: Failed, again: Duration) {

@@ -162,6 +162,16 @@ struct PendingWakes {
 const PENDING_WAKES: usize = WAKE_BATCH;
 
 impl PendingWakes {
+    /// Whether any wake of the batch is a housekeeping one (the timer's, the disk poll's,
+    /// evictd's own recheck): the storage-limit check runs in such a pass, never in one only
+    /// memory woke, whose decision must not wait behind its evictions.
+    fn asks_housekeeping(&self) -> bool {
+        let housekeeping =
+            |c: WakeCause| matches!(c, WakeCause::Timer | WakeCause::Disk | WakeCause::Recheck);
+        self.kept.iter().any(|w| housekeeping(w.cause))
+            || WakeCause::ALL.into_iter().any(|c| housekeeping(c) && self.counted_only[c.index()] > 0)
+    }
+
     fn add(&mut self, batch: &mut Vec<Wake>) {
         let room = PENDING_WAKES.saturating_sub(self.kept.len());
         if batch.len() > room {
@@ -326,8 +336,9 @@ impl Daemon {
         let pods = self.pods.borrow().clone();
         // The wake to account the decision to: the earliest in the batch.
         let first = wakes.kept.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
+        let housekeeping = wakes.asks_housekeeping();
         self.pass = Some(tokio::spawn(async move {
-            let (evictions, obs) = pressure.pass(&pods, engine_ns, first).await;
+            let (evictions, obs) = pressure.pass(&pods, engine_ns, first, housekeeping).await;
             PassDone { pressure, wakes, evictions, obs }
         }));
     }
@@ -516,6 +527,22 @@ mod tests {
 
     /// A wake storm while a pass runs keeps at most `PENDING_WAKES` wakes one by one, the
     /// earliest; the rest are counted by cause, none lost from the counts.
+    /// A batch asks for the storage-limit check when any of its wakes is a housekeeping one,
+    /// kept or only counted; one of memory wakes alone does not.
+    #[test]
+    fn a_batch_asks_for_housekeeping_when_any_wake_does() {
+        let mut pending = PendingWakes::default();
+        pending.add(&mut vec![Wake::now(WakeCause::Charge), Wake::now(WakeCause::DirectReclaim)]);
+        assert!(!pending.asks_housekeeping());
+        pending.add(&mut vec![Wake::now(WakeCause::Timer)]);
+        assert!(pending.asks_housekeeping());
+        let mut full = PendingWakes::default();
+        full.add(&mut (0..PENDING_WAKES).map(|_| Wake::now(WakeCause::Charge)).collect());
+        full.add(&mut vec![Wake::now(WakeCause::Timer)]);
+        assert!(full.kept.iter().all(|w| w.cause == WakeCause::Charge), "the timer's only counted");
+        assert!(full.asks_housekeeping());
+    }
+
     #[test]
     fn wakes_queued_during_a_pass_are_bounded_and_counted() {
         let mut pending = PendingWakes::default();

@@ -33,7 +33,7 @@ use crate::{
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     runtime::{
         cri::CriClient,
-        disk_usage::{self, DiskWalker},
+        disk_usage::DiskWalker,
         evict::{self, StopPlan},
         inventory::PodRecord,
         kill::KillTarget,
@@ -190,14 +190,17 @@ impl Pressure {
     }
 
     /// Observe, decide, act; repeated while evictions succeed. `pods` is the inventory's
-    /// latest snapshot. Returns what was done and the node's latest observation.
+    /// latest snapshot; `housekeeping`: a wake of the batch asks for the storage-limit check.
+    /// Returns what was done and the node's latest observation.
     pub async fn pass(
         &mut self,
         pods: &Arc<Vec<PodRecord>>,
         now_ns: impl Fn() -> i64,
         wake: Option<Wake>,
+        housekeeping: bool,
     ) -> (Vec<EvictionRecord>, Observations) {
-        let mut records = self.evict_pods_over_storage_limits(pods).await;
+        let mut records =
+            if housekeeping { self.evict_pods_over_storage_limits(pods).await } else { Vec::new() };
         if !records.is_empty() {
             let observed_ns = monotonic_ns();
             for rec in &mut records {
@@ -260,19 +263,18 @@ impl Pressure {
             return Vec::new();
         }
         let signal = self.thresholds[first.actionable[0]].signal;
+        let disk = self.drives_on_disk(&first);
+        // Asked for first: the walk runs while node-level reclaim does.
+        let walk_stale = disk && self.disk_walk_is_stale();
         if self.awaits_cleanup(signal, obs).await
             || self.disk_settling(&first)
             || self.node_level_reclaim_resolves(&first, pods, now).await
+            || walk_stale
         {
             self.state = state;
             return Vec::new();
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
-        let disk = self.drives_on_disk(&first);
-        if disk && self.disk_walk_is_stale() {
-            self.state = state;
-            return Vec::new();
-        }
         let candidates = self.candidates(pods, disk).await;
         let records = self.evict_one(&candidates, obs, now, t0).await;
         if disk && records.iter().any(|r| r.error.is_none() && !r.dry_run) {

@@ -2,8 +2,8 @@
 //! `fsResourceAnalyzer` caches volume stats the same way): a directory walk can take
 //! minutes on a volume of millions of files, and a pass that waited for it would hold every
 //! memory decision behind it. The pass reads the last walk; a disk decision whose walk
-//! predates the disk pressure (or is older than a housekeeping period) asks for a new one
-//! and leaves the eviction to the pass the walker's `recheck` wake starts when it is done.
+//! began before the disk pressure did asks for a new one and leaves the eviction to the
+//! pass the walker's `recheck` wake starts when it is done.
 //!
 //! The walker measures every pod while the policy has a disk threshold, else only the pods
 //! that set their own storage limits (all the storage-limit check reads); pods the
@@ -26,11 +26,6 @@ use super::{
     usage::{self, DiskMeasured},
 };
 use crate::{vocab::WakeCause, wake::Wake};
-
-/// A walk serves a disk decision when it was made after the disk pressure began and at
-/// most a housekeeping period and this much ago (the kubelet ranks on stats of a similar
-/// age); else it is walked again first.
-pub const SLACK: Duration = Duration::from_secs(2);
 
 /// One walk's results.
 #[derive(Clone, Debug)]

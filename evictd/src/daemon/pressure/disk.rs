@@ -41,16 +41,14 @@ impl Pressure {
         }
     }
 
-    /// True when the pods' last disk walk is too old to rank them by — made before this disk
-    /// pressure began, or more than a housekeeping period ago: a new one is asked for, and
-    /// its end wakes the pass that evicts. The pass never walks itself (a memory crossing
-    /// meanwhile would wait behind the walk).
+    /// True when the pods' last disk walk began before this disk pressure did, so cannot
+    /// rank for it: a new one is asked for, and its end wakes the pass that evicts. One walk
+    /// per pressure episode, however long walks take (the periodic ones keep it current
+    /// after); the pass never walks itself (a memory crossing meanwhile would wait).
     pub(super) fn disk_walk_is_stale(&mut self) -> bool {
         let Some(walker) = &self.disk_walker else { return false };
         let since = self.disk_met_since;
-        let max_age = self.storage_limit_period + disk_usage::SLACK;
-        let fresh =
-            walker.last().at.is_some_and(|at| since.is_none_or(|s| at >= s) && at.elapsed() <= max_age);
+        let fresh = walker.last().at.is_some_and(|at| since.is_none_or(|s| at >= s));
         if !fresh {
             walker.kick();
             tracing::debug!("disk pressure: measuring the pods' logs and volumes before ranking them");

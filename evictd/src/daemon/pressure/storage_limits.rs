@@ -1,14 +1,14 @@
 //! The kubelet's `localStorageEviction` in the daemon: when the check runs is decided here
-//! (on the housekeeping cadence, in whichever pass comes first once it is due: it reads the
-//! disk walker's last walk, never the disk); what it decides is
+//! (on the housekeeping cadence, in a pass any housekeeping wake of its batch asked for;
+//! it reads the disk walker's last walk, never the disk); what it decides is
 //! `evictd_policy::engine::local_storage_eviction`'s.
 
 use super::*;
 
 impl Pressure {
-    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period`, in the
-    /// first pass after it is due, whatever woke it (a steady stream of kernel wakes must not
-    /// starve it): every pod over one of its own ephemeral-storage limits (emptyDir
+    /// The kubelet's `localStorageEviction`, at most once per `storage_limit_period`, in a
+    /// pass a housekeeping wake asked for, among however many kernel wakes (a steady stream
+    /// of them must not starve it; a pass only memory woke must not wait behind it): every pod over one of its own ephemeral-storage limits (emptyDir
     /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
     /// whatever the thresholds say. Nothing is read when no pod sets such a limit, and no
     /// directory is walked: logs and volumes are the walker's.

@@ -110,7 +110,7 @@ async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
     // A runtime that is not there: StopContainer fails.
     let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_millis(200)).unwrap();
     let mut p = under_pressure(d.path(), Some(client));
-    let (records, _) = p.pass(&Arc::new(pods), || 1, None).await;
+    let (records, _) = p.pass(&Arc::new(pods), || 1, None, false).await;
     assert_eq!(records.len(), 1, "one failed kill, no other pod tried: {records:?}");
     assert!(records[0].error.as_deref().is_some_and(|e| e.contains("StopContainer")), "{records:?}");
 }
@@ -127,10 +127,10 @@ async fn evictds_own_pod_is_never_chosen() {
     app.uid = "uid-of-app".into();
     let mut p = under_pressure(d.path(), None);
     p.own_pod_uid = Some("uid-of-evictd".into());
-    let (records, _) = p.pass(&Arc::new(vec![me.clone(), app.clone()]), || 1, None).await;
+    let (records, _) = p.pass(&Arc::new(vec![me.clone(), app.clone()]), || 1, None, false).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
     // Without knowing its own pod, the largest (evictd's) would be first: the test can fail.
-    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![me, app]), || 1, None).await;
+    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![me, app]), || 1, None, false).await;
     assert_eq!(records[0].name, "evictd", "{records:?}");
 }
 
@@ -149,11 +149,11 @@ async fn finished_pods_are_not_candidates() {
     ok.spec.status.phase = Some("Succeeded".into());
     let app = pod("app", Some("/kubepods/pod-app"));
     let (records, _) =
-        under_pressure(d.path(), None).pass(&Arc::new(vec![done.clone(), ok, app]), || 1, None).await;
+        under_pressure(d.path(), None).pass(&Arc::new(vec![done.clone(), ok, app]), || 1, None, false).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
     // Running again, the largest would be first: the test can fail.
     done.spec.status.phase = Some("Running".into());
-    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![done]), || 1, None).await;
+    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![done]), || 1, None, false).await;
     assert_eq!(records[0].name, "done", "{records:?}");
 }
 
@@ -194,7 +194,7 @@ async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
     for (allowed, victim) in [(false, "app"), (true, "coredns")] {
         let mut p = under_pressure(d.path(), None);
         p.evict_inferred_kube_system = allowed;
-        let (records, _) = p.pass(&pods, || 1, None).await;
+        let (records, _) = p.pass(&pods, || 1, None, false).await;
         assert_eq!(records[0].name, victim, "allowed={allowed}: {records:?}");
     }
 }
@@ -214,7 +214,7 @@ async fn an_inferred_node_critical_pod_is_never_chosen() {
     let mut app = pod("app", Some("/kubepods/besteffort/pod-app"));
     app.spec = crate::runtime::infer::infer_spec(&app, 4 << 30);
     let mut p = under_pressure(d.path(), None);
-    let (records, _) = p.pass(&Arc::new(vec![dns, app]), || 1, None).await;
+    let (records, _) = p.pass(&Arc::new(vec![dns, app]), || 1, None, false).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
 }
 
@@ -301,19 +301,19 @@ fn names(records: &[EvictionRecord]) -> Vec<&str> {
 async fn the_next_eviction_waits_for_the_evicted_pods_memory() {
     let d = tempfile::tempdir().unwrap();
     let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
-    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
     assert_eq!(names(&records), ["a"], "one eviction, the node still under pressure: {records:?}");
     assert!(records[0].error.is_none(), "{records:?}");
-    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
     assert_eq!(names(&records), [] as [&str; 0], "a's 300 MiB still charged");
     assert!(p.cleanup_recheck().is_some(), "a pass looks again without a wake");
     // a's charge drops to 100 MiB, a third of what it was chosen with: the memory is back.
     memcg(&d.path().join("kubepods/pod-a"), 100 << 20);
-    let (records, _) = p.pass(&pods, || 3_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 3_000_000_000, None, false).await;
     assert_eq!(names(&records), ["b"], "{records:?}");
     // b's cgroup removed (the kubelet tore the pod down): back as well.
     std::fs::remove_dir_all(d.path().join("kubepods/pod-b")).unwrap();
-    let (records, _) = p.pass(&pods, || 4_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 4_000_000_000, None, false).await;
     assert_eq!(names(&records), ["c"], "{records:?}");
 }
 
@@ -323,11 +323,11 @@ async fn the_next_eviction_waits_for_the_evicted_pods_memory() {
 async fn an_emergency_evicts_without_waiting_for_the_last_pods_memory() {
     let d = tempfile::tempdir().unwrap();
     let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
-    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
     assert_eq!(names(&records), ["a"], "{records:?}");
     // 3.9 of 4 GiB in use: 0.1 GiB available, under half of the 3 GiB threshold.
     std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
-    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
     assert_eq!(names(&records)[0], "b", "{records:?}");
 }
 
@@ -338,15 +338,15 @@ async fn the_wait_for_an_evicted_pods_memory_ends_with_its_window() {
     let d = tempfile::tempdir().unwrap();
     let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
     p.cleanup_window = Duration::from_millis(300);
-    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
     assert_eq!(names(&records), ["a"], "{records:?}");
-    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
     assert_eq!(names(&records), [] as [&str; 0]);
     let recheck = p.cleanup_recheck().expect("a recheck while waiting");
     assert!(recheck <= tokio::time::Instant::now() + Duration::from_millis(300), "never past the window");
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert_eq!(p.cleanup_recheck(), None, "no recheck past the window: the loop would spin");
-    let (records, _) = p.pass(&pods, || 3_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 3_000_000_000, None, false).await;
     assert_eq!(names(&records), ["b"], "{records:?}");
 }
 
@@ -366,23 +366,24 @@ async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
     // Without an API every spec is what evictd has: the largest (inferred) goes first.
     std::fs::create_dir_all(d.path().join("no-api")).unwrap();
     let (mut no_api, _) = three_pods_and_a_runtime(&d.path().join("no-api")).await;
-    let (records, _) = no_api.pass(&pods, || 1_000_000_000, None).await;
+    let (records, _) = no_api.pass(&pods, || 1_000_000_000, None, false).await;
     assert_eq!(names(&records), ["a"], "{records:?}");
     p.specs_from_api = true;
-    let (records, _) = p.pass(&pods, || 1_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
     assert_eq!(names(&records), ["b"], "the listed pod, not the guess: {records:?}");
     // b's memory back; 3.9 of 4 GiB in use: an emergency.
     memcg(&d.path().join("kubepods/pod-b"), 1 << 20);
     std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
-    let (records, _) = p.pass(&pods, || 2_000_000_000, None).await;
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
     assert_eq!(names(&records)[0], "a", "{records:?}");
 }
 
-/// The storage-limit check runs in the first pass once it is due, whatever woke it (a
-/// steady stream of kernel wakes must not starve it), and reads the disk walker's last
-/// walk instead of walking in the pass.
+/// The storage-limit check runs in a pass any housekeeping wake of its batch asked for,
+/// also when a charge came first (a steady stream of kernel wakes must not starve it), never
+/// in a pass only memory woke (whose decision must not wait behind its evictions), and reads
+/// the disk walker's last walk instead of walking in the pass.
 #[tokio::test(flavor = "current_thread")]
-async fn the_storage_limit_check_runs_on_any_wake_from_the_last_walk() {
+async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     use crate::{
         runtime::{
             cri::scripted::{Script, scripted_runtime},
@@ -414,7 +415,10 @@ async fn the_storage_limit_check_runs_on_any_wake_from_the_last_walk() {
     }
     let mut p = pressure_with(d.path(), &PolicyArgs::default(), Some(client));
     p.disk_walker = Some(walker);
-    let (records, _) = p.pass(&pods, || 1_000_000_000, Some(Wake::now(WakeCause::Charge))).await;
+    let charge = Some(Wake::now(WakeCause::Charge));
+    let (records, _) = p.pass(&pods, || 1_000_000_000, charge, false).await;
+    assert_eq!(names(&records), [] as [&str; 0], "a pass only memory woke: {records:?}");
+    let (records, _) = p.pass(&pods, || 1_000_000_000, charge, true).await;
     assert_eq!(names(&records), ["over"], "checked on a charge wake: {records:?}");
     assert!(records[0].message.contains("exceeds the limit"), "{}", records[0].message);
 }
