@@ -92,7 +92,7 @@ impl Pressure {
                 .map(|(i, (p, s))| PodEntry {
                     pod: &p.spec,
                     stats: Some(s),
-                    protected: failed.contains(&i) || self.protects(p) || (guesses_wait && p.spec_inferred()),
+                    protected: failed.contains(&i) || self.protects(p),
                 })
                 .collect();
             // Every try decides from the state before the decision: a state taken after a failed
@@ -104,6 +104,10 @@ impl Pressure {
                 break;
             };
             let (pod, stats) = &candidates[e.pod];
+            if guesses_wait && pod.spec_inferred() {
+                self.hold_back_guess(pod);
+                break;
+            }
             let mut rec = self.record(pod, &e, obs, t0);
             let done = self.act(pod, stats, &mut rec).await;
             records.push(rec);
@@ -123,26 +127,24 @@ impl Pressure {
     /// With specs from the API server, a pod whose spec is only inferred (the API has not
     /// listed it yet: a late first list, a pod newer than the last watch event) may be
     /// anyone's — its priority unknown, its requests a guess — and is evicted only when
-    /// memory is below the emergency level, where waiting would let the kernel act.
-    fn guesses_wait(&mut self, candidates: &[(&PodRecord, PodStats)], obs: &Observations) -> bool {
-        if !self.specs_from_api || !candidates.iter().any(|(p, _)| p.spec_inferred()) {
-            return false;
-        }
-        if urgency::emergency_met(&self.thresholds, obs, self.kill.emergency) {
-            return false;
-        }
-        let guessed: Vec<String> = candidates
-            .iter()
-            .filter(|(p, _)| p.spec_inferred())
-            .map(|(p, _)| format!("{}/{}", p.namespace, p.name))
-            .collect();
-        if !self.repeated("inferred specs wait") {
-            tracing::info!(
-                pods = %guessed.join(", "),
-                "not evicted short of an emergency: the Kubernetes API has not listed these pods, their specs are only inferred"
+    /// memory is below the emergency level, where waiting would let the kernel act. Short of
+    /// it, a decision whose top-ranked pod is such a guess evicts nobody: taking the next,
+    /// listed pod instead would take a bystander for the guess's pressure.
+    fn guesses_wait(&self, candidates: &[(&PodRecord, PodStats)], obs: &Observations) -> bool {
+        self.specs_from_api
+            && candidates.iter().any(|(p, _)| p.spec_inferred())
+            && !urgency::emergency_met(&self.thresholds, obs, self.kill.emergency)
+    }
+
+    fn hold_back_guess(&mut self, pod: &PodRecord) {
+        let who = format!("{}/{}", pod.namespace, pod.name);
+        if !self.repeated(&format!("guess {who}")) {
+            tracing::warn!(
+                pod = %who,
+                "no eviction short of an emergency: the top-ranked pod is not listed by the Kubernetes \
+                 API yet, its spec only inferred (priority unknown)"
             );
         }
-        true
     }
 
     /// Pods evictd never evicts, beyond the kubelet's critical pods: itself, and — unless

@@ -352,8 +352,9 @@ async fn the_wait_for_an_evicted_pods_memory_ends_with_its_window() {
 
 /// With specs from the API server, a pod it has not listed (its spec only inferred: the
 /// first list is late, the pod newer than the last event) is not evicted short of an
-/// emergency, even as the largest: its priority is unknown. Listed pods go first; below
-/// the emergency level the inferred one may go too.
+/// emergency: its priority is unknown. A decision it tops evicts nobody (the next, listed
+/// pod would be a bystander); one a listed pod tops goes ahead; below the emergency level
+/// the guess may go too.
 #[tokio::test(flavor = "current_thread")]
 async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
     let d = tempfile::tempdir().unwrap();
@@ -370,11 +371,16 @@ async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
     assert_eq!(names(&records), ["a"], "{records:?}");
     p.specs_from_api = true;
     let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
-    assert_eq!(names(&records), ["b"], "the listed pod, not the guess: {records:?}");
-    // b's memory back; 3.9 of 4 GiB in use: an emergency.
-    memcg(&d.path().join("kubepods/pod-b"), 1 << 20);
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    assert_eq!(names(&records), [] as [&str; 0], "the guess tops the ranking: nobody, not a bystander");
+    // The guess shrinks below b: the listed pod tops the ranking and goes.
+    memcg(&d.path().join("kubepods/pod-a"), 150 << 20);
     let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
+    assert_eq!(names(&records), ["b"], "{records:?}");
+    // The guess grows back; 3.9 of 4 GiB in use: an emergency, and it goes.
+    memcg(&d.path().join("kubepods/pod-b"), 1 << 20);
+    memcg(&d.path().join("kubepods/pod-a"), 300 << 20);
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    let (records, _) = p.pass(&pods, || 3_000_000_000, None, false).await;
     assert_eq!(names(&records)[0], "a", "{records:?}");
 }
 
