@@ -239,35 +239,44 @@ fn du(dir: &Path) -> (u64, u64) {
     (bytes, inodes)
 }
 
-/// `du`, and how many inodes it had to remember. Only those that can be met twice are: files
-/// with more than one link (as `du` and the kubelet's walk do), and directories (a bind
-/// mount can bring one back on the same filesystem, and the walk must not loop). A volume
-/// of a million small files then costs a few bytes per directory, not ~16 per file.
+/// `du`, and the most it held at once: inodes remembered plus directories open. Only files
+/// with more than one link are remembered (as `du` and the kubelet's walk do: another link
+/// may come later), and the walk keeps one open directory per level, not every sibling's
+/// path: a volume of a million files, or of a million sibling directories (a tenant's to
+/// make), costs evictd what its depth costs. Termination needs no more: symlinks are not
+/// followed, and a bind mount shows a finite tree.
 fn du_remembering(dir: &Path) -> (u64, u64, usize) {
     use std::{collections::HashSet, os::unix::fs::MetadataExt as _};
-    let Ok(top) = std::fs::metadata(dir) else { return (0, 0, 0) };
-    let mut seen = HashSet::from([top.ino()]);
+    let Ok(top) = std::fs::symlink_metadata(dir) else { return (0, 0, 0) };
+    let mut linked = HashSet::new();
     let mut total = (top.blocks() * 512, 1);
-    let mut pending = if top.is_dir() { vec![dir.to_path_buf()] } else { Vec::new() };
-    while let Some(d) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for e in entries.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.dev() != top.dev() {
-                continue;
-            }
-            let may_come_again = m.is_dir() || m.nlink() > 1;
-            if may_come_again && !seen.insert(m.ino()) {
-                continue;
-            }
-            total.0 += m.blocks() * 512;
-            total.1 += 1;
-            if m.is_dir() {
-                pending.push(e.path());
-            }
-        }
+    let mut open: Vec<std::fs::ReadDir> = Vec::new();
+    let mut most = 0;
+    if top.is_dir()
+        && let Ok(entries) = std::fs::read_dir(dir)
+    {
+        open.push(entries);
     }
-    (total.0, total.1, seen.len())
+    while let Some(level) = open.last_mut() {
+        let Some(entry) = level.next() else {
+            open.pop();
+            continue;
+        };
+        let Ok(e) = entry else { continue };
+        let Ok(m) = e.metadata() else { continue };
+        if m.dev() != top.dev() || (m.nlink() > 1 && !m.is_dir() && !linked.insert(m.ino())) {
+            continue;
+        }
+        total.0 += m.blocks() * 512;
+        total.1 += 1;
+        if m.is_dir()
+            && let Ok(entries) = std::fs::read_dir(e.path())
+        {
+            open.push(entries);
+        }
+        most = most.max(linked.len() + open.len());
+    }
+    (total.0, total.1, most)
 }
 
 /// Whether a cgroup tree holds no process any more (or is gone).
@@ -492,9 +501,13 @@ mod tests {
         for i in 0..2000 {
             std::fs::write(sub.join(format!("f{i}")), b"x").unwrap();
         }
+        // 2000 sibling directories: held one open directory per level, not 2000 paths.
+        for i in 0..2000 {
+            std::fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
+        }
         std::fs::hard_link(sub.join("f0"), dir.path().join("link")).unwrap();
-        let (_, inodes, remembered) = du_remembering(dir.path());
-        assert_eq!(inodes, 1 + 1 + 2000, "the top, a/, every file once (the link is f0)");
-        assert!(remembered <= 3, "remembered {remembered} inodes for 2000 files");
+        let (_, inodes, held) = du_remembering(dir.path());
+        assert_eq!(inodes, 1 + 1 + 2000 + 2000, "the top, a/, every file once (the link is f0), every dir");
+        assert!(held <= 3, "held {held} entries for 2000 files and 2000 directories");
     }
 }
