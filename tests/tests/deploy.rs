@@ -371,6 +371,12 @@ fn the_admission_policy_scopes_evictd_to_its_own_node() {
         n["status"]["conditions"][2]["status"] = json!(evictd_memory);
         n
     };
+    // What the API server changes itself differs too.
+    let versioned = |mut n: serde_json::Value| {
+        n["metadata"]["resourceVersion"] = json!("8");
+        n["metadata"]["managedFields"] = json!([{"manager": "evictd"}]);
+        n
+    };
     let req = |resource, sub_resource, object, old| Admission {
         user: evictd,
         node: Some("node-a"),
@@ -381,7 +387,7 @@ fn the_admission_policy_scopes_evictd_to_its_own_node() {
     };
     let admitted = [
         ("its pod's status", req("pods", "status", pod("node-a"), pod("node-a"))),
-        ("its taint on", req("nodes", "", tainted("NoSchedule"), before.clone())),
+        ("its taint on", req("nodes", "", versioned(tainted("NoSchedule")), before.clone())),
         ("its taint off", req("nodes", "", before.clone(), tainted("PreferNoSchedule"))),
         ("its condition", req("nodes", "status", with_conditions("False", "True"), before.clone())),
         ("its event", req("events", "", json!({"reportingInstance": "node-a"}), serde_json::Value::Null)),
@@ -401,6 +407,10 @@ fn the_admission_policy_scopes_evictd_to_its_own_node() {
     relabelled["metadata"]["labels"]["role"] = json!("db");
     let mut cordoned = before.clone();
     cordoned["spec"]["unschedulable"] = json!(true);
+    let mut annotated = tainted("NoSchedule");
+    annotated["metadata"]["annotations"] = json!({"x": "y"});
+    let mut capacity = with_conditions("False", "True");
+    capacity["status"]["allocatable"] = json!({"memory": "1Ti"});
     let refused = [
         ("another node's pod", req("pods", "status", pod("node-b"), pod("node-b"))),
         (
@@ -419,6 +429,8 @@ fn the_admission_policy_scopes_evictd_to_its_own_node() {
         ("a NoExecute taint", req("nodes", "", tainted("NoExecute"), before.clone())),
         ("a label", req("nodes", "", relabelled, before.clone())),
         ("a cordon", req("nodes", "", cordoned, before.clone())),
+        ("an annotation", req("nodes", "", annotated, before.clone())),
+        ("the Node's allocatable", req("nodes", "status", capacity, before.clone())),
         ("the kubelet's condition", req("nodes", "status", with_conditions("True", "True"), before.clone())),
         (
             "another node's event",

@@ -60,6 +60,9 @@ impl DiskWalker {
         let (kick, kicked) = std_mpsc::sync_channel(1);
         let walk_all = Arc::new(AtomicBool::new(walk_all));
         let all = walk_all.clone();
+        // Weak: the walker is no wake source, and must not keep the channel open when
+        // every source has stopped.
+        let wakes = wakes.downgrade();
         let spawned = std::thread::Builder::new()
             .name("evictd-disk".into())
             .spawn(move || walk_until_dropped(pods, kubelet_root, period, all, kicked, tx, wakes));
@@ -97,7 +100,7 @@ fn walk_until_dropped(
     walk_all: Arc<AtomicBool>,
     kicked: std_mpsc::Receiver<()>,
     last: watch::Sender<Walk>,
-    wakes: mpsc::Sender<Wake>,
+    wakes: mpsc::WeakSender<Wake>,
 ) {
     // Only a walk somebody asked for ends with a wake: a periodic one has nobody waiting.
     let mut asked = false;
@@ -114,7 +117,7 @@ fn walk_until_dropped(
         if last.send(Walk { measured: Arc::new(measured), at: Some(t) }).is_err() {
             return;
         }
-        if asked {
+        if asked && let Some(wakes) = wakes.upgrade() {
             let _ = wakes.try_send(Wake::now(WakeCause::Recheck));
         }
         asked = match kicked.recv_timeout(period) {
