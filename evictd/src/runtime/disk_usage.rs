@@ -157,6 +157,8 @@ mod tests {
         plain.spec.spec.volumes[0].empty_dir.as_mut().unwrap().size_limit = None;
         let (pods_tx, pods) = watch::channel(Arc::new(vec![limited.clone(), plain.clone()]));
         let (wakes, mut woken) = mpsc::channel(4);
+        // The wake sources' sender: the walker's own is weak.
+        let _sources = wakes.clone();
         let walker =
             DiskWalker::spawn(pods, d.path().into(), Duration::from_secs(3600), false, wakes).unwrap();
         let walked = |w: &DiskWalker| {
