@@ -46,7 +46,7 @@ use crate::vocab::{EvictionCause, EvictionRecord, monotonic_ns};
 const QUEUE: usize = 1024;
 
 /// Objects whose calls are sent at once, at most.
-const PARALLEL: usize = 8;
+const PARALLEL: usize = 32;
 
 /// How a failing call is retried, and when a landed one is looked at again.
 #[derive(Clone, Copy, Debug)]

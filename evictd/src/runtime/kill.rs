@@ -42,6 +42,11 @@ const SIGNAL_ROUNDS: usize = 16;
 /// Victims below this hold too little for reaping them on evictd's side to matter.
 const REAP_MIN_BYTES: u64 = 1 << 20;
 
+/// The largest victims reaped, at most, each on a blocking thread of its own: a pod of
+/// thousands of processes (a fork bomb) must not make thousands of threads, and the
+/// largest hold most of the memory.
+const REAP_MAX: usize = 16;
+
 /// Where and how the pod's processes can be killed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KillTarget {
@@ -140,21 +145,35 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// Pins the pod's processes, then kills the pod by the best method the node has; a method
-/// that fails gives way to rounds of signals. Returns the method that did it.
+/// Kills the pod by the best method the node has; a method that fails gives way to rounds
+/// of signals. Returns the method that did it, and the processes pinned for reaping.
 fn kill(target: &KillTarget) -> Result<(KillMethod, Vec<Victim>), KillError> {
     let mut pinned = BTreeMap::new();
+    if let Some(file) = &target.cgroup_kill {
+        // `cgroup.kill` first: pinning a fork-bombing pod's processes one by one before it
+        // would give the bomb a head start. evictd's own process is looked for before it,
+        // by one listing and no per-process work.
+        not_evictds(target)?;
+        match write(file, "1") {
+            Ok(()) => {
+                // The dying processes pinned now get SIGKILL too, so that one outside the
+                // cgroup2 tree (a hybrid node's v1 memory cgroup, not the runtime's) cannot
+                // survive, and so that process_mrelease finds the SIGKILL it requires.
+                if let Err(e) = pin_new(target, &mut pinned) {
+                    tracing::warn!(
+                        "after cgroup.kill, the pod's processes could not be listed for reaping: {e}"
+                    );
+                }
+                signal_all(pinned.values());
+                return Ok((KillMethod::CgroupKill, pinned.into_values().collect()));
+            }
+            Err(e) => tracing::warn!("{e}: killing the pod in rounds of signals instead"),
+        }
+    }
     pin_new(target, &mut pinned)?;
     let tried = match (&target.cgroup_kill, &target.freezer) {
-        (Some(file), _) => write(file, "1").map(|()| {
-            // cgroup.kill did it; the pinned victims get SIGKILL too, so that a process
-            // outside the cgroup2 tree (not the runtime's) cannot survive, and so that
-            // process_mrelease finds the SIGKILL it requires.
-            signal_all(pinned.values());
-            KillMethod::CgroupKill
-        }),
         (None, Some(dir)) => freeze_kill_thaw(target, dir, &mut pinned),
-        (None, None) => Ok(KillMethod::Signals),
+        _ => Ok(KillMethod::Signals),
     };
     let method = tried.unwrap_or_else(|e| {
         tracing::warn!("{e}: killing the pod in rounds of signals instead");
@@ -227,6 +246,16 @@ fn signal_all<'a>(victims: impl Iterator<Item = &'a Victim>) {
     for v in victims {
         // ESRCH: it has exited meanwhile, which is the point.
         let _ = pidfd_send_signal(&v.fd, Signal::KILL);
+    }
+}
+
+/// The pod's cgroup tree does not hold evictd's own process (checked before any signal).
+fn not_evictds(target: &KillTarget) -> Result<(), KillError> {
+    let mut pids = Vec::new();
+    list_tree(&target.memory, &mut pids)?;
+    match pids.contains(&target.spare) {
+        true => Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare }),
+        false => Ok(()),
     }
 }
 
@@ -309,7 +338,7 @@ fn write(path: &Path, value: &str) -> Result<(), KillError> {
 async fn reap(mut victims: Vec<Victim>) -> usize {
     victims.sort_by_key(|v| std::cmp::Reverse(v.rss_bytes));
     let mut reaps = tokio::task::JoinSet::new();
-    for v in victims.into_iter().filter(|v| v.rss_bytes >= REAP_MIN_BYTES) {
+    for v in victims.into_iter().filter(|v| v.rss_bytes >= REAP_MIN_BYTES).take(REAP_MAX) {
         reaps.spawn_blocking(move || process_mrelease(&v.fd));
     }
     let mut reaped = 0;
