@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use super::{
     metrics::{ApiCall, ApiMetrics, ApiOutcome},
     records,
-    reporter::{Retry, retriable},
+    reporter::{Backoff, Retry, retriable, wait_turn},
 };
 
 /// The handle: the conditions the daemon decided last (`None`: none yet).
@@ -42,31 +42,25 @@ impl Conditions {
         mut closing: watch::Receiver<bool>,
     ) {
         let mut accepted: Option<Vec<NodeCondition>> = None;
-        let mut wait = self.retry.first;
+        let mut backoff = Backoff::new(self.retry);
         loop {
             let want = wanted.borrow_and_update().clone();
             let next = match want {
                 None => None,
                 Some(want) => match self.write(&want, accepted.as_deref()).await {
                     Ok(()) => {
-                        (accepted, wait) = (Some(want), self.retry.first);
+                        accepted = Some(want);
+                        backoff.reset();
                         Some(self.retry.resend)
                     }
                     Err(e) => {
-                        let again = wait;
-                        wait = (wait * 2).min(self.retry.max);
+                        let again = backoff.next();
                         self.failed(&e, again);
                         Some(again)
                     }
                 },
             };
-            let closed = tokio::select! {
-                changed = wanted.changed() => changed.is_err(),
-                _ = crate::runtime::evict::sleep_until(next.map(|d| tokio::time::Instant::now() + d)) => false,
-                // Closing, or the task's owner gone: either way the end.
-                _ = closing.wait_for(|c| *c) => true,
-            };
-            if closed {
+            if wait_turn(&mut wanted, &mut closing, next).await {
                 // Only over conditions this run wrote: without them there is no judgement
                 // of evictd's on the node to take back.
                 if accepted.is_some() {

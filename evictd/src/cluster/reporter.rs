@@ -80,6 +80,43 @@ impl Default for Retry {
     }
 }
 
+/// Exponential back-off from `Retry::first` to `Retry::max`, reset by a success.
+pub(super) struct Backoff {
+    retry: Retry,
+    wait: Duration,
+}
+
+impl Backoff {
+    pub(super) fn new(retry: Retry) -> Self {
+        Backoff { retry, wait: retry.first }
+    }
+
+    /// The wait before the next try; the one after doubles.
+    pub(super) fn next(&mut self) -> Duration {
+        let wait = self.wait;
+        self.wait = (wait * 2).min(self.retry.max);
+        wait
+    }
+
+    pub(super) fn reset(&mut self) {
+        self.wait = self.retry.first;
+    }
+}
+
+/// The wait of a task that keeps something on the API server as wanted: until `wanted`
+/// changes, `after` passes, or the end (closing, or the task's owner gone). True at the end.
+pub(super) async fn wait_turn<T>(
+    wanted: &mut watch::Receiver<T>,
+    closing: &mut watch::Receiver<bool>,
+    after: Option<Duration>,
+) -> bool {
+    tokio::select! {
+        changed = wanted.changed() => changed.is_err(),
+        _ = crate::runtime::evict::sleep_until(after.map(|d| tokio::time::Instant::now() + d)) => false,
+        _ = closing.wait_for(|c| *c) => true,
+    }
+}
+
 /// A record written again at most this often when the node keeps reverting it.
 const REWRITES: u8 = 3;
 

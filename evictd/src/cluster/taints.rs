@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use super::{
     metrics::{ApiCall, ApiMetrics, ApiOutcome},
-    reporter::{Retry, retriable},
+    reporter::{Backoff, Retry, retriable, wait_turn},
 };
 
 /// How evictd's taints keep pods off (`--node-taint-effect`).
@@ -183,7 +183,7 @@ impl Tainter {
         mut wanted: watch::Receiver<Option<Vec<NodeCondition>>>,
         mut closing: watch::Receiver<bool>,
     ) {
-        let mut wait = self.retry.first;
+        let mut backoff = Backoff::new(self.retry);
         let mut conflicts = 0;
         loop {
             let want = wanted.borrow_and_update().clone();
@@ -199,30 +199,21 @@ impl Tainter {
                 None => None,
                 Some(Err(Failed::Closing)) => return self.last_write().await,
                 Some(Ok(())) => {
-                    (wait, conflicts) = (self.retry.first, 0);
+                    backoff.reset();
+                    conflicts = 0;
                     self.recheck(want.as_deref().unwrap_or_default())
                 }
                 Some(Err(failed)) => {
                     let again = match failed {
                         Failed::Conflict if conflicts < EAGER_CONFLICTS => Duration::ZERO,
-                        _ => {
-                            let again = wait;
-                            wait = (wait * 2).min(self.retry.max);
-                            again
-                        }
+                        _ => backoff.next(),
                     };
                     conflicts += u32::from(matches!(failed, Failed::Conflict));
                     self.failed(failed, again);
                     Some(again)
                 }
             };
-            let closed = tokio::select! {
-                changed = wanted.changed() => changed.is_err(),
-                _ = crate::runtime::evict::sleep_until(next.map(|d| tokio::time::Instant::now() + d)) => false,
-                // Closing, or the task's owner gone: either way the end.
-                _ = closing.wait_for(|c| *c) => true,
-            };
-            if closed {
+            if wait_turn(&mut wanted, &mut closing, next).await {
                 return self.last_write().await;
             }
         }
