@@ -8,9 +8,9 @@
 //! absent, is the default map, and when present replaces it — unless the file sets
 //! `mergeDefaultEvictionSettings: true`, which adds each default signal it leaves out. Each
 //! `*.conf` file under the drop-in directory (walked depth-first, in lexical order) is then
-//! applied as a JSON merge patch (RFC 7386) over the configuration so far: maps merge key by
-//! key (a drop-in's `evictionHard: {memory.available: 500Mi}` keeps the other signals),
-//! `null` removes, anything else replaces.
+//! merged over the configuration so far: maps merge key by key (a drop-in's `evictionHard:
+//! {memory.available: 500Mi}` keeps the other signals), anything else replaces, and `null`
+//! changes nothing (see `merge_patch`).
 
 use std::{
     collections::BTreeMap,
@@ -93,7 +93,8 @@ fn dropin_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let mut files = Vec::new();
     for e in entries {
         let path = e.path();
-        if path.is_dir() {
+        // Go's WalkDir does not follow a symlink to a directory.
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
             files.extend(dropin_files(&path)?);
         } else if path.extension().is_some_and(|x| x == "conf") {
             files.push(path);
@@ -144,21 +145,24 @@ fn main_file_eviction_defaults(doc: &mut Value, absent_too: bool) {
     }
 }
 
-/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+/// A drop-in over the configuration so far, as the kubelet's merge ends: objects merge key
+/// by key, anything else replaces, and `null` changes nothing. (The kubelet merge-patches the
+/// JSON of its internal type, whose keys are Go field names — `EvictionHard` — with the
+/// drop-in's `evictionHard`; the two never meet, and the drop-in's values are then decoded
+/// into the filled map, which a `null` leaves as it was.)
 fn merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(p) = patch else {
-        *target = patch.clone();
+        if !patch.is_null() {
+            *target = patch.clone();
+        }
         return;
     };
     if !target.is_object() {
         *target = Value::Object(Default::default());
     }
     if let Value::Object(t) = target {
-        for (k, v) in p {
-            match v {
-                Value::Null => drop(t.remove(k)),
-                _ => merge_patch(t.entry(k.clone()).or_insert(Value::Null), v),
-            }
+        for (k, v) in p.iter().filter(|(_, v)| !v.is_null()) {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
         }
     }
 }
@@ -279,9 +283,8 @@ mod tests {
     }
 
     /// Drop-ins as the kubelet applies them: every `*.conf` under `--config-dir`, depth-first
-    /// in lexical order, each a JSON merge patch over what came before (maps merge key by
-    /// key, `null` removes a key); other files ignored; without a main file they merge into
-    /// the defaults.
+    /// in lexical order, each merged over what came before (maps key by key; `null` changes
+    /// nothing); other files ignored; without a main file they merge into the defaults.
     #[test]
     fn drop_ins_merge_in_the_kubelets_order() {
         let d = tempfile::tempdir().unwrap();
@@ -309,7 +312,11 @@ mod tests {
         )
         .unwrap();
         let input = read_with_dropins(Some(&main), &dir).unwrap();
-        assert_eq!(hard(&input), ["memory.available<4Gi"], "the last drop-in wins per key; null removes");
+        assert_eq!(
+            hard(&input),
+            ["memory.available<4Gi", "nodefs.available<10%"],
+            "the last drop-in wins per key; null changes nothing, as in the kubelet"
+        );
         let p = build(&input, &mut Vec::new()).unwrap();
         assert!(p.thresholds.iter().any(|t| !t.is_hard() && t.to_string() == "memory.available<2Gi"));
         assert!(input.soft.source.contains("00-soft.conf"), "{}", input.soft.source);

@@ -409,6 +409,10 @@ fn the_admission_policy_scopes_evictd_to_its_own_node() {
     cordoned["spec"]["unschedulable"] = json!(true);
     let mut annotated = tainted("NoSchedule");
     annotated["metadata"]["annotations"] = json!({"x": "y"});
+    let mut relabelled_status = with_conditions("False", "True");
+    relabelled_status["metadata"]["labels"]["node-role.kubernetes.io/trusted"] = json!("");
+    let mut labelled_pod = pod("node-a");
+    labelled_pod["metadata"]["labels"] = json!({"app": "other"});
     let mut capacity = with_conditions("False", "True");
     capacity["status"]["allocatable"] = json!({"memory": "1Ti"});
     let refused = [
@@ -431,6 +435,8 @@ fn the_admission_policy_scopes_evictd_to_its_own_node() {
         ("a cordon", req("nodes", "", cordoned, before.clone())),
         ("an annotation", req("nodes", "", annotated, before.clone())),
         ("the Node's allocatable", req("nodes", "status", capacity, before.clone())),
+        ("a label through the Node's status", req("nodes", "status", relabelled_status, before.clone())),
+        ("a label through a pod's status", req("pods", "status", labelled_pod, pod("node-a"))),
         ("the kubelet's condition", req("nodes", "status", with_conditions("True", "True"), before.clone())),
         (
             "another node's event",

@@ -162,12 +162,11 @@ struct PendingWakes {
 const PENDING_WAKES: usize = WAKE_BATCH;
 
 impl PendingWakes {
-    /// Whether any wake of the batch is a housekeeping one (the timer's, the disk poll's,
-    /// evictd's own recheck): the storage-limit check runs in such a pass, never in one only
-    /// memory woke, whose decision must not wait behind its evictions.
+    /// Whether any wake of the batch is a housekeeping one (the timer's, the disk poll's):
+    /// the storage-limit check runs in such a pass, never in one only memory (or evictd's
+    /// own recheck) woke, whose decision must not wait behind its evictions.
     fn asks_housekeeping(&self) -> bool {
-        let housekeeping =
-            |c: WakeCause| matches!(c, WakeCause::Timer | WakeCause::Disk | WakeCause::Recheck);
+        let housekeeping = |c: WakeCause| matches!(c, WakeCause::Timer | WakeCause::Disk);
         self.kept.iter().any(|w| housekeeping(w.cause))
             || WakeCause::ALL.into_iter().any(|c| housekeeping(c) && self.counted_only[c.index()] > 0)
     }

@@ -82,6 +82,8 @@ pub struct Pressure {
     /// since when a disk threshold is met (a walk from before cannot rank for it).
     pub disk_walker: Option<DiskWalker>,
     disk_met_since: Option<Instant>,
+    /// When a walk was last asked for.
+    disk_walk_asked: Option<Instant>,
     /// Whether pod specs come from the Kubernetes API: then an inferred one is a guess
     /// while the API is late, evicted only at an emergency.
     pub specs_from_api: bool,
@@ -136,6 +138,7 @@ impl Pressure {
             specs_from_api: false,
             disk_walker: None,
             disk_met_since: None,
+            disk_walk_asked: None,
             api: None,
             conditions: Vec::new(),
             escalate,

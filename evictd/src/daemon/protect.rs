@@ -25,6 +25,7 @@ const STACK_RESERVE: usize = 256 << 10;
 const CHUNK: usize = 64 << 10;
 
 pub fn protect(p: SelfProtection) {
+    raise_open_files();
     if let Some(adj) = p.oom_score_adj {
         match std::fs::write("/proc/self/oom_score_adj", adj.to_string()) {
             Ok(()) => tracing::info!(oom_score_adj = adj, "the kernel's OOM killer spares evictd"),
@@ -91,6 +92,22 @@ fn lock_memory() -> io::Result<()> {
 pub fn resident_and_locked() -> Option<(u64, u64)> {
     let status = procfs::process::Process::myself().ok()?.status().ok()?;
     Some((status.vmrss? * 1024, status.vmlck? * 1024))
+}
+
+/// The soft limit of open files raised to the hard one (runtimes often start containers at
+/// a soft 1024): pidfds, cgroup files and the disk walk's directories share it, and running
+/// out of descriptors would fail the kill path itself.
+fn raise_open_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("cannot raise evictd's open-file limit from {soft} to {hard}: {e}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read evictd's open-file limit: {e}"),
+    }
 }
 
 #[cfg(test)]

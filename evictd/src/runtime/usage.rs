@@ -250,12 +250,10 @@ fn du_remembering(dir: &Path) -> (u64, u64, usize) {
     let Ok(top) = std::fs::symlink_metadata(dir) else { return (0, 0, 0) };
     let mut linked = HashSet::new();
     let mut total = (top.blocks() * 512, 1);
-    let mut open: Vec<std::fs::ReadDir> = Vec::new();
+    let mut open: Vec<Level> = Vec::new();
     let mut most = 0;
-    if top.is_dir()
-        && let Ok(entries) = std::fs::read_dir(dir)
-    {
-        open.push(entries);
+    if top.is_dir() {
+        open.extend(Level::of(dir, 0));
     }
     while let Some(level) = open.last_mut() {
         let Some(entry) = level.next() else {
@@ -269,14 +267,42 @@ fn du_remembering(dir: &Path) -> (u64, u64, usize) {
         }
         total.0 += m.blocks() * 512;
         total.1 += 1;
-        if m.is_dir()
-            && let Ok(entries) = std::fs::read_dir(e.path())
-        {
-            open.push(entries);
+        if m.is_dir() {
+            let held = open.iter().filter(|l| matches!(l, Level::Open(_))).count();
+            open.extend(Level::of(&e.path(), held));
         }
-        most = most.max(linked.len() + open.len());
+        let held_open = open.iter().filter(|l| matches!(l, Level::Open(_))).count();
+        most = most.max(linked.len() + held_open);
     }
     (total.0, total.1, most)
+}
+
+/// Directories the walk holds open at once, at most: a tenant chooses the depth (a chain of
+/// a thousand directories fits in PATH_MAX), and descriptors are what the kill path needs.
+const MAX_OPEN_DIRS: usize = 32;
+
+/// One level of the walk: a directory read as it goes, or, past `MAX_OPEN_DIRS` open ones,
+/// read whole at once and closed.
+enum Level {
+    Open(std::fs::ReadDir),
+    Read(std::vec::IntoIter<std::io::Result<std::fs::DirEntry>>),
+}
+
+impl Level {
+    fn of(dir: &Path, open_now: usize) -> Option<Level> {
+        let entries = std::fs::read_dir(dir).ok()?;
+        Some(match open_now < MAX_OPEN_DIRS {
+            true => Level::Open(entries),
+            false => Level::Read(entries.collect::<Vec<_>>().into_iter()),
+        })
+    }
+
+    fn next(&mut self) -> Option<std::io::Result<std::fs::DirEntry>> {
+        match self {
+            Level::Open(entries) => entries.next(),
+            Level::Read(entries) => entries.next(),
+        }
+    }
 }
 
 /// Whether a cgroup tree holds no process any more (or is gone).
@@ -509,5 +535,21 @@ mod tests {
         let (_, inodes, held) = du_remembering(dir.path());
         assert_eq!(inodes, 1 + 1 + 2000 + 2000, "the top, a/, every file once (the link is f0), every dir");
         assert!(held <= 3, "held {held} entries for 2000 files and 2000 directories");
+    }
+
+    /// A chain of 200 directories (a tenant chooses the depth) is walked whole, holding at
+    /// most `MAX_OPEN_DIRS` directories open: descriptors are what the kill path needs.
+    #[test]
+    fn a_deep_chain_holds_a_bounded_number_of_directories_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut deepest = dir.path().to_path_buf();
+        for _ in 0..200 {
+            deepest.push("d");
+        }
+        std::fs::create_dir_all(&deepest).unwrap();
+        std::fs::write(deepest.join("f"), b"x").unwrap();
+        let (_, inodes, held) = du_remembering(dir.path());
+        assert_eq!(inodes, 1 + 200 + 1, "the top, every level, the file at the bottom");
+        assert!(held <= MAX_OPEN_DIRS, "{held} directories held open at once");
     }
 }

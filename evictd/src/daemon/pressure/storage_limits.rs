@@ -16,7 +16,10 @@ impl Pressure {
         &mut self,
         pods: &Arc<Vec<PodRecord>>,
     ) -> Vec<EvictionRecord> {
-        let due = self.limits_checked.is_none_or(|t| t.elapsed() >= self.storage_limit_period);
+        // Half a period of slack: the timer that asks ticks at this period, and a tick that
+        // comes a little early (the last one was late) must not skip a whole period.
+        let period = self.storage_limit_period;
+        let due = self.limits_checked.is_none_or(|t| t.elapsed() + period / 2 >= period);
         if !self.policy.local_storage_capacity_isolation || !due {
             return Vec::new();
         }
