@@ -4,15 +4,13 @@
 //! writable layers from the inventory's last refresh, logs and volumes from the disk
 //! walker's last walk (`disk_usage`): walking directories is never done in a pass.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use evictd_policy::summary::{
     ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats, VolumeStats,
 };
 
+pub use super::disk_usage::{DiskMeasured, PodDisk};
 use super::inventory::PodRecord;
 use crate::node::{
     cgroups::{CgroupMounts, CgroupVersion},
@@ -64,36 +62,6 @@ pub enum UsageError {
     Memory(#[from] MemoryError),
     #[error("its logs and volumes have not been measured yet")]
     DiskNotMeasured,
-}
-
-/// What the disk walker measured of one pod: what the kubelet's host stats provider and
-/// volume stats count beside the writable layers (which come from the runtime).
-#[derive(Clone, Debug, Default)]
-pub struct PodDisk {
-    /// (bytes, inodes) of each container's log directory, by container name.
-    pub logs: BTreeMap<String, (u64, u64)>,
-    pub volumes: Vec<VolumeStats>,
-    /// The files directly in the pod's log directory, and its `etc-hosts`.
-    pub pod_level: (u64, u64),
-}
-
-/// The pods' logs and volumes as last walked, by pod uid.
-pub type DiskMeasured = HashMap<String, PodDisk>;
-
-/// Walks one pod's logs and local volumes (the costly part of its usage: a volume may hold
-/// millions of files). `kubelet_root`: local volumes live in
-/// `<root>/pods/<uid>/volumes/<plugin>/<name>`.
-pub fn measure_disk(rec: &PodRecord, kubelet_root: &Path) -> PodDisk {
-    let logs = rec
-        .containers
-        .iter()
-        .filter_map(|c| Some((c.name.clone(), du(&Path::new(rec.log_directory.as_deref()?).join(&c.name)))))
-        .collect();
-    PodDisk {
-        logs,
-        volumes: local_volume_stats(rec, kubelet_root),
-        pod_level: pod_level_files(rec, kubelet_root),
-    }
 }
 
 /// The pod's stats for ranking and messages, as the kubelet's CRI stats provider counts
@@ -182,127 +150,9 @@ fn ephemeral_storage(
     fs_stats((bytes, inodes))
 }
 
-/// What the kubelet's host stats provider adds to a pod's total beside its containers and
-/// volumes: the files directly in the pod's log directory (its containers' directories are
-/// counted with them) and the `/etc/hosts` it writes for the pod (`<root>/pods/<uid>/etc-hosts`;
-/// none for a pod that mounts its own).
-fn pod_level_files(rec: &PodRecord, kubelet_root: &Path) -> (u64, u64) {
-    let log_files: Vec<PathBuf> = rec
-        .log_directory
-        .as_deref()
-        .and_then(|d| std::fs::read_dir(d).ok())
-        .map(|d| d.flatten().filter(|e| e.file_type().is_ok_and(|t| !t.is_dir())).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    let etc_hosts = kubelet_root.join("pods").join(&rec.uid).join("etc-hosts");
-    log_files.iter().chain([&etc_hosts]).map(|f| du(f)).fold((0, 0), |(b, i), (fb, fi)| (b + fb, i + fi))
-}
-
-/// The pod's volumes whose usage the kubelet reads for eviction, measured where it mounts
-/// them: `<root>/pods/<uid>/volumes/<plugin>/<name>` (e.g. `kubernetes.io~empty-dir/scratch`).
-/// Those that count against the node's disk (its `localVolumeNames`), and every emptyDir
-/// with a `sizeLimit`, memory-backed ones included (the local-storage limit applies to them).
-/// A volume with no directory (hostPath, which the kubelet does not measure either) is left out.
-fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path) -> Vec<VolumeStats> {
-    let volumes = kubelet_root.join("pods").join(&rec.uid).join("volumes");
-    let plugins: Vec<PathBuf> = std::fs::read_dir(&volumes)
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
-        .unwrap_or_default();
-    let sized = rec.spec.sized_empty_dirs().map(|(name, _)| name);
-    let mut names: Vec<&str> = Vec::new();
-    for name in rec.spec.local_volume_names().chain(sized) {
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    names
-        .into_iter()
-        .filter_map(|name| {
-            let dir = plugins.iter().map(|p| p.join(name)).find(|d| d.is_dir())?;
-            let (bytes, inodes) = du(&dir);
-            Some(VolumeStats { name: name.to_owned(), used_bytes: Some(bytes), inodes_used: Some(inodes) })
-        })
-        .collect()
-}
-
 /// A container's cgroup under its pod's: `<id>` (cgroupfs) or `cri-containerd-<id>.scope`.
 fn container_dir(pod_dir: &Path, id: &str) -> Option<PathBuf> {
     [pod_dir.join(id), pod_dir.join(format!("cri-containerd-{id}.scope"))].into_iter().find(|p| p.is_dir())
-}
-
-/// Bytes and inodes of `dir` and everything under it, as the kubelet's `fs.DiskUsage`
-/// counts them (its MetricsDu, behind both log and volume stats): allocated blocks × 512 of
-/// every inode once (hard links deduplicated, directories included), symlinks not followed,
-/// nothing on another filesystem. Entries that vanish meanwhile are skipped; a directory
-/// that does not exist is (0, 0).
-fn du(dir: &Path) -> (u64, u64) {
-    let (bytes, inodes, _) = du_remembering(dir);
-    (bytes, inodes)
-}
-
-/// `du`, and the most it held at once: inodes remembered plus directories open. Only files
-/// with more than one link are remembered (as `du` and the kubelet's walk do: another link
-/// may come later), and the walk keeps one open directory per level, not every sibling's
-/// path: a volume of a million files, or of a million sibling directories (a tenant's to
-/// make), costs evictd what its depth costs. Termination needs no more: symlinks are not
-/// followed, and a bind mount shows a finite tree.
-fn du_remembering(dir: &Path) -> (u64, u64, usize) {
-    use std::{collections::HashSet, os::unix::fs::MetadataExt as _};
-    let Ok(top) = std::fs::symlink_metadata(dir) else { return (0, 0, 0) };
-    let mut linked = HashSet::new();
-    let mut total = (top.blocks() * 512, 1);
-    let mut open: Vec<Level> = Vec::new();
-    let mut most = 0;
-    if top.is_dir() {
-        open.extend(Level::of(dir, 0));
-    }
-    while let Some(level) = open.last_mut() {
-        let Some(entry) = level.next() else {
-            open.pop();
-            continue;
-        };
-        let Ok(e) = entry else { continue };
-        let Ok(m) = e.metadata() else { continue };
-        if m.dev() != top.dev() || (m.nlink() > 1 && !m.is_dir() && !linked.insert(m.ino())) {
-            continue;
-        }
-        total.0 += m.blocks() * 512;
-        total.1 += 1;
-        if m.is_dir() {
-            let held = open.iter().filter(|l| matches!(l, Level::Open(_))).count();
-            open.extend(Level::of(&e.path(), held));
-        }
-        let held_open = open.iter().filter(|l| matches!(l, Level::Open(_))).count();
-        most = most.max(linked.len() + held_open);
-    }
-    (total.0, total.1, most)
-}
-
-/// Directories the walk holds open at once, at most: a tenant chooses the depth (a chain of
-/// a thousand directories fits in PATH_MAX), and descriptors are what the kill path needs.
-const MAX_OPEN_DIRS: usize = 32;
-
-/// One level of the walk: a directory read as it goes, or, past `MAX_OPEN_DIRS` open ones,
-/// read whole at once and closed.
-enum Level {
-    Open(std::fs::ReadDir),
-    Read(std::vec::IntoIter<std::io::Result<std::fs::DirEntry>>),
-}
-
-impl Level {
-    fn of(dir: &Path, open_now: usize) -> Option<Level> {
-        let entries = std::fs::read_dir(dir).ok()?;
-        Some(match open_now < MAX_OPEN_DIRS {
-            true => Level::Open(entries),
-            false => Level::Read(entries.collect::<Vec<_>>().into_iter()),
-        })
-    }
-
-    fn next(&mut self) -> Option<std::io::Result<std::fs::DirEntry>> {
-        match self {
-            Level::Open(entries) => entries.next(),
-            Level::Read(entries) => entries.next(),
-        }
-    }
 }
 
 /// Whether a cgroup tree holds no process any more (or is gone).
@@ -430,7 +280,10 @@ mod tests {
         };
         let cgroups = pod_cgroups(&rec, &layout);
         let walk = |rec: &PodRecord| {
-            DiskMeasured::from([(rec.uid.clone(), measure_disk(rec, &d.path().join("kubelet")))])
+            DiskMeasured::from([(
+                rec.uid.clone(),
+                crate::runtime::disk_usage::measure_disk(rec, &d.path().join("kubelet")),
+            )])
         };
         let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walk(&rec))).unwrap();
 
@@ -506,7 +359,10 @@ mod tests {
         std::fs::write(memory.join("memory.usage_in_bytes"), "1048576\n").unwrap();
         std::fs::write(memory.join("memory.stat"), "total_inactive_file 0\n").unwrap();
         std::fs::write(memory.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
-        let walked = DiskMeasured::from([(rec.uid.clone(), measure_disk(&rec, &d.path().join("kubelet")))]);
+        let walked = DiskMeasured::from([(
+            rec.uid.clone(),
+            crate::runtime::disk_usage::measure_disk(&rec, &d.path().join("kubelet")),
+        )]);
         std::fs::remove_file(vol.join("big")).unwrap();
         let cgroups = pod_cgroups(&rec, &layout);
         let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walked)).unwrap();
@@ -514,42 +370,5 @@ mod tests {
         assert!(used >= 1 << 20, "the walk's {used} bytes, not the disk's now");
         let e = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&DiskMeasured::new())).unwrap_err();
         assert!(matches!(e, UsageError::DiskNotMeasured), "{e}");
-    }
-
-    /// A volume of many small files: the walk counts every one but remembers only what it
-    /// can meet twice (directories, and the one file with two links), so its memory does
-    /// not grow with the file count.
-    #[test]
-    fn the_walk_remembers_only_what_it_can_meet_twice() {
-        let dir = tempfile::tempdir().unwrap();
-        let sub = dir.path().join("a");
-        std::fs::create_dir(&sub).unwrap();
-        for i in 0..2000 {
-            std::fs::write(sub.join(format!("f{i}")), b"x").unwrap();
-        }
-        // 2000 sibling directories: held one open directory per level, not 2000 paths.
-        for i in 0..2000 {
-            std::fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
-        }
-        std::fs::hard_link(sub.join("f0"), dir.path().join("link")).unwrap();
-        let (_, inodes, held) = du_remembering(dir.path());
-        assert_eq!(inodes, 1 + 1 + 2000 + 2000, "the top, a/, every file once (the link is f0), every dir");
-        assert!(held <= 3, "held {held} entries for 2000 files and 2000 directories");
-    }
-
-    /// A chain of 200 directories (a tenant chooses the depth) is walked whole, holding at
-    /// most `MAX_OPEN_DIRS` directories open: descriptors are what the kill path needs.
-    #[test]
-    fn a_deep_chain_holds_a_bounded_number_of_directories_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut deepest = dir.path().to_path_buf();
-        for _ in 0..200 {
-            deepest.push("d");
-        }
-        std::fs::create_dir_all(&deepest).unwrap();
-        std::fs::write(deepest.join("f"), b"x").unwrap();
-        let (_, inodes, held) = du_remembering(dir.path());
-        assert_eq!(inodes, 1 + 200 + 1, "the top, every level, the file at the bottom");
-        assert!(held <= MAX_OPEN_DIRS, "{held} directories held open at once");
     }
 }

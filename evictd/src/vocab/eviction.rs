@@ -134,7 +134,8 @@ pub enum KillMethod {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct KillReport {
     pub method: KillMethod,
-    /// Processes pinned and signalled (those `cgroup.kill` took are not counted twice).
+    /// Processes pinned and signalled: with `cgroup.kill`, those still dying once it was
+    /// written (pinned after it, for reaping); else every process of the pod.
     pub processes: usize,
     /// From the start of the kill to SIGKILL sent to the whole pod.
     pub signalled_ms: f64,
