@@ -103,6 +103,18 @@ impl Backoff {
     }
 }
 
+/// Hands a level-triggered writer the conditions true now; it wakes only when they changed
+/// (the daemon calls this after every pass).
+pub(super) fn want_conditions(wanted: &watch::Sender<Option<Vec<NodeCondition>>>, now: &[NodeCondition]) {
+    wanted.send_if_modified(|w| {
+        let changed = w.as_deref() != Some(now);
+        if changed {
+            *w = Some(now.to_vec());
+        }
+        changed
+    });
+}
+
 /// The wait of a task that keeps something on the API server as wanted: until `wanted`
 /// changes, `after` passes, or the end (closing, or the task's owner gone). True at the end.
 pub(super) async fn wait_turn<T>(
@@ -261,13 +273,7 @@ impl Reporter {
     /// evictd's node conditions as decided now: `pressure` are true, the others false.
     /// Written when they change, and every minute.
     pub fn node_conditions(&self, pressure: &[NodeCondition]) {
-        self.conditions.send_if_modified(|w| {
-            let changed = w.as_deref() != Some(pressure);
-            if changed {
-                *w = Some(pressure.to_vec());
-            }
-            changed
-        });
+        want_conditions(&self.conditions, pressure);
     }
 
     fn queue(&self, call: Call) {

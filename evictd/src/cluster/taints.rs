@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use super::{
     metrics::{ApiCall, ApiMetrics, ApiOutcome},
-    reporter::{Backoff, Retry, retriable, wait_turn},
+    reporter::{Backoff, Retry, retriable, wait_turn, want_conditions},
 };
 
 /// How evictd's taints keep pods off (`--node-taint-effect`).
@@ -138,13 +138,7 @@ impl NodeTaints {
 
     /// The taints for evictd's conditions that are true now.
     pub fn want(&self, pressure: &[NodeCondition]) {
-        self.wanted.send_if_modified(|w| {
-            let changed = w.as_deref() != Some(pressure);
-            if changed {
-                *w = Some(pressure.to_vec());
-            }
-            changed
-        });
+        want_conditions(&self.wanted, pressure);
     }
 }
 

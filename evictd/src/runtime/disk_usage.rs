@@ -82,6 +82,11 @@ impl DiskWalker {
         self.last.borrow().clone()
     }
 
+    /// When the last walk began, without taking its results.
+    pub fn last_began(&self) -> Option<Instant> {
+        self.last.borrow().at
+    }
+
     /// Asks for a walk now (one already asked for stands).
     pub fn kick(&self) {
         let _ = self.kick.try_send(());

@@ -46,9 +46,9 @@ impl Pressure {
     /// per pressure episode, however long walks take (the periodic ones keep it current
     /// after); the pass never walks itself (a memory crossing meanwhile would wait).
     pub(super) fn disk_walk_is_stale(&mut self) -> bool {
-        let Some(walker) = self.disk_walker.clone() else { return false };
+        let Some(walker) = &self.disk_walker else { return false };
         let since = self.disk_met_since;
-        let fresh = walker.last().at.is_some_and(|at| since.is_none_or(|s| at >= s));
+        let fresh = walker.last_began().is_some_and(|at| since.is_none_or(|s| at >= s));
         // One walk asked for per episode: passes while it runs do not queue another.
         let asked = self.disk_walk_asked.is_some_and(|a| since.is_none_or(|s| a >= s));
         if !fresh && !asked {
