@@ -2,18 +2,27 @@
 //! KubeletConfiguration file whose eviction fields they override one by one. Shared by the
 //! daemon and the offline commands, so both read a policy the same way.
 
-use std::path::PathBuf;
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use clap::Args;
 
 use crate::{
     kubelet_config::{self, ConfigError},
+    kubelet_process::{self, Kubelet, KubeletProcessError},
     podspec::AnnotationTrust,
     policy::{self, MapSetting, Policy, PolicyError, PolicyInput},
 };
 
 #[derive(Args, Debug, Default, Clone)]
 pub struct PolicyArgs {
+    /// Read the configuration of the kubelet running on this node, as it reads it: its
+    /// command line's --config, --config-dir and eviction flags (found in /proc; needs the
+    /// host's PID namespace). evictd's own eviction flags still override them.
+    #[arg(long, value_enum, value_name = "auto", conflicts_with_all = ["config", "config_dir"])]
+    pub kubelet_config: Option<KubeletConfig>,
     /// A KubeletConfiguration file (YAML or JSON) to read the eviction fields from.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -60,6 +69,13 @@ pub struct PolicyArgs {
     pub annotation_namespaces: String,
 }
 
+/// Where the kubelet's configuration is found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeletConfig {
+    /// The kubelet process running on this node.
+    Auto,
+}
+
 /// A policy that cannot be read or is not valid.
 #[derive(Debug, thiserror::Error)]
 pub enum FlagsError {
@@ -67,6 +83,8 @@ pub enum FlagsError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Kubelet(#[from] KubeletProcessError),
 }
 
 impl PolicyArgs {
@@ -75,43 +93,90 @@ impl PolicyArgs {
         AnnotationTrust::from_list(&self.annotation_namespaces)
     }
 
-    /// The policy inputs: the config file's fields, each replaced by its flag when given.
+    /// The policy inputs: the config file's fields, each replaced by its flag when given;
+    /// with `--kubelet-config auto`, the running kubelet's files and flags first.
     pub fn input(&self) -> Result<PolicyInput, FlagsError> {
-        let mut input = match (&self.config, &self.config_dir) {
+        let mut input = match self.kubelet_config {
+            Some(KubeletConfig::Auto) => {
+                let kubelet = Kubelet::find(Path::new(kubelet_process::PROC))?;
+                let theirs = Self::of_kubelet(&kubelet)?;
+                let mut input = theirs.files()?;
+                theirs.flags_over(&mut input, Some(kubelet.pid))?;
+                input
+            }
+            None => self.files()?,
+        };
+        self.flags_over(&mut input, None)?;
+        Ok(input)
+    }
+
+    fn files(&self) -> Result<PolicyInput, FlagsError> {
+        Ok(match (&self.config, &self.config_dir) {
             (main, Some(dir)) => kubelet_config::read_with_dropins(main.as_deref(), dir)?,
             (Some(path), None) => kubelet_config::read(path)?,
             (None, None) => PolicyInput::default(),
-        };
-        if let Some(h) = &self.eviction_hard {
-            input.hard = Some(MapSetting::from_flag("--eviction-hard", h, '<')?);
+        })
+    }
+
+    /// The policy arguments a running kubelet was given.
+    fn of_kubelet(k: &Kubelet) -> Result<PolicyArgs, FlagsError> {
+        let flag = |name: &str| k.flags.get(name).cloned();
+        Ok(PolicyArgs {
+            config: k.config.clone(),
+            config_dir: k.config_dir.clone(),
+            eviction_hard: flag("eviction-hard"),
+            eviction_soft: flag("eviction-soft"),
+            eviction_soft_grace_period: flag("eviction-soft-grace-period"),
+            eviction_minimum_reclaim: flag("eviction-minimum-reclaim"),
+            eviction_max_pod_grace_period: k
+                .flags
+                .get("eviction-max-pod-grace-period")
+                .and_then(|v| v.parse().ok()),
+            eviction_pressure_transition_period: flag("eviction-pressure-transition-period"),
+            enforce_node_allocatable: flag("enforce-node-allocatable"),
+            image_minimum_gc_age: flag("image-minimum-gc-age"),
+            ..PolicyArgs::default()
+        })
+    }
+
+    /// The kubelet's flag precedence: each flag given replaces its field, whatever the files
+    /// said (a map flag the whole map), and is where its values came from.
+    fn flags_over(&self, input: &mut PolicyInput, kubelet: Option<i32>) -> Result<(), FlagsError> {
+        let o = &mut Origins { map: &mut input.origins, kubelet };
+        if let Some(v) = &self.eviction_hard {
+            input.hard = Some(o.map("evictionHard", "--eviction-hard", v, '<')?);
         }
         if let Some(v) = &self.eviction_soft {
-            input.soft = MapSetting::from_flag("--eviction-soft", v, '<')?;
+            input.soft = o.map("evictionSoft", "--eviction-soft", v, '<')?;
         }
         if let Some(v) = &self.eviction_soft_grace_period {
-            input.soft_grace = MapSetting::from_flag("--eviction-soft-grace-period", v, '=')?;
+            input.soft_grace = o.map("evictionSoftGracePeriod", "--eviction-soft-grace-period", v, '=')?;
         }
         if let Some(v) = &self.eviction_minimum_reclaim {
-            input.min_reclaim = MapSetting::from_flag("--eviction-minimum-reclaim", v, '=')?;
+            input.min_reclaim = o.map("evictionMinimumReclaim", "--eviction-minimum-reclaim", v, '=')?;
         }
         if let Some(v) = self.eviction_max_pod_grace_period {
             input.max_pod_grace_period_seconds = v;
+            o.scalar("evictionMaxPodGracePeriod", "--eviction-max-pod-grace-period");
         }
         if let Some(v) = &self.image_minimum_gc_age {
-            input.image_minimum_gc_age = Some(("--image-minimum-gc-age".into(), v.clone()));
+            let name = o.scalar("imageMinimumGCAge", "--image-minimum-gc-age");
+            input.image_minimum_gc_age = Some((name, v.clone()));
         }
         if let Some(v) = &self.eviction_pressure_transition_period {
-            input.pressure_transition_period =
-                Some(("--eviction-pressure-transition-period".into(), v.clone()));
+            let name = o.scalar("evictionPressureTransitionPeriod", "--eviction-pressure-transition-period");
+            input.pressure_transition_period = Some((name, v.clone()));
         }
         if let Some(v) = &self.enforce_node_allocatable {
             let list = v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
-            input.enforce_node_allocatable = Some(("--enforce-node-allocatable".into(), list));
+            let name = o.scalar("enforceNodeAllocatable", "--enforce-node-allocatable");
+            input.enforce_node_allocatable = Some((name, list));
         }
         if let Some(v) = self.local_storage_capacity_isolation {
             input.local_storage_capacity_isolation = v;
+            o.scalar("localStorageCapacityIsolation", "--local-storage-capacity-isolation");
         }
-        Ok(input)
+        Ok(())
     }
 
     /// The validated policy and the kubelet surprises worth a warning.
@@ -119,5 +184,37 @@ impl PolicyArgs {
         let mut warnings = Vec::new();
         let policy = policy::build(&self.input()?, &mut warnings)?;
         Ok((policy, warnings))
+    }
+}
+
+/// Where flags' values come from: evictd's own flags, or the running kubelet's.
+struct Origins<'a> {
+    map: &'a mut BTreeMap<String, String>,
+    kubelet: Option<i32>,
+}
+
+impl Origins<'_> {
+    fn name(&self, flag: &str) -> String {
+        match self.kubelet {
+            Some(pid) => format!("{flag} of the kubelet (PID {pid})"),
+            None => flag.to_owned(),
+        }
+    }
+
+    /// A map flag's value, which replaces the field's map and is where each of its entries
+    /// came from.
+    fn map(&mut self, field: &str, flag: &str, text: &str, sep: char) -> Result<MapSetting, FlagsError> {
+        let name = self.name(flag);
+        let m = MapSetting::from_flag(&name, text, sep)?;
+        self.map.retain(|k, _| !k.strip_prefix(field).is_some_and(|rest| rest.starts_with('[')));
+        self.map.extend(m.entries.iter().map(|(k, _)| (format!("{field}[{k}]"), format!("flag {name}"))));
+        Ok(m)
+    }
+
+    /// A scalar flag, which replaces its field: its name, to name it in errors.
+    fn scalar(&mut self, field: &str, flag: &str) -> String {
+        let name = self.name(flag);
+        self.map.insert(field.to_owned(), format!("flag {name}"));
+        name
     }
 }

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod flags;
 pub mod godur;
 pub mod kubelet_config;
+pub mod kubelet_process;
 pub mod local_storage;
 pub mod observations;
 pub mod offline;

@@ -3,6 +3,7 @@
 //! `kubectl get pods -o json`). The JSON shapes are a stable contract (docs/operating.md).
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, Write},
     path::Path,
 };
@@ -211,7 +212,64 @@ impl<'a> Session<'a> {
     }
 }
 
-pub fn check_config_table(policy: &Policy, out: &mut impl Write) -> std::io::Result<()> {
+/// Each value of the policy as the kubelet's configuration names it, with the value and where
+/// it came from (a file, a drop-in, a flag, or `default`).
+pub fn value_origins(policy: &Policy, origins: &BTreeMap<String, String>) -> Vec<(String, String, String)> {
+    let from = |key: &str| origins.get(key).cloned().unwrap_or_else(|| "default".to_owned());
+    let mut rows = Vec::new();
+    let mut row = |key: String, value: String| {
+        // A minimum reclaim is one per signal, shared by its hard and soft thresholds.
+        if !rows.iter().any(|(k, _, _)| *k == key) {
+            let f = from(&key);
+            rows.push((key, value, f));
+        }
+    };
+    for t in policy.thresholds.iter().filter(|t| !t.signal.as_str().starts_with("allocatable")) {
+        let s = t.signal.as_str();
+        let field = if t.is_hard() { "evictionHard" } else { "evictionSoft" };
+        row(format!("{field}[{s}]"), t.value.to_string());
+        if !t.is_hard() {
+            row(format!("evictionSoftGracePeriod[{s}]"), crate::godur::format(t.grace_period_ns));
+        }
+        if let Some(m) = t.min_reclaim {
+            row(format!("evictionMinimumReclaim[{s}]"), m.to_string());
+        }
+    }
+    let ns = crate::godur::format;
+    row("evictionPressureTransitionPeriod".into(), ns(policy.pressure_transition_period_ns));
+    row("evictionMaxPodGracePeriod".into(), policy.max_pod_grace_period_seconds.to_string());
+    row("enforceNodeAllocatable".into(), policy.enforce_node_allocatable.join(","));
+    row("localStorageCapacityIsolation".into(), policy.local_storage_capacity_isolation.to_string());
+    row("imageMinimumGCAge".into(), ns(policy.image_minimum_gc_age_ns));
+    rows
+}
+
+/// `check-config`'s JSON: the policy, and each value with where it came from.
+pub fn check_config_json(policy: &Policy, origins: &BTreeMap<String, String>) -> Value {
+    let mut v = policy.to_json();
+    let values: serde_json::Map<String, Value> = value_origins(policy, origins)
+        .into_iter()
+        .map(|(k, value, from)| (k, json!({ "value": value, "from": from })))
+        .collect();
+    v["values"] = Value::Object(values);
+    v
+}
+
+/// `check-config`'s table, then each value with where it came from.
+pub fn check_config_table(
+    policy: &Policy,
+    origins: &BTreeMap<String, String>,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    thresholds_table(policy, out)?;
+    writeln!(out, "\n{:<48} {:>10}  from", "setting", "value")?;
+    for (key, value, from) in value_origins(policy, origins) {
+        writeln!(out, "{key:<48} {value:>10}  {from}")?;
+    }
+    Ok(())
+}
+
+fn thresholds_table(policy: &Policy, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "{:<30} {:<5} {:>10} {:>10} {:>12}", "signal", "kind", "value", "grace", "min-reclaim")?;
     for t in &policy.thresholds {
         writeln!(
@@ -224,13 +282,7 @@ pub fn check_config_table(policy: &Policy, out: &mut impl Write) -> std::io::Res
             t.min_reclaim.map_or("-".into(), |m| m.to_string()),
         )?;
     }
-    writeln!(
-        out,
-        "pressure transition period: {}",
-        crate::godur::format(policy.pressure_transition_period_ns)
-    )?;
-    writeln!(out, "image minimum GC age: {}", crate::godur::format(policy.image_minimum_gc_age_ns))?;
-    writeln!(out, "max pod grace period: {}s", policy.max_pod_grace_period_seconds)
+    Ok(())
 }
 
 pub fn simulate(

@@ -4,7 +4,7 @@
 //! surprises (`0%`/`100%` dropped, `0` rejected, grace periods for unknown soft thresholds
 //! ignored), each surprise also reported as a warning.
 
-use std::fmt;
+use std::{collections::BTreeMap, fmt};
 
 pub use crate::signal::{NodeCondition, Resource, Signal};
 use crate::{godur, quantity::Quantity};
@@ -178,6 +178,12 @@ pub struct PolicyInput {
     pub local_storage_capacity_isolation: bool,
     /// `imageMinimumGCAge` (where it was set, and the text): 2m by default.
     pub image_minimum_gc_age: Option<(String, String)>,
+    /// Where each value set came from (`evictionHard[memory.available]` → a file, a drop-in,
+    /// a flag, `default`), for `check-config`; a value not listed is the kubelet's default.
+    pub origins: BTreeMap<String, String>,
+    /// What reading the configuration found worth a warning (a field the kubelet ignores, a
+    /// skipped drop-in), said with the policy's own warnings.
+    pub notes: Vec<String>,
 }
 
 impl Default for PolicyInput {
@@ -192,6 +198,8 @@ impl Default for PolicyInput {
             enforce_node_allocatable: None,
             local_storage_capacity_isolation: true,
             image_minimum_gc_age: None,
+            origins: BTreeMap::new(),
+            notes: Vec::new(),
         }
     }
 }
@@ -230,6 +238,7 @@ const ALLOCATABLE_KEYS: [&str; 4] = ["pods", "system-reserved", "kube-reserved",
 /// min-reclaims for absent thresholds, replaced containerfs thresholds). Checks run in the
 /// kubelet's order, so the first error reported is the one the kubelet would report.
 pub fn build(input: &PolicyInput, warnings: &mut Vec<String>) -> Result<Policy, PolicyError> {
+    warnings.extend(input.notes.iter().cloned());
     let default_hard;
     let hard_setting = match &input.hard {
         Some(h) => h,

@@ -154,6 +154,9 @@ fn the_daemonset_mounts_every_path_evictd_opens() {
             covering.display()
         );
     }
+    if cli.run.policy.kubelet_config.is_some() {
+        assert_eq!(pod.host_pid, Some(true), "--kubelet-config auto finds the kubelet in the host's /proc");
+    }
     let env: Vec<String> = c.env.clone().unwrap_or_default().into_iter().map(|e| e.name).collect();
     assert!(env.contains(&"NODE_NAME".into()) && env.contains(&"POD_UID".into()), "{env:?}");
     assert_eq!(c.security_context.as_ref().and_then(|s| s.privileged), Some(true));

@@ -64,14 +64,14 @@ fn check_config_reads_the_kubelets_drop_ins() {
     let main = d.path().join("config.yaml");
     std::fs::write(
         &main,
-        "kind: KubeletConfiguration\nevictionHard:\n  memory.available: 500Mi\n  nodefs.available: 10%\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard:\n  memory.available: 500Mi\n  nodefs.available: 10%\n",
     )
     .unwrap();
     let dir = d.path().join("config.d");
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(
         dir.join("10-memory.conf"),
-        "kind: KubeletConfiguration\nevictionHard:\n  memory.available: 1Gi\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard:\n  memory.available: 1Gi\n",
     )
     .unwrap();
     let (m, c) = (main.display().to_string(), dir.display().to_string());
@@ -85,8 +85,16 @@ fn check_config_reads_the_kubelets_drop_ins() {
         .map(|t| t["signal"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(hard, ["memory.available", "nodefs.available"], "{v}");
-    std::fs::write(dir.join("20-none.conf"), "kind: KubeletConfiguration\nevictionHard: null\n").unwrap();
-    std::fs::write(&main, "kind: KubeletConfiguration\nevictionHard: {}\n").unwrap();
+    std::fs::write(
+        dir.join("20-none.conf"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: null\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &main,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {}\n",
+    )
+    .unwrap();
     let o = evictd(&["check-config", "--config", &m, "--output", "json"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no eviction threshold"), "{o:?}");
 }

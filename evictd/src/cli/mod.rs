@@ -145,14 +145,19 @@ fn valid_policy(args: &PolicyArgs) -> anyhow::Result<Policy> {
 }
 
 fn check_config(args: &PolicyArgs, output: OutputFormat) -> anyhow::Result<()> {
-    let policy = valid_policy(args)?;
+    let input = args.input()?;
+    let mut warnings = Vec::new();
+    let policy = evictd_policy::policy::build(&input, &mut warnings)?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
     let mut out = std::io::stdout().lock();
     match output {
         OutputFormat::Json => {
-            serde_json::to_writer(&mut out, &policy.to_json())?;
+            serde_json::to_writer(&mut out, &offline::check_config_json(&policy, &input.origins))?;
             writeln!(out)?;
         }
-        OutputFormat::Table => offline::check_config_table(&policy, &mut out)?,
+        OutputFormat::Table => offline::check_config_table(&policy, &input.origins, &mut out)?,
     }
     Ok(())
 }

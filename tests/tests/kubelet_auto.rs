@@ -1,0 +1,145 @@
+//! `--kubelet-config auto` against a kubelet process on this host: evictd finds it in /proc,
+//! reads its command line, and reads its files through its root and working directory.
+//!
+//! The kubelet is a stand-in (`evictd-kubelet-stand-in`, copied to a file named `kubelet`):
+//! no kubelet can run here without an API server, and evictd reads nothing of the kubelet
+//! but its process. Its command line is a real node's (kubeadm's flags, EKS's drop-in
+//! directory). One test runs every case, one kubelet at a time: a second kubelet on the host
+//! is itself a case (evictd refuses to choose).
+
+use std::{
+    path::Path,
+    process::{Child, Command, Output},
+};
+
+use evictd_tests::evictd_binary;
+use serde_json::Value;
+
+/// A process named `kubelet` with the given command line and working directory, ended (by
+/// its PID) when dropped.
+struct StandIn(Child);
+
+impl StandIn {
+    fn start(dir: &Path, cwd: &Path, args: &[&str]) -> StandIn {
+        let exe = dir.join("kubelet");
+        if !exe.exists() {
+            std::fs::copy(env!("CARGO_BIN_EXE_evictd-kubelet-stand-in"), &exe).expect("copying the stand-in");
+        }
+        StandIn(
+            Command::new(&exe).args(args).current_dir(cwd).spawn().expect("starting the stand-in kubelet"),
+        )
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn evictd(args: &[&str]) -> Output {
+    Command::new(evictd_binary()).args(args).output().expect("running evictd")
+}
+
+fn check_config_json(extra: &[&str]) -> Value {
+    let mut args = vec!["check-config", "--kubelet-config", "auto", "--output", "json"];
+    args.extend(extra);
+    let o = evictd(&args);
+    assert!(o.status.success(), "check-config failed: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("check-config's JSON")
+}
+
+const CONF: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+#[test]
+fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
+    let d = tempfile::tempdir().unwrap();
+    let (etc, work) = (d.path().join("etc"), d.path().join("work"));
+    std::fs::create_dir_all(work.join("config.d")).unwrap();
+    std::fs::create_dir_all(&etc).unwrap();
+    let main = etc.join("config.yaml");
+    std::fs::write(
+        &main,
+        format!(
+            "{CONF}cgroupDriver: systemd\nmergeDefaultEvictionSettings: true\nevictionHard:\n  memory.available: 500Mi\n\
+             evictionSoft:\n  memory.available: 1Gi\nevictionSoftGracePeriod:\n  memory.available: 1m\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        work.join("config.d/10-nodeadm.conf"),
+        format!("{CONF}evictionHard:\n  nodefs.available: 12%\n"),
+    )
+    .unwrap();
+    let main_arg = format!("--config={}", main.display());
+    // Without a kubelet: an error that says what to do instead.
+    let o = evictd(&["check-config", "--kubelet-config", "auto"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no kubelet process") && err.contains("--config"), "{err}");
+
+    // kubeadm's and EKS's forms: `--flag=value`, `--flag value`, a relative --config-dir
+    // (the kubelet's working directory), flags evictd does not read, map flags repeated.
+    let kubelet = StandIn::start(
+        d.path(),
+        &work,
+        &[
+            "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf",
+            "--kubeconfig",
+            "/etc/kubernetes/kubelet.conf",
+            &main_arg,
+            "--config-dir",
+            "config.d",
+            "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+            "--v=2",
+            "--eviction-pressure-transition-period",
+            "45s",
+        ],
+    );
+    let pid = kubelet.0.id();
+    let v = check_config_json(&[]);
+    let values = &v["values"];
+    let from = |k: &str| values[k]["from"].as_str().unwrap_or_else(|| panic!("{k} in {values}")).to_owned();
+    let value = |k: &str| values[k]["value"].as_str().unwrap().to_owned();
+    assert_eq!(value("evictionHard[memory.available]"), "500Mi");
+    assert!(from("evictionHard[memory.available]").ends_with("etc/config.yaml"), "{values}");
+    assert_eq!(value("evictionHard[nodefs.available]"), "12%");
+    assert!(from("evictionHard[nodefs.available]").ends_with("10-nodeadm.conf"), "{values}");
+    assert!(
+        from("evictionHard[nodefs.available]").starts_with(&format!("/proc/{pid}/cwd/")),
+        "the relative --config-dir is the kubelet's working directory's: {values}"
+    );
+    assert_eq!(from("evictionHard[imagefs.available]"), "default", "mergeDefaultEvictionSettings: {values}");
+    assert_eq!(value("evictionSoftGracePeriod[memory.available]"), "1m0s");
+    assert_eq!(value("evictionPressureTransitionPeriod"), "45s");
+    assert_eq!(
+        from("evictionPressureTransitionPeriod"),
+        format!("flag --eviction-pressure-transition-period of the kubelet (PID {pid})")
+    );
+    assert_eq!(from("evictionMaxPodGracePeriod"), "default");
+
+    // evictd's own flags still override the kubelet's, and say so.
+    let v = check_config_json(&["--eviction-hard", "memory.available<1Gi"]);
+    assert_eq!(v["values"]["evictionHard[memory.available]"]["from"], "flag --eviction-hard");
+    assert!(v["values"].get("evictionHard[nodefs.available]").is_none(), "a map flag replaces the map");
+
+    // The table: each value with where it came from.
+    let o = evictd(&["check-config", "--kubelet-config", "auto"]);
+    let table = String::from_utf8_lossy(&o.stdout);
+    let line = table.lines().find(|l| l.starts_with("evictionHard[nodefs.available]")).unwrap_or("");
+    assert!(line.contains("12%") && line.ends_with("10-nodeadm.conf"), "{table}");
+
+    // A second kubelet: evictd does not choose.
+    let other = StandIn::start(d.path(), &work, &["--config=/nonexistent.yaml"]);
+    let o = evictd(&["check-config", "--kubelet-config", "auto"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("2 kubelet processes"), "{err}");
+    drop(other);
+
+    // A kubelet whose file evictd cannot read: the error names the file; no policy.
+    drop(kubelet);
+    let _gone = StandIn::start(d.path(), &work, &["--config", "/nonexistent/kubelet.yaml"]);
+    let o = evictd(&["check-config", "--kubelet-config", "auto"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("/nonexistent/kubelet.yaml"), "{err}");
+}
