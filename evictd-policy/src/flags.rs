@@ -102,6 +102,7 @@ impl PolicyArgs {
                 let theirs = Self::of_kubelet(&kubelet)?;
                 let mut input = theirs.files()?;
                 theirs.flags_over(&mut input, Some(kubelet.pid))?;
+                input.notes.extend(kubelet.notes);
                 input
             }
             None => self.files()?,

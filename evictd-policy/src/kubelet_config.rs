@@ -21,7 +21,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::policy::{DEFAULT_EVICTION_HARD, MapSetting, PolicyInput};
@@ -29,6 +28,13 @@ use crate::policy::{DEFAULT_EVICTION_HARD, MapSetting, PolicyInput};
 mod fields;
 #[cfg(test)]
 mod tests;
+
+/// At most this many files and directories are looked at below a drop-in directory: a
+/// `--config-dir` that names `/` by mistake is an error, not a walk of the node.
+const MAX_DROPIN_ENTRIES: usize = 1000;
+/// The boolean fields evictd reads, which YAML 1.1 (the kubelet's parser) also spells
+/// `yes`/`no`/`on`/`off`.
+const BOOLS: [&str; 2] = ["mergeDefaultEvictionSettings", "localStorageCapacityIsolation"];
 
 const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 const KIND: &str = "KubeletConfiguration";
@@ -42,21 +48,6 @@ const SCALARS: [&str; 5] = [
     "localStorageCapacityIsolation",
     "imageMinimumGCAge",
 ];
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct KubeletConfiguration {
-    eviction_hard: Option<BTreeMap<String, String>>,
-    eviction_soft: Option<BTreeMap<String, String>>,
-    eviction_soft_grace_period: Option<BTreeMap<String, String>>,
-    eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
-    eviction_pressure_transition_period: Option<String>,
-    eviction_max_pod_grace_period: Option<i64>,
-    enforce_node_allocatable: Option<Vec<String>>,
-    local_storage_capacity_isolation: Option<bool>,
-    #[serde(rename = "imageMinimumGCAge")]
-    image_minimum_gc_age: Option<String>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -102,7 +93,8 @@ pub fn read_with_dropins(main: Option<&Path>, dropin_dir: &Path) -> Result<Polic
     let mut merged = written_out(base);
     let mut sources =
         vec![main.map_or_else(|| "the kubelet's defaults".to_owned(), |m| m.display().to_string())];
-    for file in dropin_files(dropin_dir, &mut notes)? {
+    let mut budget = MAX_DROPIN_ENTRIES;
+    for file in dropin_files(dropin_dir, &mut notes, &mut budget)? {
         let name = file.display().to_string();
         let doc = dropin(&read_text(&file)?, &name)?;
         // Said per drop-in here; the merged document adds only fields already said.
@@ -110,7 +102,10 @@ pub fn read_with_dropins(main: Option<&Path>, dropin_dir: &Path) -> Result<Polic
         merge_patch(&mut merged, &doc);
         sources.push(name);
     }
-    let doc = defaulted(decoded(&merged, "", &mut Vec::new()));
+    let mut doc = decoded(&merged, "", &mut Vec::new());
+    // An `evictionHard` the merge left out (empty, or deleted by a drop-in) is no hard
+    // threshold: the kubelet's defaulting after the merge has no eviction default.
+    doc.entry("evictionHard").or_insert_with(|| Value::Object(Map::new()));
     input_of(doc, &sources.join(" + "), layers, notes)
 }
 
@@ -202,16 +197,33 @@ fn dropin(text: &str, p: &str) -> Result<Map<String, Value>, ConfigError> {
 /// The files the kubelet applies from its drop-in directory, in its order: every `*.conf`
 /// at any depth, depth-first, each directory's entries in lexical order (Go's WalkDir, which
 /// does not follow a symlink to a directory). The files it skips are said.
-fn dropin_files(dir: &Path, notes: &mut Vec<String>) -> Result<Vec<PathBuf>, ConfigError> {
+fn dropin_files(
+    dir: &Path,
+    notes: &mut Vec<String>,
+    budget: &mut usize,
+) -> Result<Vec<PathBuf>, ConfigError> {
     let read_error = |error| ConfigError::Read { path: dir.display().to_string(), error };
+    if std::fs::symlink_metadata(dir).map_err(read_error)?.file_type().is_symlink() {
+        notes.push(format!(
+            "{}: a symlink, which the kubelet's walk does not follow: no drop-in applies",
+            dir.display()
+        ));
+        return Ok(Vec::new());
+    }
     let mut entries: Vec<std::fs::DirEntry> =
         std::fs::read_dir(dir).map_err(read_error)?.collect::<Result<_, _>>().map_err(read_error)?;
+    *budget = budget.checked_sub(entries.len()).ok_or_else(|| {
+        parse_error(
+            &dir.display().to_string(),
+            format!("more than {MAX_DROPIN_ENTRIES} entries below the drop-in directory: is it the kubelet's --config-dir?"),
+        )
+    })?;
     entries.sort_by_key(|e| e.file_name());
     let mut files = Vec::new();
     for e in entries {
         let path = e.path();
         if e.file_type().is_ok_and(|t| t.is_dir()) {
-            files.extend(dropin_files(&path, notes)?);
+            files.extend(dropin_files(&path, notes, budget)?);
         } else if path.extension().is_some_and(|x| x == "conf") {
             files.push(path);
         } else {
@@ -228,9 +240,35 @@ fn parse_error(p: &str, reason: impl Into<String>) -> ConfigError {
 
 /// A YAML or JSON document that is an object.
 fn object(text: &str, p: &str) -> Result<Map<String, Value>, ConfigError> {
-    match serde_yaml_ng::from_str(text).map_err(|e| parse_error(p, e.to_string()))? {
-        Value::Object(doc) => Ok(doc),
-        _ => Err(parse_error(p, "not a KubeletConfiguration object")),
+    let Value::Object(mut doc) = serde_yaml_ng::from_str(text).map_err(|e| parse_error(p, e.to_string()))?
+    else {
+        return Err(parse_error(p, "not a KubeletConfiguration object"));
+    };
+    for field in BOOLS {
+        if let Some(v) = doc.get_mut(field) {
+            match yaml11_bool(v) {
+                Some(b) => *v = Value::Bool(b),
+                None if v.is_null() => {}
+                None => return Err(parse_error(p, format!("{field}: {v} is not a boolean"))),
+            }
+        }
+    }
+    Ok(doc)
+}
+
+/// A YAML 1.1 boolean, as the kubelet's YAML parser reads one (`serde_yaml_ng` is YAML 1.2:
+/// an unquoted `yes` reaches here as a string).
+fn yaml11_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::String(s) => match s.as_str() {
+            "y" | "Y" | "yes" | "Yes" | "YES" | "true" | "True" | "TRUE" | "on" | "On" | "ON" => Some(true),
+            "n" | "N" | "no" | "No" | "NO" | "false" | "False" | "FALSE" | "off" | "Off" | "OFF" => {
+                Some(false)
+            }
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -341,6 +379,24 @@ fn origins_of(doc: &Map<String, Value>, layers: &[Layer]) -> BTreeMap<String, St
     origins
 }
 
+/// One field of an assembled configuration, decoded; a value of the wrong type is an error
+/// naming the field and the file (or drop-in) that set it last.
+fn field<T: serde::de::DeserializeOwned>(
+    doc: &Map<String, Value>,
+    name: &str,
+    p: &str,
+    layers: &[Layer],
+) -> Result<Option<T>, ConfigError> {
+    match doc.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
+            let set_by =
+                layers.iter().rev().find(|l| l.doc.contains_key(name)).map_or(p, |l| l.origin.as_str());
+            parse_error(set_by, format!("{name}: {e}"))
+        }),
+    }
+}
+
 /// The policy inputs of an assembled configuration; `p` names where it came from.
 fn input_of(
     doc: Map<String, Value>,
@@ -349,26 +405,27 @@ fn input_of(
     notes: Vec<String>,
 ) -> Result<PolicyInput, ConfigError> {
     let origins = origins_of(&doc, &layers);
-    let cfg: KubeletConfiguration =
-        serde_json::from_value(Value::Object(doc)).map_err(|e| parse_error(p, e.to_string()))?;
-    let map = |field: &str, m: Option<BTreeMap<String, String>>| MapSetting {
-        source: format!("{field} in {p}"),
-        entries: m.unwrap_or_default().into_iter().collect(),
+    let map = |name: &str| -> Result<Option<MapSetting>, ConfigError> {
+        let m: Option<BTreeMap<String, String>> = field(&doc, name, p, &layers)?;
+        Ok(m.map(|m| MapSetting { source: format!("{name} in {p}"), entries: m.into_iter().collect() }))
     };
+    let named = |name: &str, v: Option<String>| v.map(|v| (format!("{name} in {p}"), v));
+    let empty = |name: &str| MapSetting { source: format!("{name} in {p}"), entries: Vec::new() };
     Ok(PolicyInput {
-        hard: cfg.eviction_hard.map(|m| map("evictionHard", Some(m))),
-        soft: map("evictionSoft", cfg.eviction_soft),
-        soft_grace: map("evictionSoftGracePeriod", cfg.eviction_soft_grace_period),
-        min_reclaim: map("evictionMinimumReclaim", cfg.eviction_minimum_reclaim),
-        max_pod_grace_period_seconds: cfg.eviction_max_pod_grace_period.unwrap_or(0),
-        pressure_transition_period: cfg
-            .eviction_pressure_transition_period
-            .map(|d| (format!("evictionPressureTransitionPeriod in {p}"), d)),
-        enforce_node_allocatable: cfg
-            .enforce_node_allocatable
+        hard: map("evictionHard")?,
+        soft: map("evictionSoft")?.unwrap_or_else(|| empty("evictionSoft")),
+        soft_grace: map("evictionSoftGracePeriod")?.unwrap_or_else(|| empty("evictionSoftGracePeriod")),
+        min_reclaim: map("evictionMinimumReclaim")?.unwrap_or_else(|| empty("evictionMinimumReclaim")),
+        max_pod_grace_period_seconds: field(&doc, "evictionMaxPodGracePeriod", p, &layers)?.unwrap_or(0),
+        pressure_transition_period: named(
+            "evictionPressureTransitionPeriod",
+            field(&doc, "evictionPressureTransitionPeriod", p, &layers)?,
+        ),
+        enforce_node_allocatable: field::<Vec<String>>(&doc, "enforceNodeAllocatable", p, &layers)?
             .map(|l| (format!("enforceNodeAllocatable in {p}"), l)),
-        local_storage_capacity_isolation: cfg.local_storage_capacity_isolation.unwrap_or(true),
-        image_minimum_gc_age: cfg.image_minimum_gc_age.map(|d| (format!("imageMinimumGCAge in {p}"), d)),
+        local_storage_capacity_isolation: field(&doc, "localStorageCapacityIsolation", p, &layers)?
+            .unwrap_or(true),
+        image_minimum_gc_age: named("imageMinimumGCAge", field(&doc, "imageMinimumGCAge", p, &layers)?),
         origins,
         notes,
     })

@@ -30,11 +30,11 @@ const SCALAR_FLAGS: [&str; 5] = [
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletProcessError {
     #[error(
-        "--kubelet-config auto: no kubelet process in {proc} (evictd needs the host's PID namespace, \
-         hostPID in a pod; k3s and MicroK8s run the kubelet inside another process: give --config, \
-         --config-dir and the eviction flags instead)"
+        "--kubelet-config auto: no kubelet process in {proc}{rejected} (evictd needs the host's PID \
+         namespace, hostPID in a pod; k3s and MicroK8s run the kubelet inside another process: give \
+         --config, --config-dir and the eviction flags instead)"
     )]
-    NotFound { proc: String },
+    NotFound { proc: String, rejected: String },
     #[error(
         "--kubelet-config auto: {count} kubelet processes in {proc} (PIDs {pids}): give --config and --config-dir instead"
     )]
@@ -57,40 +57,84 @@ pub struct Kubelet {
     /// Its `--config` and `--config-dir`, as evictd can open them.
     pub config: Option<PathBuf>,
     pub config_dir: Option<PathBuf>,
+    /// What finding them is worth a warning for.
+    pub notes: Vec<String>,
 }
 
 impl Kubelet {
-    /// The kubelet among the processes under `proc`: the one process named `kubelet` (its
-    /// `comm`, or its `argv[0]`'s file name).
+    /// The kubelet among the processes under `proc`: the one process named `kubelet` that
+    /// runs in the node's PID namespace (that of `proc`'s PID 1) and outside every pod's
+    /// cgroup. A process in a pod cannot pose as the kubelet, even one with `hostPID` and
+    /// the name `kubelet`: it would choose the node's policy, or keep evictd from starting.
     pub fn find(proc: &Path) -> Result<Kubelet, KubeletProcessError> {
         let proc_name = proc.display().to_string();
         let processes = procfs::process::all_processes_with_root(proc)
             .map_err(|e| KubeletProcessError::Proc { proc: proc_name.clone(), error: e.to_string() })?;
-        // Processes that end while listed, and kernel threads, are not the kubelet.
-        let kubelets: Vec<(i32, Vec<String>)> = processes
-            .filter_map(Result::ok)
-            .filter_map(|p| {
-                let argv = p.cmdline().ok()?;
-                let comm = p.stat().ok().map(|s| s.comm).unwrap_or_default();
-                let argv0 = argv.first().map(|a| Path::new(a).file_name().unwrap_or_default().to_owned());
-                (comm == "kubelet" || argv0.is_some_and(|a| a == "kubelet")).then(|| (p.pid(), argv))
-            })
-            .collect();
+        let node_pid_ns = std::fs::read_link(proc.join("1/ns/pid")).ok();
+        let mut kubelets = Vec::new();
+        let mut rejected = Vec::new();
+        // `comm` first: reading it takes no lock of the process's memory, which a process
+        // under memory pressure (or a tenant's on purpose) can hold for long. Processes that
+        // end while listed are not the kubelet.
+        for p in processes.filter_map(Result::ok) {
+            if p.stat().is_ok_and(|s| s.comm == "kubelet") {
+                match not_the_nodes(proc, p.pid(), node_pid_ns.as_deref()) {
+                    Some(why) => rejected.push(format!("{} ({why})", p.pid())),
+                    None => kubelets.push(p),
+                }
+            }
+        }
         match kubelets.as_slice() {
-            [] => Err(KubeletProcessError::NotFound { proc: proc_name }),
-            [(pid, argv)] => Self::from_command_line(proc, *pid, argv),
+            [] => Err(KubeletProcessError::NotFound { proc: proc_name, rejected: rejected_list(&rejected) }),
+            [k] => {
+                let argv = k.cmdline().map_err(|e| KubeletProcessError::Proc {
+                    proc: format!("{proc_name}/{}/cmdline", k.pid()),
+                    error: e.to_string(),
+                })?;
+                Self::from_command_line(proc, k.pid(), &argv)
+            }
             several => Err(KubeletProcessError::Several {
                 proc: proc_name,
                 count: several.len(),
-                pids: several.iter().map(|(p, _)| p.to_string()).collect::<Vec<_>>().join(", "),
+                pids: several.iter().map(|p| p.pid().to_string()).collect::<Vec<_>>().join(", "),
             }),
         }
     }
 
     fn from_command_line(proc: &Path, pid: i32, argv: &[String]) -> Result<Kubelet, KubeletProcessError> {
         let flags = kubelet_flags(pid, argv.get(1..).unwrap_or_default())?;
-        let file = |flag: &str| flags.get(flag).map(|p| as_the_kubelet_sees_it(proc, pid, Path::new(p)));
-        Ok(Kubelet { pid, config: file("config"), config_dir: file("config-dir"), flags })
+        // An empty `--config=` is no file, as the kubelet reads it.
+        let mut notes = Vec::new();
+        let mut file = |flag: &str| {
+            let p = flags.get(flag).filter(|p| !p.is_empty())?;
+            Some(as_the_kubelet_sees_it(proc, pid, Path::new(p), &mut notes))
+        };
+        let (config, config_dir) = (file("config"), file("config-dir"));
+        Ok(Kubelet { pid, config, config_dir, flags, notes })
+    }
+}
+
+/// Why a process named `kubelet` is not the node's: another PID namespace (a pod's), or a
+/// pod's cgroup (`kubepods`, also with `hostPID`). `None`: it is.
+fn not_the_nodes(proc: &Path, pid: i32, node_pid_ns: Option<&Path>) -> Option<String> {
+    let base = proc.join(pid.to_string());
+    let ns = std::fs::read_link(base.join("ns/pid")).ok();
+    if node_pid_ns.is_some() && ns.as_deref() != node_pid_ns {
+        return Some("in another PID namespace".into());
+    }
+    let cgroups = std::fs::read_to_string(base.join("cgroup")).unwrap_or_default();
+    cgroups
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .find(|path| path.contains("kubepods"))
+        .map(|path| format!("in a pod's cgroup {path}"))
+}
+
+fn rejected_list(rejected: &[String]) -> String {
+    if rejected.is_empty() {
+        String::new()
+    } else {
+        format!("; not the node's kubelet: PID {}", rejected.join(", PID "))
     }
 }
 
@@ -136,11 +180,15 @@ fn kubelet_flags(pid: i32, args: &[String]) -> Result<BTreeMap<String, String>, 
         if !wanted {
             continue;
         }
+        // pflag's map and list flags: the first occurrence replaces what the files said
+        // (empty: nothing), each later one adds (empty: adds nothing).
         let accumulates = !SCALAR_FLAGS.contains(&name.as_str());
         match flags.get_mut(&name) {
-            Some(v) if accumulates && !value.is_empty() => {
-                v.push(',');
-                v.push_str(&value);
+            Some(v) if accumulates => {
+                if !value.is_empty() {
+                    v.push(',');
+                    v.push_str(&value);
+                }
             }
             _ => drop(flags.insert(name, value)),
         }
@@ -166,14 +214,23 @@ fn validate_numbers(pid: i32, flags: &BTreeMap<String, String>) -> Result<(), Ku
 /// A path of the kubelet's command line as evictd can open it: through the kubelet's root
 /// (absolute) or working directory (relative) in `proc`; where evictd may not look through
 /// them, the absolute path in its own view.
-fn as_the_kubelet_sees_it(proc: &Path, pid: i32, path: &Path) -> PathBuf {
+fn as_the_kubelet_sees_it(proc: &Path, pid: i32, path: &Path, notes: &mut Vec<String>) -> PathBuf {
     let base = proc.join(pid.to_string());
     let through = match path.strip_prefix("/") {
         Ok(rel) => base.join("root").join(rel),
         Err(_) => base.join("cwd").join(path),
     };
     let denied = std::fs::metadata(&through).is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied);
-    if denied && path.is_absolute() { path.to_owned() } else { through }
+    if denied && path.is_absolute() {
+        notes.push(format!(
+            "{} read in evictd's own view: it may not look through the kubelet's root ({}); \
+             the file there must be the kubelet's (a read-only mount of the same host path)",
+            path.display(),
+            through.display()
+        ));
+        return path.to_owned();
+    }
+    through
 }
 
 #[cfg(test)]
@@ -219,6 +276,26 @@ mod tests {
         assert_eq!(f.len(), 6, "{f:?}");
     }
 
+    /// pflag's `Set("")`: a map or list flag's first occurrence empties what the files said,
+    /// a later empty one adds nothing; a scalar's last occurrence wins, empty or not.
+    #[test]
+    fn empty_and_repeated_flags_are_read_as_pflag_reads_them() {
+        let f = flags(&[
+            "--eviction-hard=memory.available<1Gi",
+            "--eviction-hard=",
+            "--config=/a",
+            "--config=/b",
+        ]);
+        assert_eq!(f["eviction-hard"], "memory.available<1Gi");
+        assert_eq!(f["config"], "/b");
+        let f = flags(&["--eviction-hard=", "--enforce-node-allocatable=", "--config-dir="]);
+        assert_eq!((f["eviction-hard"].as_str(), f["enforce-node-allocatable"].as_str()), ("", ""));
+        let k =
+            Kubelet::from_command_line(Path::new("/proc"), 1, &["kubelet".into(), "--config-dir=".into()])
+                .unwrap();
+        assert_eq!(k.config_dir, None, "an empty --config-dir is none, as the kubelet reads it");
+    }
+
     #[test]
     fn a_flag_without_its_value_or_a_bad_number_is_an_error() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -234,11 +311,11 @@ mod tests {
         let proc = Path::new("/proc");
         let me = std::process::id() as i32;
         assert_eq!(
-            as_the_kubelet_sees_it(proc, me, Path::new("/etc/k.yaml")),
+            as_the_kubelet_sees_it(proc, me, Path::new("/etc/k.yaml"), &mut Vec::new()),
             PathBuf::from(format!("/proc/{me}/root/etc/k.yaml"))
         );
         assert_eq!(
-            as_the_kubelet_sees_it(proc, me, Path::new("conf.d")),
+            as_the_kubelet_sees_it(proc, me, Path::new("conf.d"), &mut Vec::new()),
             PathBuf::from(format!("/proc/{me}/cwd/conf.d"))
         );
     }

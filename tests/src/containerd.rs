@@ -36,11 +36,7 @@ pub fn available(test: &str) -> bool {
         return false;
     }
     let Some(why) = unavailable() else { return true };
-    if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
-        panic!("{test}: {why}");
-    }
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+    crate::skip(test, &why);
     false
 }
 
@@ -425,7 +421,7 @@ state = "{r}/state"
         }
     }
 
-    fn ctr(&self, args: &[&str]) -> std::process::Output {
+    pub fn ctr(&self, args: &[&str]) -> std::process::Output {
         Command::new("ctr")
             .arg("--address")
             .arg(&self.socket)

@@ -56,15 +56,21 @@ pub fn privileged(test: &str) -> bool {
     match reason {
         None => true,
         Some(r) => {
-            if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
-                panic!("{test}: cannot run ({r}) and EVICTD_REQUIRE_PRIVILEGED=1");
-            }
-            // Straight to the stderr handle: libtest captures eprintln! of passing tests,
-            // and a skip must be seen.
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {r}");
+            skip(test, r);
             false
         }
     }
+}
+
+/// Says loudly that `test` cannot run here, and why — or, in CI
+/// (`EVICTD_REQUIRE_PRIVILEGED=1`), fails it: a skip there would pass what was not tested.
+pub fn skip(test: &str, why: &str) {
+    if std::env::var("EVICTD_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+        panic!("{test}: cannot run ({why}) and EVICTD_REQUIRE_PRIVILEGED=1");
+    }
+    // Straight to the stderr handle: libtest captures eprintln! of passing tests, and a skip
+    // must be seen.
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);

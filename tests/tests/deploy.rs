@@ -184,6 +184,23 @@ fn the_probes_and_port_are_evictds() {
     }
 }
 
+/// The Dockerfile makes the image `cargo xtask image` writes: FROM scratch (no base image to
+/// pull), the static binary `cargo xtask image` builds copied to `/evictd`, run as the entry point.
+#[test]
+fn the_dockerfile_is_the_static_binary_from_scratch() {
+    let text = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
+    let lines: Vec<&str> =
+        text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+    assert_eq!(
+        lines,
+        [
+            "FROM scratch",
+            "COPY target/x86_64-unknown-linux-gnu/release/evictd /evictd",
+            "ENTRYPOINT [\"/evictd\"]"
+        ]
+    );
+}
+
 /// (group, resource[/subresource], verb) of one recorded request.
 fn access(r: &Recorded) -> (String, String, String) {
     let (path, query) = r.path.split_once('?').unwrap_or((&r.path, ""));

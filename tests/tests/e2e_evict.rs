@@ -101,6 +101,23 @@ async fn the_top_ranked_pod_is_evicted_and_its_memory_freed(mut ctd: Containerd)
     let metrics = http_get(&addr, "/metrics");
     assert!(metrics.contains("evictd_evictions_total{eviction_signal=\"memory.available\"} 1"), "{metrics}");
     assert!(metrics.contains("evictd_eviction_phase_seconds_count{phase=\"stop_sandbox\"} 1"), "{metrics}");
+    // `evictd status` tells it on one screen: the threshold, and the eviction with its timings.
+    let status = std::process::Command::new(evictd_tests::evictd_binary())
+        .args(["status", "--addr", &addr])
+        .output()
+        .expect("running evictd status");
+    let screen = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    assert!(screen.lines().any(|l| l.starts_with("memory.available ") && l.contains("400.0MiB")), "{screen}");
+    let last = screen.lines().skip_while(|l| !l.starts_with("last evictions")).nth(2).unwrap_or_default();
+    assert!(
+        last.contains("/worker ") && last.contains("memory.available") && last.contains("evicted"),
+        "{screen}"
+    );
+    assert!(
+        last.split_whitespace().filter(|w| w.ends_with("ms")).count() >= 3,
+        "detect, stop, sandbox: {last}"
+    );
     let phases = &e["phases"];
     println!(
         "eviction phases: decide {} µs, stop containers {} ms, stop sandbox {} ms, memory released {} ms",

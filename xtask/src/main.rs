@@ -23,6 +23,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod build;
 mod fuzz;
+mod image;
 mod setup;
 mod test;
 mod vm;
@@ -44,6 +45,9 @@ enum Cmd {
         #[arg(long)]
         release: bool,
     },
+    /// Set up, then write evictd's container image (the static release binary alone, FROM
+    /// scratch) as an OCI archive: no daemon, no registry, no base image.
+    Image(image::ImageArgs),
     /// Set up, build (release) and run evictd on this machine; default arguments:
     /// --trace --dry-run.
     Run {
@@ -78,6 +82,7 @@ fn main() -> ExitCode {
         Cmd::Setup => setup::setup().map(|_| ()),
         Cmd::Build { release } => setup::setup().and_then(|env| build::build(&env, release)),
         Cmd::Run { args } => setup::setup().and_then(|env| build::run(&env, &args)),
+        Cmd::Image(args) => setup::setup().and_then(|env| image::image(&env, &args)).map(|_| ()),
         Cmd::Test { no_vm } => setup::setup().and_then(|env| test::test(&env, !no_vm)),
         Cmd::Bench(args) => setup::setup().and_then(|env| bench::bench(&env, &args)),
         Cmd::Fuzz(args) => setup::setup().and_then(|env| fuzz::fuzz(&env, &args)),

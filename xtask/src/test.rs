@@ -27,9 +27,11 @@ pub(crate) fn test(env: &BuildEnv, with_vms: bool) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         step("NOTE: not root: the privileged tests (BPF, cgroups) will report SKIPPED");
     }
+    // The image users run, for the tests that run it (tests/tests/image.rs).
+    let image = crate::image::image(env, &crate::image::ImageArgs::default())?;
     step("running the tests");
     let mut cmd = env.cargo();
-    cmd.args(["test", "--workspace"]);
+    cmd.args(["test", "--workspace"]).env("EVICTD_IMAGE", &image);
     // In CI a skipped privileged test is a failure: CI runs as root on a BPF-capable kernel.
     if env::var("CI").is_ok_and(|v| v == "true") {
         cmd.env("EVICTD_REQUIRE_PRIVILEGED", "1");

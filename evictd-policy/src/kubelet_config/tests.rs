@@ -231,21 +231,70 @@ fn a_drop_in_field_in_another_case_applies_and_an_unknown_one_is_ignored() {
     assert!(!notes.contains("\"evictionhard\""), "a field in another case is the field: {notes}");
 }
 
-/// The kubelet writes the main file out (`omitempty`) before merging drop-ins and defaults
-/// the result: an `evictionHard: {}` that turns hard eviction off without drop-ins is the
-/// default map again with any `--config-dir`, and so is an `evictionHard` a drop-in deletes.
+/// The kubelet writes the main file out (`omitempty`) before merging drop-ins, and its
+/// defaulting after the merge has no eviction default: an `evictionHard: {}` stays empty with
+/// any `--config-dir`, and an `evictionHard` a drop-in deletes is no hard threshold at all.
 #[test]
-fn an_empty_eviction_hard_is_the_default_again_once_drop_ins_apply() {
+fn an_eviction_hard_left_empty_or_deleted_by_the_merge_is_no_threshold() {
     let d = tempfile::tempdir().unwrap();
     let main = d.path().join("config.yaml");
     std::fs::write(&main, conf("evictionHard: {}\n")).unwrap();
     assert!(hard(&read(&main).unwrap()).is_empty(), "without drop-ins: no hard threshold");
     let dir = d.path().join("empty.d");
     std::fs::create_dir(&dir).unwrap();
-    assert_eq!(hard(&read_with_dropins(Some(&main), &dir).unwrap()), DEFAULT_HARD);
+    assert!(hard(&read_with_dropins(Some(&main), &dir).unwrap()).is_empty());
     std::fs::write(&main, conf("evictionHard:\n  memory.available: 1Gi\n")).unwrap();
     std::fs::write(dir.join("10-none.conf"), conf("evictionHard: null\n")).unwrap();
-    assert_eq!(hard(&read_with_dropins(Some(&main), &dir).unwrap()), DEFAULT_HARD);
+    let input = read_with_dropins(Some(&main), &dir).unwrap();
+    assert!(hard(&input).is_empty(), "{:?}", hard(&input));
+    let mut warnings = Vec::new();
+    build(&input, &mut warnings).unwrap();
+    assert!(warnings.iter().any(|w| w.contains("no eviction threshold")), "said: {warnings:?}");
+}
+
+/// The kubelet parses YAML 1.1: an unquoted `yes` is true. A value that is no boolean is
+/// refused, naming the field.
+#[test]
+fn booleans_are_yaml_1_1s() {
+    let input = parse(
+        &conf("mergeDefaultEvictionSettings: yes\nevictionHard:\n  memory.available: 500Mi\n"),
+        "k.yaml",
+    )
+    .unwrap();
+    assert_eq!(hard(&input).len(), 5, "merged with the defaults: {:?}", hard(&input));
+    assert!(
+        !parse(&conf("localStorageCapacityIsolation: off\n"), "k.yaml")
+            .unwrap()
+            .local_storage_capacity_isolation
+    );
+    let e = parse(&conf("mergeDefaultEvictionSettings: sometimes\n"), "k.yaml").unwrap_err().to_string();
+    assert!(e.contains("k.yaml") && e.contains("mergeDefaultEvictionSettings"), "{e}");
+}
+
+/// A value of the wrong type names the field and the drop-in that set it; a drop-in
+/// directory that is a symlink applies nothing (the kubelet's walk does not follow it); one
+/// with too many entries is refused.
+#[test]
+fn drop_in_errors_name_the_drop_in_and_the_field() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("conf.d");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("10-ok.conf"), conf("evictionMaxPodGracePeriod: 30\n")).unwrap();
+    std::fs::write(dir.join("20-bad.conf"), conf("evictionSoft:\n  memory.available: [1]\n")).unwrap();
+    let e = read_with_dropins(None, &dir).unwrap_err().to_string();
+    assert!(e.contains("20-bad.conf") && e.contains("evictionSoft:"), "{e}");
+    std::fs::remove_file(dir.join("20-bad.conf")).unwrap();
+    let link = d.path().join("linked.d");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let input = read_with_dropins(None, &link).unwrap();
+    assert_eq!(input.max_pod_grace_period_seconds, 0, "no drop-in applied through the symlink");
+    assert!(input.notes.iter().any(|n| n.contains("symlink")), "{:?}", input.notes);
+    assert_eq!(read_with_dropins(None, &dir).unwrap().max_pod_grace_period_seconds, 30);
+    for n in 0..MAX_DROPIN_ENTRIES {
+        std::fs::write(dir.join(format!("x{n}")), "").unwrap();
+    }
+    let e = read_with_dropins(None, &dir).unwrap_err().to_string();
+    assert!(e.contains("more than 1000 entries"), "{e}");
 }
 
 /// A drop-in the kubelet refuses (empty, no or another apiVersion/kind, unreadable YAML)

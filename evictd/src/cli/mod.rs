@@ -12,6 +12,7 @@ use crate::daemon;
 
 mod probe;
 mod run;
+mod status;
 
 pub use run::{HostPath, KUBELET_POD_LOGS, RunArgs};
 
@@ -44,6 +45,14 @@ pub enum Command {
         policy: PolicyArgs,
         #[arg(long, value_enum, default_value = "table")]
         output: OutputFormat,
+    },
+    /// One screen for the person on call, from a running evictd's metrics endpoint: the
+    /// node's signals against their thresholds, the wake tier, evictd's conditions and
+    /// taints, and the last evictions with their timings.
+    Status {
+        /// Where that evictd serves its metrics (its --metrics-addr).
+        #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9101")]
+        addr: String,
     },
     /// Decide on one kubelet Summary API document and a PodList, as the daemon would.
     Simulate {
@@ -94,6 +103,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Probe { json }) => probe_command(json),
         Some(Command::CheckConfig { policy, output }) => check_config(&policy, output),
+        Some(Command::Status { addr }) => status::run(&addr),
         Some(Command::Simulate { summary, offline: o }) => {
             let (policy, pods, layout) = offline_session(&o)?;
             let mut session = offline::Session::new(&policy, layout, &pods);

@@ -19,7 +19,7 @@ use std::{
 use anyhow::Context as _;
 use evictd_policy::{
     distance::nearest_memory_threshold,
-    flags::PolicyArgs,
+    flags::{FlagsError, PolicyArgs},
     observations::Observations,
     podspec::AnnotationTrust,
     policy::{NodeCondition, Policy, Signal, Threshold},
@@ -214,6 +214,9 @@ struct Daemon {
     /// SIGHUP: where the policy comes from, a re-read policy waiting for the running pass to
     /// end, and the inventory's cue to read the pods file again.
     policy_args: PolicyArgs,
+    /// The policy being read after a SIGHUP, off the daemon's thread: finding the kubelet
+    /// reads /proc, and a file may sit on a slow disk.
+    policy_read: Option<PolicyRead>,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
@@ -267,6 +270,7 @@ async fn serve(
             _ = tokio::signal::ctrl_c() => return Ok(()),
             _ = sigterm.recv() => return Ok(()),
             _ = sighup.recv() => daemon.reload(),
+            read = policy_read_end(&mut daemon.policy_read) => daemon.policy_read_done(read),
             _ = crate::runtime::evict::sleep_until(deadline) => return Ok(()),
             Ok(()) = daemon.pods.changed() => daemon.inventory_changed(),
             done = pass_end(&mut daemon.pass) => daemon.pass_done(done?)?,
@@ -279,6 +283,21 @@ async fn serve(
             _ = summary_tick.tick() => daemon.each_second()?,
             _ = crate::runtime::evict::sleep_until(daemon.cleanup_recheck) => daemon.recheck_cleanup(),
         }
+    }
+}
+
+/// A policy being read: the policy and its warnings, or why it does not read.
+type PolicyRead = JoinHandle<Result<(Policy, Vec<String>), FlagsError>>;
+
+/// The end of the policy read a SIGHUP started; never, when none runs.
+async fn policy_read_end(read: &mut Option<PolicyRead>) -> anyhow::Result<(Policy, Vec<String>)> {
+    match read.as_mut() {
+        Some(handle) => {
+            let done = handle.await;
+            *read = None;
+            Ok(done.context("reading the policy")??)
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -366,13 +385,24 @@ impl Daemon {
     }
 
     /// SIGHUP: the pods file is read again at the inventory's next refresh (now), and the
-    /// policy from its flags and `--config` file; a policy that does not read leaves the one
-    /// in force, said why. A pass under way finishes with the old policy.
+    /// policy from its flags, files or the running kubelet, off the daemon's thread; a
+    /// SIGHUP while that read runs is that read.
     fn reload(&mut self) {
         tracing::info!("SIGHUP: reading the policy and the pods file again");
         self.reread_pods_file.store(true, Ordering::Relaxed);
         self.kick.notify_one();
-        let policy = match self.policy_args.policy() {
+        if self.policy_read.is_some() {
+            tracing::warn!("SIGHUP: the policy is still being read since the last SIGHUP");
+            return;
+        }
+        let args = self.policy_args.clone();
+        self.policy_read = Some(tokio::task::spawn_blocking(move || args.policy()));
+    }
+
+    /// The re-read policy in force (at once, or once the running pass ends); one that does
+    /// not read leaves the policy in force, said why.
+    fn policy_read_done(&mut self, read: anyhow::Result<(Policy, Vec<String>)>) {
+        let policy = match read {
             Ok((policy, warnings)) => {
                 for w in warnings {
                     tracing::warn!("{w}");
@@ -380,7 +410,7 @@ impl Daemon {
                 policy
             }
             Err(e) => {
-                tracing::error!("SIGHUP: the policy does not read ({e}); the policy in force stays");
+                tracing::error!("SIGHUP: the policy does not read ({e:#}); the policy in force stays");
                 return;
             }
         };

@@ -233,6 +233,7 @@ impl Daemon {
             api,
             health,
             policy_args: opts.policy_args,
+            policy_read: None,
             pending_policy: None,
             reread_pods_file,
             cleanup_recheck: None,

@@ -16,6 +16,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use super::recent::RecentEvictions;
 use crate::{
     cluster::metrics::ApiMetrics,
     runtime::cri::CriMetrics,
@@ -96,6 +97,7 @@ pub struct Metrics {
     capacity: Gauges<SignalLabel>,
     thresholds: Gauges<ThresholdLabel>,
     conditions: Family<ConditionLabel, Gauge>,
+    recent: RecentEvictions,
 }
 
 fn histograms<L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static>()
@@ -150,6 +152,7 @@ impl Default for Metrics {
                 "Each eviction threshold (hard or soft), resolved against the signal's capacity",
             ),
             conditions: Family::default(),
+            recent: RecentEvictions::default(),
             registry: Registry::default(),
         };
         m.register_own(&mut r);
@@ -193,6 +196,7 @@ impl Metrics {
             "1 while evictd's rule holds the node condition (MemoryPressure, DiskPressure, PIDPressure)",
             self.conditions.clone(),
         );
+        self.recent.register(r);
         for source in SpecSource::ALL {
             self.pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(0);
         }
@@ -235,6 +239,7 @@ impl Metrics {
     }
 
     pub fn eviction(&self, e: &EvictionRecord) {
+        self.recent.record(e);
         if e.error.is_some() {
             self.failed_evictions.inc();
         } else if !e.dry_run {

@@ -24,6 +24,7 @@ use crate::{
 
 pub mod endpoint;
 pub mod metrics;
+mod recent;
 pub mod trace;
 pub mod units;
 

@@ -1,0 +1,177 @@
+//! `cargo xtask image`: evictd's container image, written by the build itself — no daemon, no
+//! registry, no base image to pull. The release binary is linked statically (glibc's static
+//! libraries; the eBPF object is embedded in it), checked to have no program interpreter,
+//! and put alone in one layer `FROM scratch`, as an OCI image layout in a tar archive
+//! (`ctr images import`, `podman load`, `skopeo copy oci-archive:…` take it).
+//! `deploy/Dockerfile` builds the same image from the same binary.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result, bail};
+use oci_spec::image::{
+    ConfigBuilder, Descriptor, DescriptorBuilder, ImageConfigurationBuilder, ImageIndexBuilder,
+    ImageManifestBuilder, MediaType, RootFsBuilder, SCHEMA_VERSION,
+};
+use sha2::{Digest as _, Sha256};
+
+use crate::{BuildEnv, cargo_status, step, workspace_root};
+
+/// The host triple, named so that cargo applies the static flags to evictd alone (not to
+/// build scripts and proc-macros, which cannot be static).
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The image's name in the archive (`org.opencontainers.image.ref.name` and containerd's
+/// own annotation, which `ctr images import` names the image by).
+pub(crate) const NAME: &str = "localhost/evictd";
+
+#[derive(clap::Args, Default)]
+pub(crate) struct ImageArgs {
+    /// Where to write the archive (default: target/image/evictd-<version>.oci.tar).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// The static release binary's path, built (or up to date).
+pub(crate) fn build_static(env: &BuildEnv) -> Result<PathBuf> {
+    step("building evictd, release, statically linked");
+    let mut cmd = env.cargo();
+    cmd.args(["build", "-p", "evictd", "--release", "--target", TARGET]).env(
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+        // Debug info stays out of the image; symbols stay, for readable panics.
+        "-C target-feature=+crt-static -C strip=debuginfo",
+    );
+    cargo_status(&mut cmd, "cargo build -p evictd --release (static)")?;
+    let bin = workspace_root().join("target").join(TARGET).join("release/evictd");
+    assert_static(&bin)?;
+    Ok(bin)
+}
+
+/// A static executable has no program interpreter (`PT_INTERP`): it runs in an image with
+/// nothing else in it.
+fn assert_static(bin: &Path) -> Result<()> {
+    use object::{
+        Endianness,
+        read::elf::{ElfFile64, ProgramHeader as _},
+    };
+    let data = std::fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
+    let elf = ElfFile64::<Endianness>::parse(data.as_slice())
+        .with_context(|| format!("{}: not ELF", bin.display()))?;
+    let endian = elf.endian();
+    if elf.elf_program_headers().iter().any(|ph| ph.p_type(endian) == object::elf::PT_INTERP) {
+        bail!(
+            "{} is dynamically linked (it has a program interpreter): the image has no loader",
+            bin.display()
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn image(env: &BuildEnv, args: &ImageArgs) -> Result<PathBuf> {
+    let bin = build_static(env)?;
+    let version = env!("CARGO_PKG_VERSION");
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| workspace_root().join(format!("target/image/evictd-{version}.oci.tar")));
+    step(&format!("writing the image {NAME}:{version} to {}", out.display()));
+    let binary = std::fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?;
+    let archive = oci_archive(&binary, version)?;
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&out, &archive).with_context(|| format!("writing {}", out.display()))?;
+    step(&format!(
+        "image {NAME}:{version}: binary {:.1} MiB, archive {:.1} MiB ({})",
+        binary.len() as f64 / 1048576.0,
+        archive.len() as f64 / 1048576.0,
+        out.display()
+    ));
+    Ok(out)
+}
+
+/// One blob of the layout: its bytes, and the descriptor that names them.
+struct Blob {
+    bytes: Vec<u8>,
+    descriptor: Descriptor,
+}
+
+fn blob(media_type: MediaType, bytes: Vec<u8>) -> Result<Blob> {
+    let digest = format!("sha256:{:x}", Sha256::digest(&bytes));
+    let descriptor = DescriptorBuilder::default()
+        .media_type(media_type)
+        .digest(digest.parse::<oci_spec::image::Digest>()?)
+        .size(bytes.len() as u64)
+        .build()?;
+    Ok(Blob { bytes, descriptor })
+}
+
+/// The image as an OCI layout archive: `oci-layout`, `index.json` naming the manifest, and
+/// the blobs (config, manifest, the one gzip layer holding `/evictd`). Timestamps are zero,
+/// so the same binary makes the same archive, byte for byte.
+fn oci_archive(binary: &[u8], version: &str) -> Result<Vec<u8>> {
+    let layer_tar = tar_of(&[("evictd", binary, 0o755)])?;
+    let diff_id = format!("sha256:{:x}", Sha256::digest(&layer_tar));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&layer_tar)?;
+    let layer = blob(MediaType::ImageLayerGzip, gz.finish()?)?;
+    let config = ImageConfigurationBuilder::default()
+        .architecture(oci_spec::image::Arch::Amd64)
+        .os(oci_spec::image::Os::Linux)
+        .config(
+            ConfigBuilder::default()
+                .entrypoint(vec!["/evictd".to_owned()])
+                .labels([("org.opencontainers.image.version".to_owned(), version.to_owned())])
+                .build()?,
+        )
+        .rootfs(RootFsBuilder::default().typ("layers").diff_ids(vec![diff_id]).build()?)
+        .build()?;
+    let config = blob(MediaType::ImageConfig, config.to_string()?.into_bytes())?;
+    let manifest = ImageManifestBuilder::default()
+        .schema_version(SCHEMA_VERSION)
+        .media_type(MediaType::ImageManifest)
+        .config(config.descriptor.clone())
+        .layers(vec![layer.descriptor.clone()])
+        .build()?;
+    let mut named = blob(MediaType::ImageManifest, manifest.to_string()?.into_bytes())?;
+    let reference = format!("{NAME}:{version}");
+    named.descriptor.set_annotations(Some(
+        [
+            ("org.opencontainers.image.ref.name".to_owned(), version.to_owned()),
+            ("io.containerd.image.name".to_owned(), reference),
+        ]
+        .into(),
+    ));
+    let index = ImageIndexBuilder::default()
+        .schema_version(SCHEMA_VERSION)
+        .media_type(MediaType::ImageIndex)
+        .manifests(vec![named.descriptor.clone()])
+        .build()?;
+    let path = |b: &Blob| format!("blobs/sha256/{}", b.descriptor.digest().digest());
+    let (index, layout) = (index.to_string()?.into_bytes(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec());
+    let (layer_path, config_path, manifest_path) = (path(&layer), path(&config), path(&named));
+    tar_of(&[
+        ("oci-layout", &layout, 0o644),
+        ("index.json", &index, 0o644),
+        (&manifest_path, &named.bytes, 0o644),
+        (&config_path, &config.bytes, 0o644),
+        (&layer_path, &layer.bytes, 0o644),
+    ])
+}
+
+/// A tar of regular files (parent directories implied), owned by root, dated 0.
+fn tar_of(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for (path, data, mode) in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(*mode);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_cksum();
+        tar.append_data(&mut h, path, *data)?;
+    }
+    Ok(tar.into_inner()?)
+}
