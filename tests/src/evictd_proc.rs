@@ -37,6 +37,7 @@ impl Evictd {
             .args(["--trace", "--json"])
             .args(or_default("--inventory-interval", "100ms"))
             .args(or_default("--housekeeping-interval", "200ms"))
+            .args(or_default("--volume-stats-agg-period", "200ms"))
             .args(node)
             .arg("--cri-endpoint")
             .arg(ctd.endpoint())

@@ -112,6 +112,11 @@ pub struct RunArgs {
     /// The fallback timer's period.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub housekeeping_interval: Duration,
+    /// How often the pods' logs and volumes are walked for their disk use (the kubelet's
+    /// `volumeStatsAggPeriod`): a disk decision asks for a walk of its own whatever this is;
+    /// the storage-limit check reads the last one.
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_period)]
+    pub volume_stats_agg_period: Duration,
     /// Which wake sources to use, comma-separated: ebpf, eventfd (cgroup v1 memory
     /// thresholds), psi (pressure stall triggers), poll (the node's usage, read more often
     /// the nearer a threshold), disk (the same for the filesystems of disk thresholds),
@@ -321,6 +326,7 @@ impl RunArgs {
                 own_pod_uid: own_pod::identify()?,
                 evict_inferred_kube_system: self.evict_inferred_kube_system,
                 storage_limit_period: self.housekeeping_interval,
+                volume_stats_period: self.volume_stats_agg_period,
             },
             wake,
             trace: self.trace.then_some(if self.json { TraceFormat::Json } else { TraceFormat::Text }),

@@ -114,6 +114,8 @@ pub struct PressureOptions {
     /// How often pods are checked against their own ephemeral-storage limits (the
     /// housekeeping interval, as the kubelet's monitoring period).
     pub storage_limit_period: Duration,
+    /// How often the disk walker measures the pods' logs and volumes (`--volume-stats-agg-period`).
+    pub volume_stats_period: Duration,
 }
 
 /// How a chosen pod is killed (`--fast-kill`, `--hard-eviction-grace-period`,
@@ -531,6 +533,7 @@ mod tests {
             own_pod_uid: None,
             evict_inferred_kube_system: false,
             storage_limit_period: Duration::from_secs(10),
+            volume_stats_period: Duration::from_secs(60),
         };
         let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_secs(1)).unwrap();
         let err = spawn_inventory(Some(&client), &opts, None, Arc::new(Notify::new()), Default::default())

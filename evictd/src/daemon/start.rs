@@ -197,13 +197,14 @@ impl Daemon {
         let emergency = opts.pressure.kill.emergency;
         let scope = NodeScope::new(&signals.node.dir, &opts.cgroups);
         let (escalate, escalated) = watch::channel(Urgency::Normal);
+        let volume_stats_period = opts.pressure.volume_stats_period;
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         pressure.api = api.as_ref().map(|a| a.reporter.clone());
         pressure.specs_from_api = specs_from_api;
         pressure.disk_walker = DiskWalker::spawn(
             pods.clone(),
             pressure.signals.nodefs.clone(),
-            pressure.storage_limit_period(),
+            volume_stats_period,
             pressure.thresholds.iter().any(|t| t.signal.resource().is_disk()),
             walker_wakes,
         );

@@ -107,6 +107,7 @@ fn walk_until_dropped(
     last: watch::Sender<Walk>,
     wakes: mpsc::WeakSender<Wake>,
 ) {
+    background_priority();
     // Only a walk somebody asked for ends with a wake: a periodic one has nobody waiting.
     let mut asked = false;
     loop {
@@ -130,6 +131,24 @@ fn walk_until_dropped(
             Err(std_mpsc::RecvTimeoutError::Timeout) => false,
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
         };
+    }
+}
+
+/// The walker's thread yields to the node's work: the lowest best-effort I/O priority (not
+/// the idle class, which a busy disk can starve — and a disk decision waits for a walk) and
+/// nice 10. Refused, the walk runs at the ordinary priority (said).
+fn background_priority() {
+    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    const IOPRIO_CLASS_BE: libc::c_int = 2;
+    const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+    let lowest_best_effort = (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | 7;
+    // SAFETY: ioprio_set with `who` 0 is the calling thread; plain integers, no memory.
+    let io = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, lowest_best_effort) };
+    // SAFETY: setpriority on the calling thread (its TID, which Linux takes for
+    // PRIO_PROCESS); plain integers.
+    let cpu = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+    if io != 0 || cpu != 0 {
+        tracing::warn!("the disk walker runs at the ordinary priority: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -296,6 +315,33 @@ mod tests {
         std::fs::create_dir_all(&vol).unwrap();
         std::fs::write(vol.join("f"), vec![1u8; bytes]).unwrap();
         rec
+    }
+
+    /// The walker's thread yields to the node: nice 10 and the lowest best-effort I/O
+    /// priority (read back from the kernel for the thread named `evictd-disk`).
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_walker_runs_at_background_priority() {
+        let d = tempfile::tempdir().unwrap();
+        let (_pods_tx, pods) = watch::channel(Arc::new(Vec::new()));
+        let (wakes, _woken) = mpsc::channel(1);
+        let walker =
+            DiskWalker::spawn(pods, d.path().into(), Duration::from_secs(3600), false, wakes).unwrap();
+        while walker.last().at.is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let tid = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(Result::ok)
+            .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "evictd-disk"))
+            .map(|t| t.file_name().to_string_lossy().parse::<libc::c_int>().unwrap())
+            .expect("the walker's thread");
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        // Fields after the command's closing parenthesis: state is the 3rd, nice the 19th.
+        let nice: i32 = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(16).unwrap().parse().unwrap();
+        assert_eq!(nice, 10, "{stat}");
+        // SAFETY: ioprio_get on a thread of this process; plain integers.
+        let io = unsafe { libc::syscall(libc::SYS_ioprio_get, 1, tid) };
+        assert_eq!(io, (2 << 13) | 7, "best effort, level 7");
     }
 
     /// The walker measures on a thread of its own, on its period and when asked; a walk

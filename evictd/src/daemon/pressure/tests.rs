@@ -42,6 +42,7 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         own_pod_uid: None,
         evict_inferred_kube_system: false,
         storage_limit_period: Duration::from_secs(10),
+        volume_stats_period: Duration::from_secs(60),
     };
     let (policy, _) = args.policy().unwrap();
     let escalate = watch::channel(Urgency::Normal).1;
