@@ -70,7 +70,7 @@ impl Kubelet {
         let proc_name = proc.display().to_string();
         let processes = procfs::process::all_processes_with_root(proc)
             .map_err(|e| KubeletProcessError::Proc { proc: proc_name.clone(), error: e.to_string() })?;
-        let node_pid_ns = std::fs::read_link(proc.join("1/ns/pid")).ok();
+        let node_ns = NodeNamespaces::of(proc);
         let mut kubelets = Vec::new();
         let mut rejected = Vec::new();
         // `comm` first: reading it takes no lock of the process's memory, which a process
@@ -78,7 +78,7 @@ impl Kubelet {
         // end while listed are not the kubelet.
         for p in processes.filter_map(Result::ok) {
             if p.stat().is_ok_and(|s| s.comm == "kubelet") {
-                match not_the_nodes(proc, p.pid(), node_pid_ns.as_deref()) {
+                match not_the_nodes(proc, p.pid(), &node_ns) {
                     Some(why) => rejected.push(format!("{} ({why})", p.pid())),
                     None => kubelets.push(p),
                 }
@@ -114,15 +114,36 @@ impl Kubelet {
     }
 }
 
-/// Why a process named `kubelet` is not the node's: another PID namespace (a pod's), or a
-/// pod's cgroup (`kubepods`, also with `hostPID`). `None`: it is.
-fn not_the_nodes(proc: &Path, pid: i32, node_pid_ns: Option<&Path>) -> Option<String> {
-    let base = proc.join(pid.to_string());
-    let ns = std::fs::read_link(base.join("ns/pid")).ok();
-    if node_pid_ns.is_some() && ns.as_deref() != node_pid_ns {
-        return Some("in another PID namespace".into());
+/// The PID and cgroup namespaces of `proc`'s PID 1: the node's.
+struct NodeNamespaces {
+    pid: Option<PathBuf>,
+    cgroup: Option<PathBuf>,
+}
+
+impl NodeNamespaces {
+    fn of(proc: &Path) -> Self {
+        let ns = |kind: &str| std::fs::read_link(proc.join("1/ns").join(kind)).ok();
+        NodeNamespaces { pid: ns("pid"), cgroup: ns("cgroup") }
     }
-    let cgroups = std::fs::read_to_string(base.join("cgroup")).unwrap_or_default();
+}
+
+/// Why a process named `kubelet` is not the node's: another PID or cgroup namespace than
+/// the node's (a pod's container), or a pod's cgroup (`kubepods`, also with `hostPID`).
+/// `None`: it is.
+fn not_the_nodes(proc: &Path, pid: i32, node: &NodeNamespaces) -> Option<String> {
+    let base = proc.join(pid.to_string());
+    for (kind, theirs) in [("pid", &node.pid), ("cgroup", &node.cgroup)] {
+        let Some(theirs) = theirs else { continue };
+        match std::fs::read_link(base.join("ns").join(kind)) {
+            Ok(ns) if ns == *theirs => {}
+            Ok(_) => return Some(format!("in another {kind} namespace than PID 1's")),
+            Err(e) => return Some(format!("its {kind} namespace cannot be read: {e}")),
+        }
+    }
+    let cgroups = match std::fs::read_to_string(base.join("cgroup")) {
+        Ok(c) => c,
+        Err(e) => return Some(format!("its cgroups cannot be read: {e}")),
+    };
     cgroups
         .lines()
         .filter_map(|l| l.splitn(3, ':').nth(2))

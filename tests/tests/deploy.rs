@@ -185,7 +185,8 @@ fn the_probes_and_port_are_evictds() {
 }
 
 /// The Dockerfile makes the image `cargo xtask image` writes: FROM scratch (no base image to
-/// pull), the static binary `cargo xtask image` builds copied to `/evictd`, run as the entry point.
+/// pull), the static binary `cargo xtask image` builds copied to where PATH finds it, run as
+/// the entry point.
 #[test]
 fn the_dockerfile_is_the_static_binary_from_scratch() {
     let text = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
@@ -195,8 +196,9 @@ fn the_dockerfile_is_the_static_binary_from_scratch() {
         lines,
         [
             "FROM scratch",
-            "COPY target/x86_64-unknown-linux-gnu/release/evictd /evictd",
-            "ENTRYPOINT [\"/evictd\"]"
+            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "COPY target/x86_64-unknown-linux-gnu/release/evictd /usr/local/bin/evictd",
+            "ENTRYPOINT [\"/usr/local/bin/evictd\"]"
         ]
     );
 }

@@ -1,9 +1,10 @@
 //! `cargo xtask image`: evictd's container image, written by the build itself — no daemon, no
 //! registry, no base image to pull. The release binary is linked statically (glibc's static
 //! libraries; the eBPF object is embedded in it), checked to have no program interpreter,
-//! and put alone in one layer `FROM scratch`, as an OCI image layout in a tar archive
-//! (`ctr images import`, `podman load`, `skopeo copy oci-archive:…` take it).
-//! `deploy/Dockerfile` builds the same image from the same binary.
+//! and put alone at `/usr/local/bin/evictd` in one layer `FROM scratch`, as an OCI image
+//! layout in a tar archive (`ctr images import`, `podman load`, `skopeo copy oci-archive:…`
+//! take it). `deploy/Dockerfile` builds an equivalent image from the same binary (its
+//! timestamps and history differ, so its digest does).
 
 use std::{
     io::Write as _,
@@ -26,6 +27,11 @@ const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// own annotation, which `ctr images import` names the image by).
 pub(crate) const NAME: &str = "localhost/evictd";
 
+/// Where the binary is in the image, and the PATH the image sets (a runtime's default when an
+/// image sets none, which names it too).
+pub(crate) const BINARY: &str = "/usr/local/bin/evictd";
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 #[derive(clap::Args, Default)]
 pub(crate) struct ImageArgs {
     /// Where to write the archive (default: target/image/evictd-<version>.oci.tar).
@@ -37,13 +43,19 @@ pub(crate) struct ImageArgs {
 pub(crate) fn build_static(env: &BuildEnv) -> Result<PathBuf> {
     step("building evictd, release, statically linked");
     let mut cmd = env.cargo();
-    cmd.args(["build", "-p", "evictd", "--release", "--target", TARGET]).env(
-        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
-        // Debug info stays out of the image; symbols stay, for readable panics.
-        "-C target-feature=+crt-static -C strip=debuginfo",
-    );
+    cmd.args(["build", "-p", "evictd", "--release", "--target", TARGET])
+        .env(
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+            // Debug info stays out of the image; symbols stay, for readable panics.
+            "-C target-feature=+crt-static -C strip=debuginfo",
+        )
+        // Either would replace the flags above, and the binary would come out dynamic.
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
     cargo_status(&mut cmd, "cargo build -p evictd --release (static)")?;
-    let bin = workspace_root().join("target").join(TARGET).join("release/evictd");
+    let target_dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    let bin = target_dir.join(TARGET).join("release/evictd");
     assert_static(&bin)?;
     Ok(bin)
 }
@@ -108,10 +120,11 @@ fn blob(media_type: MediaType, bytes: Vec<u8>) -> Result<Blob> {
 }
 
 /// The image as an OCI layout archive: `oci-layout`, `index.json` naming the manifest, and
-/// the blobs (config, manifest, the one gzip layer holding `/evictd`). Timestamps are zero,
+/// the blobs (config, manifest, the one gzip layer holding the binary). Timestamps are zero,
 /// so the same binary makes the same archive, byte for byte.
 fn oci_archive(binary: &[u8], version: &str) -> Result<Vec<u8>> {
-    let layer_tar = tar_of(&[("evictd", binary, 0o755)])?;
+    // Where a shell's default PATH finds it: `kubectl exec … -- evictd status` works.
+    let layer_tar = tar_of(&[(BINARY.trim_start_matches('/'), binary, 0o755)])?;
     let diff_id = format!("sha256:{:x}", Sha256::digest(&layer_tar));
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(&layer_tar)?;
@@ -121,7 +134,8 @@ fn oci_archive(binary: &[u8], version: &str) -> Result<Vec<u8>> {
         .os(oci_spec::image::Os::Linux)
         .config(
             ConfigBuilder::default()
-                .entrypoint(vec!["/evictd".to_owned()])
+                .entrypoint(vec![BINARY.to_owned()])
+                .env(vec![format!("PATH={PATH}")])
                 .labels([("org.opencontainers.image.version".to_owned(), version.to_owned())])
                 .build()?,
         )
@@ -160,18 +174,39 @@ fn oci_archive(binary: &[u8], version: &str) -> Result<Vec<u8>> {
     ])
 }
 
-/// A tar of regular files (parent directories implied), owned by root, dated 0.
+/// A tar of regular files, each preceded by its parent directories (0755), owned by root,
+/// dated 0.
 fn tar_of(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
     let mut tar = tar::Builder::new(Vec::new());
-    for (path, data, mode) in files {
+    let mut dirs = std::collections::BTreeSet::new();
+    let header = |kind: tar::EntryType, size: u64, mode: u32| {
         let mut h = tar::Header::new_ustar();
-        h.set_size(data.len() as u64);
-        h.set_mode(*mode);
+        h.set_entry_type(kind);
+        h.set_size(size);
+        h.set_mode(mode);
         h.set_mtime(0);
         h.set_uid(0);
         h.set_gid(0);
-        h.set_cksum();
-        tar.append_data(&mut h, path, *data)?;
+        h
+    };
+    for (path, data, mode) in files {
+        for dir in Path::new(path)
+            .ancestors()
+            .skip(1)
+            .filter(|d| !d.as_os_str().is_empty())
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            if dirs.insert(dir.to_path_buf()) {
+                tar.append_data(
+                    &mut header(tar::EntryType::Directory, 0, 0o755),
+                    format!("{}/", dir.display()),
+                    std::io::empty(),
+                )?;
+            }
+        }
+        tar.append_data(&mut header(tar::EntryType::Regular, data.len() as u64, *mode), path, *data)?;
     }
     Ok(tar.into_inner()?)
 }

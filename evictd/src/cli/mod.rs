@@ -131,7 +131,11 @@ fn run_daemon(args: RunArgs) -> anyhow::Result<()> {
     daemon::realtime::enter(opts.realtime_priority);
     daemon::protect::protect(opts.protection);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(daemon::run(opts))
+    let ran = rt.block_on(daemon::run(opts));
+    // A blocking read still under way (a policy read stuck on a stalled process or disk)
+    // must not hold the exit: the kubelet gives the pod only its grace period.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    ran
 }
 
 fn probe_command(json: bool) -> anyhow::Result<()> {

@@ -157,11 +157,12 @@ pub fn render(addr: &str, samples: &[Sample]) -> String {
     let _ = writeln!(out, "conditions: {conditions}; taints: {taints}");
     let pods: Vec<String> =
         find(samples, "evictd_pods").map(|s| format!("{} {}", s.value, label(s, "spec_source"))).collect();
-    let thresholds = find(samples, "evictd_policy_thresholds").next().map_or(0.0, |s| s.value);
-    let _ = writeln!(out, "pods: {}; thresholds in force: {thresholds}", list(&pods));
-    if thresholds == 0.0 {
-        let _ = writeln!(out, "WARNING: no eviction threshold: evictd evicts nothing for node pressure");
-    }
+    let thresholds = match find(samples, "evictd_policy_thresholds").next().map(|s| s.value) {
+        Some(0.0) => "WARNING: no eviction threshold: evictd evicts nothing for node pressure".to_owned(),
+        Some(n) => format!("thresholds in force: {n}"),
+        None => "thresholds in force: unknown (not in the metrics)".to_owned(),
+    };
+    let _ = writeln!(out, "pods: {}; {thresholds}", list(&pods));
     signals(&mut out, samples);
     evictions(&mut out, samples);
     out
@@ -217,25 +218,29 @@ fn evictions(out: &mut String, samples: &[Sample]) {
     if recent.is_empty() {
         return;
     }
-    recent.sort_by_key(|s| label(s, "rank").parse::<u32>().unwrap_or(u32::MAX));
+    recent.sort_by(|a, b| b.value.total_cmp(&a.value));
     let _ = writeln!(
         out,
         "last evictions, newest first:\n  {:<20} {:<40} {:<20} {:<8} {:>8} {:>8} {:>8} {:>8}",
         "decided (UTC)", "pod", "signal", "outcome", "detect", "stop", "sandbox", "freed"
     );
     for s in recent {
-        let rank = label(s, "rank");
+        let (namespace, pod) = (label(s, "namespace"), label(s, "pod"));
         let phase = |p: &str| {
             find(samples, "evictd_recent_eviction_phase_seconds")
-                .find(|x| label(x, "rank") == rank && label(x, "phase") == p)
+                .find(|x| {
+                    label(x, "namespace") == namespace && label(x, "pod") == pod && label(x, "phase") == p
+                })
                 .map_or("-".into(), |x| millis(x.value))
         };
-        let when = std::time::UNIX_EPOCH + Duration::from_secs_f64(s.value.max(0.0));
-        let pod = format!("{}/{}", label(s, "namespace"), label(s, "pod"));
+        let when = Duration::try_from_secs_f64(s.value).map_or_else(
+            |_| "?".to_owned(),
+            |d| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + d).to_string(),
+        );
         let _ = writeln!(
             out,
-            "  {:<20} {pod:<40} {:<20} {:<8} {:>8} {:>8} {:>8} {:>8}",
-            humantime::format_rfc3339_seconds(when).to_string(),
+            "  {when:<20} {:<40} {:<20} {:<8} {:>8} {:>8} {:>8} {:>8}",
+            format!("{namespace}/{pod}"),
             label(s, "eviction_signal"),
             label(s, "outcome"),
             phase("detection"),
@@ -277,9 +282,10 @@ mod tests {
             "evictd_signal_available_bytes{eviction_signal=\"memory.available\"} 52428800\n\
              evictd_eviction_threshold_bytes{eviction_signal=\"memory.available\",threshold=\"hard\"} 104857600\n\
              evictd_policy_thresholds 0\n\
-             evictd_recent_eviction_timestamp_seconds{rank=\"2\",namespace=\"a\",pod=\"older\",eviction_signal=\"memory.available\",outcome=\"evicted\"} 1.7e9\n\
-             evictd_recent_eviction_timestamp_seconds{rank=\"1\",namespace=\"a\",pod=\"newer\",eviction_signal=\"memory.available\",outcome=\"evicted\"} 1.7e9\n\
-             evictd_recent_eviction_phase_seconds{rank=\"1\",phase=\"detection\"} 0.0008\n",
+             evictd_recent_eviction_timestamp_seconds{namespace=\"a\",pod=\"older\",eviction_signal=\"memory.available\",outcome=\"evicted\"} 1.7e9\n\
+             evictd_recent_eviction_timestamp_seconds{namespace=\"a\",pod=\"newer\",eviction_signal=\"memory.available\",outcome=\"evicted\"} 1.8e9\n\
+             evictd_recent_eviction_phase_seconds{namespace=\"a\",pod=\"newer\",phase=\"detection\"} 0.0008\n\
+             evictd_recent_eviction_timestamp_seconds{namespace=\"a\",pod=\"inf\",eviction_signal=\"memory.available\",outcome=\"evicted\"} +Inf\n",
         )
         .unwrap();
         let screen = render("x:1", &s);
@@ -288,5 +294,6 @@ mod tests {
         let (newer, older) = (screen.find("a/newer").unwrap(), screen.find("a/older").unwrap());
         assert!(newer < older, "{screen}");
         assert!(screen.contains("0.80ms"), "{screen}");
+        assert!(screen.contains("a/inf"), "a time that is no time is shown, not a panic: {screen}");
     }
 }

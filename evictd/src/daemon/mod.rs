@@ -219,6 +219,8 @@ struct Daemon {
     /// The policy being read after a SIGHUP, off the daemon's thread: finding the kubelet
     /// reads /proc, and a file may sit on a slow disk.
     policy_read: Option<PolicyRead>,
+    /// A SIGHUP came while that read ran: read again once it ends.
+    reread_policy: bool,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
@@ -394,9 +396,17 @@ impl Daemon {
         self.reread_pods_file.store(true, Ordering::Relaxed);
         self.kick.notify_one();
         if self.policy_read.is_some() {
-            tracing::warn!("SIGHUP: the policy is still being read since the last SIGHUP");
+            // That read may have read the files before this change: read again after it.
+            tracing::warn!(
+                "SIGHUP: the policy is still being read since the last SIGHUP; reading it again after"
+            );
+            self.reread_policy = true;
             return;
         }
+        self.read_policy();
+    }
+
+    fn read_policy(&mut self) {
         let args = self.policy_args.clone();
         self.policy_read = Some(tokio::task::spawn_blocking(move || args.policy()));
     }
@@ -404,6 +414,9 @@ impl Daemon {
     /// The re-read policy in force (at once, or once the running pass ends); one that does
     /// not read leaves the policy in force, said why.
     fn policy_read_done(&mut self, read: anyhow::Result<(Policy, Vec<String>)>) {
+        if std::mem::take(&mut self.reread_policy) {
+            self.read_policy();
+        }
         let policy = match read {
             Ok((policy, warnings)) => {
                 for w in warnings {

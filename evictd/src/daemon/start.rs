@@ -235,6 +235,7 @@ impl Daemon {
             health,
             policy_args: opts.policy_args,
             policy_read: None,
+            reread_policy: false,
             pending_policy: None,
             reread_pods_file,
             cleanup_recheck: None,

@@ -375,6 +375,28 @@ mod tests {
         }
     }
 
+    /// The last evictions are the last five, with their phases, whatever came before: a pod's
+    /// name is a series only while its eviction is among them.
+    #[test]
+    fn the_recent_evictions_are_the_last_five() {
+        let m = Metrics::default();
+        for i in 0..7 {
+            m.eviction(&EvictionRecord { name: format!("p{i}"), ..record() });
+        }
+        let text = m.encode();
+        let series: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("evictd_recent_eviction_timestamp_seconds{")).collect();
+        assert_eq!(series.len(), 5, "{text}");
+        for i in 2..7 {
+            assert!(series.iter().any(|l| l.contains(&format!("pod=\"p{i}\""))), "p{i}: {text}");
+        }
+        assert!(!text.contains("pod=\"p0\"") && !text.contains("pod=\"p1\""), "{text}");
+        assert!(
+            text.contains("evictd_recent_eviction_phase_seconds{namespace=\"ns\",pod=\"p6\",phase=\"stop_containers\"} 0.12"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn wakes_and_evictions_are_counted_and_timed() {
         let m = Metrics::default();

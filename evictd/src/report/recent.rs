@@ -1,12 +1,18 @@
-//! The last few evictions as gauges, newest first (`rank` 1), for `evictd status` and for a
-//! dashboard's table: when, which pod, for what, the outcome, and how long each phase took.
-//! The series are at most `RECENT` (and their phases): a pod's name is a label value only
-//! while its eviction is among the last few, so a busy node does not grow the metrics.
+//! The last few evictions as gauges, for `evictd status` and for a dashboard's table: when
+//! each was decided, which pod, for what, the outcome, and how long each phase took. At most
+//! `RECENT` evictions, so a pod's name is a label value only while its eviction is among the
+//! last few; each scrape encodes them from one snapshot (a collector, not families cleared
+//! and refilled under a scrape), and the daemon's thread only pushes onto a short list.
 
-use std::{collections::VecDeque, sync::Mutex, time::SystemTime};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _},
     metrics::{family::Family, gauge::Gauge},
     registry::Registry,
 };
@@ -18,7 +24,6 @@ pub const RECENT: usize = 5;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EvictionLabel {
-    rank: String,
     namespace: String,
     pod: String,
     eviction_signal: String,
@@ -27,7 +32,8 @@ struct EvictionLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
-    rank: String,
+    namespace: String,
+    pod: String,
     phase: String,
 }
 
@@ -46,23 +52,15 @@ struct Shown {
 
 #[derive(Default)]
 pub struct RecentEvictions {
-    last: Mutex<VecDeque<Shown>>,
-    evictions: Family<EvictionLabel, Seconds>,
-    phases: Family<PhaseLabel, Seconds>,
+    last: Arc<Mutex<VecDeque<Shown>>>,
 }
+
+#[derive(Debug)]
+struct Encoder(Arc<Mutex<VecDeque<Shown>>>);
 
 impl RecentEvictions {
     pub fn register(&self, r: &mut Registry) {
-        r.register(
-            "recent_eviction_timestamp_seconds",
-            "The last evictions, newest first (rank 1): when each was decided (Unix time), the pod, the signal and the outcome",
-            self.evictions.clone(),
-        );
-        r.register(
-            "recent_eviction_phase_seconds",
-            "The phases of the last evictions, by rank: detection (wake origin to decision), decide, stop_containers, stop_sandbox, memory_released",
-            self.phases.clone(),
-        );
+        r.register_collector(Box::new(Encoder(self.last.clone())));
     }
 
     /// An eviction just made (or tried, or dry-run), now the newest.
@@ -72,24 +70,42 @@ impl RecentEvictions {
         let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         last.push_front(shown);
         last.truncate(RECENT);
-        self.evictions.clear();
-        self.phases.clear();
-        for (i, s) in last.iter().enumerate() {
-            let rank = (i + 1).to_string();
+    }
+}
+
+impl Collector for Encoder {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let (evictions, phases) =
+            (Family::<EvictionLabel, Seconds>::default(), Family::<PhaseLabel, Seconds>::default());
+        for s in &last {
             let label = EvictionLabel {
-                rank: rank.clone(),
                 namespace: s.namespace.clone(),
                 pod: s.pod.clone(),
                 eviction_signal: s.signal.clone(),
                 outcome: s.outcome.into(),
             };
-            self.evictions.get_or_create(&label).set(s.decided_unix_s);
+            evictions.get_or_create(&label).set(s.decided_unix_s);
             for (phase, secs) in &s.phases {
-                self.phases
-                    .get_or_create(&PhaseLabel { rank: rank.clone(), phase: (*phase).into() })
-                    .set(*secs);
+                let label =
+                    PhaseLabel { namespace: s.namespace.clone(), pod: s.pod.clone(), phase: (*phase).into() };
+                phases.get_or_create(&label).set(*secs);
             }
         }
+        let metric = encoder.encode_descriptor(
+            "recent_eviction_timestamp_seconds",
+            "The last evictions: when each was decided (Unix time), the pod, the signal and the outcome",
+            None,
+            evictions.metric_type(),
+        )?;
+        evictions.encode(metric)?;
+        let metric = encoder.encode_descriptor(
+            "recent_eviction_phase_seconds",
+            "The phases of the last evictions: detection (wake origin to decision), decide, stop_containers, stop_sandbox, memory_released",
+            None,
+            phases.metric_type(),
+        )?;
+        phases.encode(metric)
     }
 }
 

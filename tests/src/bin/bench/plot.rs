@@ -1,31 +1,151 @@
-//! The reaction benchmark's plot: p50 detection latency per rate and mode as bars on a log
-//! scale, p99 as a tick, a cross where the kernel OOM killer always came first.
+//! The benchmarks' plots, each as SVG and PNG: distributions as empirical CDFs on a time
+//! axis fitted to the data (`cdf`), and the reaction benchmark's p50/p99 bars (`plot`).
+//! Text is drawn with DejaVu Sans (Debian's fonts-dejavu-core, which `cargo xtask setup`
+//! installs): a PNG has no viewer to lay it out.
 
-use std::path::Path;
+use std::{
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
-use plotters::prelude::*;
+use anyhow::anyhow;
+use plotters::{coord::Shift, prelude::*};
+
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+const COLORS: [RGBColor; 6] = [
+    RGBColor(0x1b, 0x9e, 0x77),
+    RGBColor(0xd9, 0x5f, 0x02),
+    RGBColor(0x75, 0x70, 0xb3),
+    RGBColor(0xe7, 0x29, 0x8a),
+    RGBColor(0x66, 0xa6, 0x1e),
+    RGBColor(0xa6, 0x76, 0x1d),
+];
+
+/// The font every plot's text is laid out with, registered once.
+fn font() -> anyhow::Result<()> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let bytes = std::fs::read(FONT)
+                .map_err(|e| format!("{FONT}: {e} (install fonts-dejavu-core: `cargo xtask setup`)"))?;
+            plotters::style::register_font(
+                "sans-serif",
+                FontStyle::Normal,
+                Box::leak(bytes.into_boxed_slice()),
+            )
+            .map_err(|_| format!("{FONT}: not a font"))
+        })
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+/// One line of a CDF: its label and its samples, in milliseconds.
+pub(crate) struct Series {
+    pub label: String,
+    pub ms: Vec<f64>,
+}
+
+/// Empirical CDFs of `series` (the fraction of runs at or below each time), on a log time
+/// axis from just below the fastest sample to just above the slowest, written as
+/// `<stem>.svg` and `<stem>.png`; the paths written.
+pub(crate) fn cdf(series: &[Series], title: &str, stem: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    font()?;
+    let (svg, png) = (stem.with_extension("svg"), stem.with_extension("png"));
+    draw_cdf(SVGBackend::new(&svg, (960, 480)).into_drawing_area(), series, title)?;
+    draw_cdf(BitMapBackend::new(&png, (960, 480)).into_drawing_area(), series, title)?;
+    Ok(vec![svg, png])
+}
+
+/// The time axis: the data's span, widened a little on a log scale; a single value (or none)
+/// gets a decade around it.
+fn time_range(series: &[Series]) -> (f64, f64) {
+    let all = series.iter().flat_map(|s| s.ms.iter().copied()).filter(|v| *v > 0.0);
+    let (lo, hi) = all.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi {
+        return (0.1, 1000.0);
+    }
+    let (lo, hi) = (lo / 1.5, hi * 1.5);
+    if hi / lo < 10.0 { (lo.min(hi / 10.0), hi) } else { (lo, hi) }
+}
+
+fn draw_cdf<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    series: &[Series],
+    title: &str,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e}");
+    root.fill(&WHITE).map_err(e)?;
+    let (lo, hi) = time_range(series);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(50)
+        .build_cartesian_2d((lo..hi).log_scale(), 0f64..1.0)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("ms (log scale)")
+        .y_desc("fraction of runs")
+        .x_label_formatter(&|v| if *v >= 10.0 { format!("{v:.0}") } else { format!("{v}") })
+        .draw()
+        .map_err(e)?;
+    for (i, s) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let mut ms: Vec<f64> = s.ms.iter().copied().filter(|v| *v > 0.0).collect();
+        ms.sort_by(f64::total_cmp);
+        let n = ms.len() as f64;
+        // A step: each sample lifts the curve by 1/n where it lies.
+        let mut points = Vec::with_capacity(ms.len() * 2 + 1);
+        points.push((lo, 0.0));
+        for (k, v) in ms.iter().enumerate() {
+            points.push((*v, k as f64 / n));
+            points.push((*v, (k + 1) as f64 / n));
+        }
+        points.push((hi, if ms.is_empty() { 0.0 } else { 1.0 }));
+        let label = format!("{} (n={})", s.label, ms.len());
+        chart
+            .draw_series(std::iter::once(PathElement::new(points, color.stroke_width(2))))
+            .map_err(e)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)?;
+    Ok(())
+}
 
 use crate::reaction::{Mode, Percentiles, Row};
 
 /// Bars of p50 detection latency (log scale) per rate and mode, with a tick at p99; cells
 /// where the kernel OOM killer always came first are marked with a cross.
 pub(crate) fn plot(rows: &[Row], rates: &[u64], modes: &[Mode], path: &Path) -> anyhow::Result<()> {
-    let colors = [
-        RGBColor(0x1b, 0x9e, 0x77),
-        RGBColor(0xd9, 0x5f, 0x02),
-        RGBColor(0x75, 0x70, 0xb3),
-        RGBColor(0xe7, 0x29, 0x8a),
-        RGBColor(0x66, 0xa6, 0x1e),
-    ];
+    font()?;
+    let colors = COLORS;
     let root = SVGBackend::new(path, (960, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
     let groups = rates.len() as f64;
+    // The axis spans the data: from under the fastest p50 to over the slowest p99.
+    let measured = rows.iter().filter_map(|r| r.detection);
+    let (floor, ceiling) =
+        measured.fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.p50.max(1e-3)), hi.max(p.p99)));
+    let (floor, ceiling) = if floor > ceiling { (0.1, 100.0) } else { (floor / 2.0, ceiling * 2.0) };
     let mut chart = ChartBuilder::on(&root)
         .caption("evictd detection latency: p50 bar, p99 tick (ms, log scale)", ("sans-serif", 16))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(-0.5f64..groups - 0.5, (0.01f64..100_000f64).log_scale())
+        .build_cartesian_2d(-0.5f64..groups - 0.5, (floor..ceiling).log_scale())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     chart
         .configure_mesh()
@@ -54,7 +174,7 @@ pub(crate) fn plot(rows: &[Row], rates: &[u64], modes: &[Mode], path: &Path) -> 
             .collect();
         chart
             .draw_series(cells.iter().filter_map(|(g, p)| {
-                p.map(|p| Rectangle::new([(x0(*g), 0.01), (x0(*g) + slot * 0.9, p.p50)], color.filled()))
+                p.map(|p| Rectangle::new([(x0(*g), floor), (x0(*g) + slot * 0.9, p.p50)], color.filled()))
             }))
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .label(mode.name())
@@ -71,7 +191,11 @@ pub(crate) fn plot(rows: &[Row], rates: &[u64], modes: &[Mode], path: &Path) -> 
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         chart
             .draw_series(cells.iter().filter(|(_, p)| p.is_none()).map(|(g, _)| {
-                Text::new("×", (x0(*g) + slot * 0.3, 0.02), ("sans-serif", 14).into_font().color(&color))
+                Text::new(
+                    "×",
+                    (x0(*g) + slot * 0.3, floor * 1.2),
+                    ("sans-serif", 14).into_font().color(&color),
+                )
             }))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
@@ -89,6 +213,30 @@ pub(crate) fn plot(rows: &[Row], rates: &[u64], modes: &[Mode], path: &Path) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CDF per series, as SVG and PNG, on an axis that spans the data (not a fixed 100 s):
+    /// 0.5–40 ms data gives labels within a decade of it.
+    #[test]
+    fn cdfs_are_written_as_svg_and_png_on_the_datas_axis() {
+        let stem = std::env::temp_dir().join(format!("evictd-bench-cdf-{}", std::process::id()));
+        let series = [
+            Series { label: "ebpf".into(), ms: vec![0.5, 0.7, 0.9, 1.4, 2.5] },
+            Series { label: "poll".into(), ms: vec![3.0, 8.0, 40.0] },
+        ];
+        let written = cdf(&series, "detection", &stem).expect("cdf");
+        let svg = std::fs::read_to_string(&written[0]).expect("svg");
+        let png = std::fs::read(&written[1]).expect("png");
+        if std::env::var_os("EVICTD_KEEP_PLOT").is_none() {
+            for p in &written {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        assert!(svg.contains("ebpf (n=5)") && svg.contains("poll (n=3)"), "legend");
+        assert!(!svg.contains(">100000<") && !svg.contains(">10000<"), "no axis to 100 s");
+        let (lo, hi) = time_range(&series);
+        assert!(lo > 0.2 && lo < 0.5 && hi > 40.0 && hi < 100.0, "{lo}..{hi}");
+    }
 
     #[test]
     fn plot_has_a_bar_per_measured_cell_and_a_cross_per_lost_one() {

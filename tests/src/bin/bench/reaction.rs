@@ -387,8 +387,41 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
         }
     }
     report(&o.out, &samples)?;
-    // The plot is of detection, which the kill path does not change: one bar per rate and mode.
-    plot_detection(&o.out, &samples, &o.rates, &o.modes)
+    // The bars are of detection, which the kill path does not change: one per rate and mode.
+    plot_detection(&o.out, &samples, &o.rates, &o.modes)?;
+    plot_distributions(&o.out, &samples)
+}
+
+/// CDFs of detection by wake mode, and of stop and freed by kill path (every rate pooled):
+/// `reaction-{detection,stop,freed}.{svg,png}`.
+pub(crate) fn plot_distributions(out: &Path, samples: &[Sample]) -> anyhow::Result<()> {
+    let by = |key: fn(&Sample) -> String, value: fn(&Sample) -> Option<f64>| {
+        let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for s in samples {
+            groups.entry(key(s)).or_default().extend(value(s));
+        }
+        groups.into_iter().map(|(label, ms)| plot::Series { label, ms }).collect::<Vec<_>>()
+    };
+    let mode = |s: &Sample| s.cell.reactor.names().0.to_owned();
+    let path = |s: &Sample| s.cell.reactor.names().1.to_owned();
+    for (name, title, series) in [
+        (
+            "detection",
+            "detection: the crossing to evictd's decision, by wake mode",
+            by(mode, |s| s.detection_ms),
+        ),
+        ("stop", "stop: the crossing to the victim's last allocation, by kill path", by(path, |s| s.stop_ms)),
+        (
+            "freed",
+            "freed: the crossing to 90 % of the victim's memory back, by kill path",
+            by(path, |s| s.freed_ms),
+        ),
+    ] {
+        for written in plot::cdf(&series, title, &out.join(format!("reaction-{name}")))? {
+            eprintln!("[bench] wrote {}", written.display());
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn describe(s: &Sample) -> String {
