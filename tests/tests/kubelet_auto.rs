@@ -9,10 +9,13 @@
 
 use std::{
     path::Path,
-    process::{Child, Command, Output},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
 };
 
-use evictd_tests::{TestCgroup, evictd_binary, privileged, skip};
+use evictd_tests::{
+    TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, http_get, privileged, skip,
+};
 use serde_json::Value;
 
 /// A process named `kubelet` with the given command line and working directory, ended (by
@@ -165,8 +168,51 @@ fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
     drop(pods);
     // A kubelet whose file evictd cannot read: the error names the file; no policy.
     drop(kubelet);
-    let _gone = StandIn::start(d.path(), &work, &["--config", "/nonexistent/kubelet.yaml"]);
+    let gone = StandIn::start(d.path(), &work, &["--config", "/nonexistent/kubelet.yaml"]);
     let o = evictd(&["check-config", "--kubelet-config", "auto"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("/nonexistent/kubelet.yaml"), "{err}");
+    drop(gone);
+
+    // The daemon enforces the kubelet's policy, and after the kubelet restarts with another
+    // configuration, a SIGHUP finds the new kubelet and its new policy.
+    let kubelet = StandIn::start(d.path(), &work, &[&main_arg]);
+    let node = TestCgroup::new(Some(4 << 30));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut daemon = dies_with_harness(&mut Command::new(evictd_binary()))
+        .args(["--kubelet-config", "auto", "--dry-run", "--cri-endpoint", "none", "--duration", "120s"])
+        .args(["--metrics-addr", &addr, "--no-kube-api"])
+        .arg("--node-cgroup")
+        .arg(&node.dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting evictd");
+    let hard = |bytes: u64| {
+        format!(
+            "evictd_eviction_threshold_bytes{{eviction_signal=\"memory.available\",threshold=\"hard\"}} {bytes}\n"
+        )
+    };
+    let wait_metrics = |want: &str| {
+        let t = Instant::now();
+        loop {
+            let m = std::net::TcpStream::connect(&addr).is_ok().then(|| http_get(&addr, "/metrics"));
+            if m.as_deref().is_some_and(|m| m.contains(want)) {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "never saw {want}: {m:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_metrics(&hard(500 << 20));
+    drop(kubelet);
+    std::fs::write(&main, format!("{CONF}evictionHard:\n  memory.available: 700Mi\n")).unwrap();
+    let _restarted = StandIn::start(d.path(), &work, &[&main_arg]);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), nix::sys::signal::Signal::SIGHUP)
+        .unwrap();
+    wait_metrics(&hard(700 << 20));
+    assert!(daemon.try_wait().unwrap().is_none(), "evictd keeps running");
+    // Ours, by PID.
+    let _ = daemon.kill();
+    let _ = daemon.wait();
 }
