@@ -26,6 +26,17 @@ enum Bench {
     /// Repeated pressure episodes with runtime restarts: one eviction per crossing, no pod
     /// twice, evictd's RSS and open file descriptors flat.
     Soak(soak::Opts),
+    /// Draws the CDFs of a CSV `reaction` or `earlyoom` wrote again (detection by wake mode,
+    /// stop and freed by kill path), as `<out>/<stem>-{detection,stop,freed}.{svg,png}`.
+    Plot {
+        #[arg(long, value_name = "FILE")]
+        csv: std::path::PathBuf,
+        #[arg(long, value_name = "DIR", default_value = "target/bench")]
+        out: std::path::PathBuf,
+        /// The files' name before `-detection` (default: the CSV's name).
+        #[arg(long)]
+        stem: Option<String>,
+    },
     /// The child `overhead` spawns to time a process's exit: holds MIB of touched memory.
     #[command(hide = true)]
     OverheadHold {
@@ -51,6 +62,13 @@ fn main() -> ExitCode {
             rt.block_on(soak::soak(&o))
         }),
         Bench::OverheadHold { mib } => overhead::hold(mib),
+        Bench::Plot { csv, out, stem } => reaction::read_csv(&csv).and_then(|runs| {
+            let stem = stem.unwrap_or_else(|| {
+                csv.file_stem().map_or_else(|| "reaction".into(), |s| s.to_string_lossy().into_owned())
+            });
+            std::fs::create_dir_all(&out)?;
+            reaction::plot_distributions(&out, &stem, &runs)
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -56,16 +56,16 @@ pub(crate) fn cdf(series: &[Series], title: &str, stem: &Path) -> anyhow::Result
     Ok(vec![svg, png])
 }
 
-/// The time axis: the data's span, widened a little on a log scale; a single value (or none)
-/// gets a decade around it.
+/// The time axis: the data's span, widened by a quarter on each side (a log scale); a single
+/// value gets a factor of two around it.
 fn time_range(series: &[Series]) -> (f64, f64) {
     let all = series.iter().flat_map(|s| s.ms.iter().copied()).filter(|v| *v > 0.0);
     let (lo, hi) = all.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    if lo > hi {
-        return (0.1, 1000.0);
+    match (lo, hi) {
+        (lo, hi) if lo > hi => (0.1, 1000.0),
+        (lo, hi) if hi / lo < 1.5 => (lo / 2.0, hi * 2.0),
+        (lo, hi) => (lo / 1.25, hi * 1.25),
     }
-    let (lo, hi) = (lo / 1.5, hi * 1.5);
-    if hi / lo < 10.0 { (lo.min(hi / 10.0), hi) } else { (lo, hi) }
 }
 
 fn draw_cdf<DB: DrawingBackend>(

@@ -389,39 +389,98 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
     report(&o.out, &samples)?;
     // The bars are of detection, which the kill path does not change: one per rate and mode.
     plot_detection(&o.out, &samples, &o.rates, &o.modes)?;
-    plot_distributions(&o.out, &samples)
+    plot_distributions(&o.out, "reaction", &timed(&samples))
+}
+
+/// One run's times as the plots group them.
+pub(crate) struct Timed {
+    mode: String,
+    kill_path: String,
+    detection: Option<f64>,
+    stop: Option<f64>,
+    freed: Option<f64>,
 }
 
 /// CDFs of detection by wake mode, and of stop and freed by kill path (every rate pooled):
-/// `reaction-{detection,stop,freed}.{svg,png}`.
-pub(crate) fn plot_distributions(out: &Path, samples: &[Sample]) -> anyhow::Result<()> {
-    let by = |key: fn(&Sample) -> String, value: fn(&Sample) -> Option<f64>| {
+/// `<stem>-{detection,stop,freed}.{svg,png}` under `out`.
+pub(crate) fn plot_distributions(out: &Path, stem: &str, runs: &[Timed]) -> anyhow::Result<()> {
+    let by = |key: fn(&Timed) -> &str, value: fn(&Timed) -> Option<f64>| {
         let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for s in samples {
-            groups.entry(key(s)).or_default().extend(value(s));
+        for r in runs {
+            groups.entry(key(r).to_owned()).or_default().extend(value(r));
         }
         groups.into_iter().map(|(label, ms)| plot::Series { label, ms }).collect::<Vec<_>>()
     };
-    let mode = |s: &Sample| s.cell.reactor.names().0.to_owned();
-    let path = |s: &Sample| s.cell.reactor.names().1.to_owned();
+    let mode: fn(&Timed) -> &str = |r| &r.mode;
+    let path: fn(&Timed) -> &str = |r| &r.kill_path;
     for (name, title, series) in [
-        (
-            "detection",
-            "detection: the crossing to evictd's decision, by wake mode",
-            by(mode, |s| s.detection_ms),
-        ),
-        ("stop", "stop: the crossing to the victim's last allocation, by kill path", by(path, |s| s.stop_ms)),
+        ("detection", "detection: the crossing to the decision, by wake mode", by(mode, |r| r.detection)),
+        ("stop", "stop: the crossing to the victim's last allocation, by kill path", by(path, |r| r.stop)),
         (
             "freed",
             "freed: the crossing to 90 % of the victim's memory back, by kill path",
-            by(path, |s| s.freed_ms),
+            by(path, |r| r.freed),
         ),
     ] {
-        for written in plot::cdf(&series, title, &out.join(format!("reaction-{name}")))? {
+        for written in plot::cdf(&series, title, &out.join(format!("{stem}-{name}")))? {
             eprintln!("[bench] wrote {}", written.display());
         }
     }
     Ok(())
+}
+
+fn timed(samples: &[Sample]) -> Vec<Timed> {
+    samples
+        .iter()
+        .map(|s| {
+            let (mode, kill_path) = s.cell.reactor.names();
+            Timed {
+                mode: mode.into(),
+                kill_path: kill_path.into(),
+                detection: s.detection_ms,
+                stop: s.stop_ms,
+                freed: s.freed_ms,
+            }
+        })
+        .collect()
+}
+
+/// The runs of a CSV `reaction` or `earlyoom` wrote (its `mode`, `kill_path`,
+/// `detection_ms`, `stop_ms` and `freed_ms` columns; an empty cell is no sample).
+pub(crate) fn read_csv(path: &Path) -> anyhow::Result<Vec<Timed>> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| anyhow::anyhow!("{}: no {name} column", path.display()))
+    };
+    let (mode, kill, det, stop, freed) =
+        (col("mode")?, col("kill_path")?, col("detection_ms")?, col("stop_ms")?, col("freed_ms")?);
+    let mut runs = Vec::new();
+    for (n, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split(',').collect();
+        let at = |i: usize| {
+            f.get(i).copied().ok_or_else(|| anyhow::anyhow!("{}:{}: too few columns", path.display(), n + 2))
+        };
+        let ms = |i: usize| -> anyhow::Result<Option<f64>> {
+            let v = at(i)?;
+            if v.is_empty() {
+                return Ok(None);
+            }
+            v.parse().map(Some).map_err(|e| anyhow::anyhow!("{}:{}: {v:?}: {e}", path.display(), n + 2))
+        };
+        runs.push(Timed {
+            mode: at(mode)?.into(),
+            kill_path: at(kill)?.into(),
+            detection: ms(det)?,
+            stop: ms(stop)?,
+            freed: ms(freed)?,
+        });
+    }
+    Ok(runs)
 }
 
 pub(crate) fn describe(s: &Sample) -> String {
