@@ -704,6 +704,20 @@ state = "{r}/state"
     }
 
     /// Whether the runtime still has a ready sandbox with this id.
+    /// Waits until the CRI answers: after a restart containerd serves its own API at once,
+    /// but the CRI only once it has recovered every pod (longer, the more pods there are).
+    pub async fn wait_cri_ready(&self) {
+        let deadline = Instant::now() + crate::patience::patience(Duration::from_secs(60));
+        while let Err(e) = self.client().list_pod_sandboxes().await {
+            assert!(
+                Instant::now() < deadline,
+                "the CRI did not come up: {e}; see {}/containerd.log",
+                self.tmp.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn sandbox_ready(&self, id: &str) -> bool {
         self.client()
             .list_pod_sandboxes()

@@ -86,6 +86,11 @@ impl Evictd {
         self.child.id()
     }
 
+    /// Every line of `--trace --json` so far.
+    pub fn trace(&self) -> Vec<Value> {
+        self.lines.lock().expect("lines").clone()
+    }
+
     pub fn evictions(&self) -> Vec<Value> {
         self.lines.lock().expect("lines").iter().filter(|v| v["type"] == "eviction").cloned().collect()
     }

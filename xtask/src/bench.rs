@@ -129,6 +129,9 @@ pub(crate) struct SoakArgs {
     /// Restart the runtime every this many episodes (0: never).
     #[arg(long, default_value_t = 10)]
     restart_every: usize,
+    /// Pods running on the node throughout, a few MiB each (110: a full node).
+    #[arg(long, default_value_t = 0)]
+    pods: usize,
     /// The debug build the tests made, instead of release (CI's short run).
     #[arg(long)]
     debug: bool,
@@ -137,7 +140,7 @@ pub(crate) struct SoakArgs {
 /// `cargo xtask soak`: repeated pressure episodes with runtime restarts (root).
 pub(crate) fn soak(env: &BuildEnv, args: &SoakArgs) -> Result<()> {
     let bin = build_bench(env, args.debug)?;
-    step(&format!("soaking for {} min", args.minutes));
+    step(&format!("soaking for {} min beside {} pods", args.minutes, args.pods));
     run_status(
         Command::new(&bin)
             .args([
@@ -146,6 +149,8 @@ pub(crate) fn soak(env: &BuildEnv, args: &SoakArgs) -> Result<()> {
                 &args.minutes.to_string(),
                 "--restart-every",
                 &args.restart_every.to_string(),
+                "--pods",
+                &args.pods.to_string(),
             ])
             .env("PATH", &env.path)
             .current_dir(workspace_root()),

@@ -24,6 +24,10 @@ pub struct Opts {
     /// Restart the runtime every this many episodes (0: never).
     #[arg(long, default_value_t = 10)]
     restart_every: usize,
+    /// Pods that run on the node throughout, each holding a few MiB, as on a full node
+    /// (110 is the kubelet's default maximum): the episodes' pod must still be the one evicted.
+    #[arg(long, default_value_t = 0)]
+    pods: usize,
 }
 
 impl Opts {
@@ -56,23 +60,44 @@ struct Counts {
     restarts: usize,
 }
 
+/// What each node-wide pod holds, and what the node is given for each.
+const BYSTANDER_MIB: u64 = 4;
+const NODE_MIB_PER_BYSTANDER: u64 = 8;
+
 pub async fn soak(o: &Opts) -> anyhow::Result<()> {
-    let mut ctd = Containerd::start(1024 * MI);
+    let capacity = (1024 + NODE_MIB_PER_BYSTANDER * o.pods as u64) * MI;
+    let mut ctd = Containerd::start(capacity);
+    let mut bystanders = Vec::with_capacity(o.pods);
+    for i in 0..o.pods {
+        let pod = ctd.run_pod(PodSpec::besteffort(&format!("bystander{i}"))).await;
+        pod.set_mib(BYSTANDER_MIB);
+        bystanders.push(pod);
+        if (i + 1) % 25 == 0 {
+            eprintln!("[soak] {} of {} pods running", i + 1, o.pods);
+        }
+    }
+    for pod in &bystanders {
+        pod.wait_usage_at_least(BYSTANDER_MIB * MI, Duration::from_secs(30));
+    }
+    // Each episode's pod grows until 220 MiB are left, 80 MiB past the threshold: the same
+    // crossing whatever the node holds besides.
+    let grow_mib = (capacity.saturating_sub(ctd.node_usage()) / MI).saturating_sub(220);
     let evictd = Evictd::start(&ctd, None, &["--eviction-hard", "memory.available<300Mi"]);
     let deadline = Instant::now() + Duration::from_secs_f64(o.minutes * 60.0);
     eprintln!(
-        "[soak] {:.1} min of pressure episodes, runtime restarted every {} episodes",
-        o.minutes, o.restart_every
+        "[soak] {:.1} min of pressure episodes beside {} pods, runtime restarted every {} episodes; each episode's pod grows to {grow_mib} MiB",
+        o.minutes, o.pods, o.restart_every
     );
     let mut c = Counts::default();
     let mut start = None;
     while Instant::now() < deadline {
-        episode(&mut ctd, &evictd, &mut c).await;
+        episode(&mut ctd, &evictd, &mut c, grow_mib).await;
         // The footprint after the first episode: everything is loaded and warm by then.
         start.get_or_insert_with(|| footprint(evictd.pid()));
         if o.restart_every > 0 && c.episodes % o.restart_every == 0 {
             ctd.stop_daemon();
             ctd.spawn();
+            ctd.wait_cri_ready().await;
             c.restarts += 1;
         }
     }
@@ -85,8 +110,8 @@ pub async fn soak(o: &Opts) -> anyhow::Result<()> {
     let (rss0, fds0) = start.unwrap_or_default();
     let (rss1, fds1) = footprint(evictd.pid());
     println!(
-        "episodes {}  evicted {}  missed {}  wrong-or-twice {}  runtime restarts {}",
-        c.episodes, c.evicted, c.missed, c.wrong_or_twice, c.restarts
+        "pods {}  episodes {}  evicted {}  missed {}  wrong-or-twice {}  runtime restarts {}",
+        o.pods, c.episodes, c.evicted, c.missed, c.wrong_or_twice, c.restarts
     );
     println!("evictd RSS {rss0} KiB -> {rss1} KiB, open fds {fds0} -> {fds1}");
     anyhow::ensure!(c.missed == 0 && c.wrong_or_twice == 0, "soak failed: {c:?}");
@@ -95,18 +120,34 @@ pub async fn soak(o: &Opts) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One pod grows past the threshold; evictd must evict exactly it, once.
-async fn episode(ctd: &mut Containerd, evictd: &Evictd, c: &mut Counts) {
+/// One pod grows past the threshold; evictd must evict exactly it, once — not one of the
+/// node's other pods, which hold a few MiB each.
+async fn episode(ctd: &mut Containerd, evictd: &Evictd, c: &mut Counts, grow_mib: u64) {
     c.episodes += 1;
     let seen = evictd.evictions().len();
     let name = format!("soak{}", c.episodes);
     let pod = ctd.run_pod(PodSpec::besteffort(&name)).await;
-    pod.set_mib(800);
+    pod.set_mib(grow_mib);
     let until = Instant::now() + Duration::from_secs(30);
     let mine = loop {
         let new: Vec<_> = evictd.evictions().into_iter().skip(seen).collect();
         if let Some(e) = new.iter().find(|e| e["uid"] == pod.uid.as_str() && e["error"].is_null()) {
-            c.wrong_or_twice += new.iter().filter(|x| x["uid"] != pod.uid.as_str()).count();
+            let wrong: Vec<_> = new.iter().filter(|x| x["uid"] != pod.uid.as_str()).collect();
+            for w in &wrong {
+                eprintln!(
+                    "[soak] episode {}: evicted {} ({}), not {name}",
+                    c.episodes, w["name"], w["signal"]
+                );
+            }
+            if !wrong.is_empty() {
+                // What evictd saw and said, for whoever looks into it.
+                let dump = std::env::temp_dir().join(format!("evictd-soak-episode-{}.log", c.episodes));
+                let trace: Vec<String> = evictd.trace().iter().map(|v| v.to_string()).collect();
+                let _ =
+                    std::fs::write(&dump, format!("{}\n--- trace ---\n{}\n", evictd.log(), trace.join("\n")));
+                eprintln!("[soak] episode {}: evictd's log and trace in {}", c.episodes, dump.display());
+            }
+            c.wrong_or_twice += wrong.len();
             break Some(e.clone());
         }
         if Instant::now() > until {
