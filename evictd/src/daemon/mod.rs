@@ -221,6 +221,8 @@ struct Daemon {
     policy_read: Option<PolicyRead>,
     /// A SIGHUP came while that read ran: read again once it ends.
     reread_policy: bool,
+    /// A pod was evicted: the next pass runs on the inventory read after it.
+    decide_after_inventory: bool,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
@@ -379,6 +381,11 @@ impl Daemon {
         if !done.evictions.is_empty() {
             self.kick.notify_one();
         }
+        // Pressure may remain after a pod went: decide again, on the pods the inventory lists
+        // after the eviction (the pass decides on one list only).
+        if done.evictions.iter().any(|e| e.error.is_none() && !e.dry_run) {
+            self.decide_after_inventory = true;
+        }
         let view = memory_view(&self.thresholds, &done.obs);
         self.report.pass(&done.wakes.kept, &done.wakes.counted_only, &done.evictions, &view)?;
         self.rearm(&done.obs);
@@ -473,6 +480,15 @@ impl Daemon {
             None => self.inventory_dirty = true,
         }
         self.cgroups_changed();
+        self.decide_again();
+    }
+
+    /// The decision that follows an eviction, once the inventory has been read again (or
+    /// within a second, when nothing in it changed).
+    fn decide_again(&mut self) {
+        if self.pressure.is_some() && std::mem::take(&mut self.decide_after_inventory) {
+            self.on_wakes(&mut vec![Wake::now(WakeCause::Recheck)]);
+        }
     }
 
     /// The summary shows memory.available as read now, not as the last wake saw it: on a
@@ -480,6 +496,7 @@ impl Daemon {
     fn each_second(&mut self) -> anyhow::Result<()> {
         self.health.beat();
         self.cgroups_changed();
+        self.decide_again();
         self.sources.retain_mut(|s| {
             s.supervise().inspect_err(|e| tracing::error!("{e}; disabling this wake source")).is_ok()
         });

@@ -1,6 +1,7 @@
 //! One pass of observe → decide → act, run on every wake. Cheap when nothing is near: the
 //! engine first decides without pods, and only when a threshold is actionable are the pods'
-//! cgroups read for ranking. One pod per decision; when a kill fails the next candidate is
+//! cgroups read for ranking. One pod per decision, and one decision that evicts per pass
+//! (its pod list is the inventory's when it began); when a kill fails the next candidate is
 //! taken, as the kubelet does (unless the runtime itself is down: then the next pass tries
 //! again); after a memory eviction no memory decision evicts again until the evicted pod's
 //! memory is back, for at most 30 s, unless in an emergency (the kubelet's
@@ -59,9 +60,6 @@ fn answer_wake(records: &mut [EvictionRecord], wake: Option<Wake>) {
         first.wake_received_ns = Some(w.received_ns);
     }
 }
-
-/// Evictions in one pass before yielding to the loop again.
-const MAX_EVICTIONS_PER_PASS: usize = 16;
 
 /// How often a repeated warning may be logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -192,7 +190,7 @@ impl Pressure {
         self.forget_restarted_cleanups(pods);
     }
 
-    /// Observe, decide, act; repeated while evictions succeed. `pods` is the inventory's
+    /// Observe, decide, act: at most one eviction for thresholds. `pods` is the inventory's
     /// latest snapshot; `housekeeping`: a wake of the batch asks for the storage-limit check.
     /// Returns what was done and the node's latest observation.
     pub async fn pass(
@@ -216,29 +214,22 @@ impl Pressure {
                 return (records, self.observe(now_ns()));
             }
         }
-        let mut obs = self.observe(now_ns());
-        for _ in 0..MAX_EVICTIONS_PER_PASS {
-            let observed_ns = monotonic_ns();
-            let mut decided = self.decide_and_act(pods, &obs, now_ns()).await;
-            let Some(last) = decided.last() else { break };
-            let succeeded = last.error.is_none() && !last.dry_run;
-            // A disk eviction frees nothing until the runtime removes the pod's layers: the
-            // next pass, after the settle, sees what it freed.
-            let disk = last.signal.resource().is_disk();
-            for rec in &mut decided {
-                rec.observed_ns = observed_ns;
-            }
-            // Only the first decision of a pass answers the wake; the rest follow evictions.
-            if records.is_empty() {
-                answer_wake(&mut decided, wake);
-            }
-            records.extend(decided);
-            if !succeeded || disk {
-                break;
-            }
-            // The node after the eviction: what the next decision (and the caller) sees.
-            obs = self.observe(now_ns());
+        let obs = self.observe(now_ns());
+        let observed_ns = monotonic_ns();
+        let mut decided = self.decide_and_act(pods, &obs, now_ns()).await;
+        for rec in &mut decided {
+            rec.observed_ns = observed_ns;
         }
+        if records.is_empty() {
+            answer_wake(&mut decided, wake);
+        }
+        let evicted = decided.iter().any(|r| r.error.is_none() && !r.dry_run);
+        records.extend(decided);
+        // One eviction per pass, on the pods the pass began with: the next decision waits for
+        // the inventory that follows it (the daemon asks for one), since a pod started
+        // meanwhile — maybe the one whose growth is the pressure — is not in this list, and
+        // deciding again on it would take one bystander after another.
+        let obs = if evicted { self.observe(now_ns()) } else { obs };
         (records, obs)
     }
 

@@ -236,6 +236,7 @@ impl Daemon {
             policy_args: opts.policy_args,
             policy_read: None,
             reread_policy: false,
+            decide_after_inventory: false,
             pending_policy: None,
             reread_pods_file,
             cleanup_recheck: None,

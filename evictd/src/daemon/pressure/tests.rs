@@ -318,6 +318,25 @@ async fn the_next_eviction_waits_for_the_evicted_pods_memory() {
     assert_eq!(names(&records), ["c"], "{records:?}");
 }
 
+/// One eviction per pass, even at an emergency where nothing waits: the pass's pod list is
+/// the one it began with, and a pod started since (maybe the one whose growth is the
+/// pressure) is not in it. The next pass, on the inventory read after the eviction, takes
+/// the next pod.
+#[tokio::test(flavor = "current_thread")]
+async fn a_pass_evicts_one_pod_and_the_next_decides_on_a_new_list() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
+    // 3.9 of 4 GiB in use: below the emergency level, so no wait for the evicted pod's memory.
+    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    // A clock that moves, as the daemon's does: every observation is newer than the last.
+    let clock = std::sync::atomic::AtomicI64::new(0);
+    let now = || clock.fetch_add(1_000_000_000, std::sync::atomic::Ordering::Relaxed) + 1_000_000_000;
+    let (records, _) = p.pass(&pods, now, None, false).await;
+    assert_eq!(names(&records), ["a"], "{records:?}");
+    let (records, _) = p.pass(&pods, now, None, false).await;
+    assert_eq!(names(&records), ["b"], "{records:?}");
+}
+
 /// An emergency does not wait: with memory.available below half the hard threshold, the
 /// kernel's OOM killer is close, and the next pod goes at once.
 #[tokio::test(flavor = "current_thread")]
