@@ -292,12 +292,12 @@ impl Inventory {
             refresh_containers(client, rec, &mine).await?;
         }
         self.give_best_specs();
-        self.refresh_writable_layers(client).await;
         Ok(spec_warning)
     }
 
-    /// Writable-layer usage for disk ranking: one call for all containers.
-    async fn refresh_writable_layers(&mut self, client: &CriClient) {
+    /// Writable-layer usage for disk ranking: one call for all containers — the slowest of
+    /// the refresh on a full node, so it comes after the pod list is published.
+    pub async fn refresh_writable_layers(&mut self, client: &CriClient) {
         let Ok(stats) = client.list_container_stats().await else { return };
         for s in stats {
             let (Some(attrs), Some(layer)) = (&s.attributes, &s.writable_layer) else { continue };
@@ -451,6 +451,13 @@ pub fn spawn_refresh(
                     if let Some(w) = spec_warning {
                         tracing::warn!("pods file: {w}; keeping the specs read before");
                     }
+                    // The pod list first: a pod just started — maybe the one whose growth
+                    // is the pressure — must not wait for the runtime's stats of every
+                    // container to become a candidate. The disk stats follow.
+                    if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
+                        return;
+                    }
+                    inventory.refresh_writable_layers(&client).await;
                     if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
                         return;
                     }

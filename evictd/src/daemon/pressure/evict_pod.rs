@@ -16,12 +16,19 @@ fn read_usage(
     cgroups: &CgroupMounts,
     disk: Option<&usage::DiskMeasured>,
 ) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
+    tracing::debug!(
+        listed = pods.len(),
+        evicted = pods.iter().filter(|p| gone.contains_key(&p.sandbox_id)).count(),
+        finished = pods.iter().filter(|p| !p.spec.is_active()).count(),
+        "candidates"
+    );
     pods.iter()
         .enumerate()
         .filter(|(_, p)| !gone.contains_key(&p.sandbox_id) && p.spec.is_active())
         .filter_map(|(i, p)| {
             let cg = usage::pod_cgroups(p, cgroups);
             if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
+                tracing::debug!(pod = %format!("{}/{}", p.namespace, p.name), "not a candidate: its cgroup is gone");
                 return None;
             }
             Some((i, usage::pod_stats(p, cg.as_ref(), cgroups, disk)))
@@ -104,6 +111,12 @@ impl Pressure {
                 break;
             };
             let (pod, stats) = &candidates[e.pod];
+            tracing::debug!(
+                pods = candidates.len(),
+                chosen = %format!("{}/{}", pod.namespace, pod.name),
+                working_set = stats.memory.as_ref().and_then(|m| m.working_set_bytes),
+                "decided among the candidates"
+            );
             if guesses_wait && pod.spec_inferred() {
                 self.hold_back_guess(pod);
                 break;
