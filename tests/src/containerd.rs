@@ -703,7 +703,6 @@ state = "{r}/state"
         }
     }
 
-    /// Whether the runtime still has a ready sandbox with this id.
     /// Waits until the CRI answers: after a restart containerd serves its own API at once,
     /// but the CRI only once it has recovered every pod (longer, the more pods there are).
     pub async fn wait_cri_ready(&self) {
@@ -718,6 +717,7 @@ state = "{r}/state"
         }
     }
 
+    /// Whether the runtime still has a ready sandbox with this id.
     pub async fn sandbox_ready(&self, id: &str) -> bool {
         self.client()
             .list_pod_sandboxes()

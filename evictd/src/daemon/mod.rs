@@ -13,7 +13,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
@@ -221,8 +221,11 @@ struct Daemon {
     policy_read: Option<PolicyRead>,
     /// A SIGHUP came while that read ran: read again once it ends.
     reread_policy: bool,
-    /// A pod was evicted: the next pass runs on the inventory read after it.
-    decide_after_inventory: bool,
+    /// A pod was evicted (when its pass ended): the next pass waits for a pod list newer
+    /// than the one that pass ranked (`held_for_inventory`).
+    decide_after_inventory: Option<Instant>,
+    /// The pod list the last pass ranked.
+    last_pass_pods: Option<Arc<Vec<PodRecord>>>,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
@@ -292,6 +295,9 @@ async fn serve(
     }
 }
 
+/// The longest a decision after an eviction waits for the inventory read after it.
+const INVENTORY_HOLD: Duration = Duration::from_secs(2);
+
 /// A policy being read: the policy and its warnings, or why it does not read.
 type PolicyRead = JoinHandle<Result<(Policy, Vec<String>), FlagsError>>;
 
@@ -327,9 +333,29 @@ impl Daemon {
             self.raise_urgency(batch);
         }
         self.pending.add(batch);
-        if self.pressure.is_some() {
+        if self.pressure.is_some() && !self.held_for_inventory() {
             self.start_pass();
         }
+    }
+
+    /// After an eviction, the next pass waits for a pod list newer than the one the last
+    /// pass ranked: a pod started meanwhile — maybe the one whose growth is the pressure —
+    /// is not in that list, and deciding on it again takes one bystander after another. Not
+    /// longer than `INVENTORY_HOLD` (a runtime that does not answer must not hold the node's
+    /// next eviction), nor with memory below the emergency level.
+    fn held_for_inventory(&mut self) -> bool {
+        let Some(since) = self.decide_after_inventory else { return false };
+        let newer = !self.last_pass_pods.as_ref().is_some_and(|last| Arc::ptr_eq(last, &self.pods.borrow()));
+        let held = !newer && since.elapsed() < INVENTORY_HOLD && !self.emergency_now();
+        if !held {
+            self.decide_after_inventory = None;
+        }
+        held
+    }
+
+    fn emergency_now(&self) -> bool {
+        let obs = self.signals.observe(engine_ns(), &mut Vec::new());
+        urgency::emergency_met(&self.thresholds, &obs, self.emergency)
     }
 
     /// Reads the node now (not waiting for the running pass) and raises the urgency the act
@@ -358,6 +384,7 @@ impl Daemon {
         self.escalate.send_replace(Urgency::Normal);
         let wakes = std::mem::take(&mut self.pending);
         let pods = self.pods.borrow().clone();
+        self.last_pass_pods = Some(pods.clone());
         // The wake to account the decision to: the earliest in the batch.
         let first = wakes.kept.iter().min_by_key(|w| w.kernel_ts_ns.unwrap_or(w.received_ns)).copied();
         let housekeeping = wakes.asks_housekeeping();
@@ -384,12 +411,16 @@ impl Daemon {
         // Pressure may remain after a pod went: decide again, on the pods the inventory lists
         // after the eviction (the pass decides on one list only).
         if done.evictions.iter().any(|e| e.error.is_none() && !e.dry_run) {
-            self.decide_after_inventory = true;
+            self.decide_after_inventory = Some(Instant::now());
         }
         let view = memory_view(&self.thresholds, &done.obs);
         self.report.pass(&done.wakes.kept, &done.wakes.counted_only, &done.evictions, &view)?;
         self.rearm(&done.obs);
-        if !self.pending.kept.is_empty() {
+        if self.decide_after_inventory.is_some() {
+            // Held or not, the pass after an eviction answers for the pressure that remains.
+            self.pending.add(&mut vec![Wake::now(WakeCause::Recheck)]);
+        }
+        if !self.pending.kept.is_empty() && !self.held_for_inventory() {
             self.start_pass();
         }
         Ok(())
@@ -483,11 +514,11 @@ impl Daemon {
         self.decide_again();
     }
 
-    /// The decision that follows an eviction, once the inventory has been read again (or
-    /// within a second, when nothing in it changed).
+    /// The wakes held after an eviction get their pass once the inventory has been read
+    /// again (or the hold ends).
     fn decide_again(&mut self) {
-        if self.pressure.is_some() && std::mem::take(&mut self.decide_after_inventory) {
-            self.on_wakes(&mut vec![Wake::now(WakeCause::Recheck)]);
+        if self.pressure.is_some() && !self.pending.kept.is_empty() && !self.held_for_inventory() {
+            self.start_pass();
         }
     }
 

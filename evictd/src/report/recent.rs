@@ -78,7 +78,8 @@ impl Collector for Encoder {
         let last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         let (evictions, phases) =
             (Family::<EvictionLabel, Seconds>::default(), Family::<PhaseLabel, Seconds>::default());
-        for s in &last {
+        // Oldest first: a pod evicted twice among them shows its newest eviction.
+        for s in last.iter().rev() {
             let label = EvictionLabel {
                 namespace: s.namespace.clone(),
                 pod: s.pod.clone(),
