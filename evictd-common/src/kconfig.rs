@@ -14,9 +14,11 @@ pub const FLAG_OOM: u32 = 1 << 3;
 /// Emit charge events from the batched charge hook (fexit on the page counter's charge).
 pub const FLAG_BATCH: u32 = 1 << 4;
 
-/// How many page counters up from the one charged the batched hook looks for the watched
-/// cgroup (pod → QoS class → kubepods → root is four; room to spare).
-pub const BATCH_MAX_DEPTH: usize = 8;
+/// How many page counters, from the one charged upwards, the batched hook compares with the
+/// watched cgroup's: the charged cgroup and 16 levels above it. A container is four below
+/// the root (pod, QoS class, kubepods); a pod of a nested runtime (kind, Docker-in-Docker,
+/// sysbox) adds its own node's levels to that.
+pub const BATCH_MAX_DEPTH: usize = 17;
 
 /// Stat items are indices of `enum node_stat_item` followed by `enum memcg_stat_item`
 /// (the kernel numbers them in one space); 128 bits cover both with room to spare.
@@ -97,7 +99,9 @@ pub struct KernelConfig {
     /// A CPU emits a charge event once its own page sum (charges only: frees are not
     /// subtracted, so it can only fire early) reaches this. Userspace divides its
     /// byte watermark by the CPU count, so the node cannot grow by more than the watermark
-    /// before some CPU fires (early is harmless, late is not). `<= 1` means every page.
+    /// before some CPU fires (early is harmless, late is not) — except that the share has a
+    /// floor (64 KiB) so that hundreds of CPUs do not emit per page: there the node may grow
+    /// by up to the floor per CPU. `<= 1` means every page.
     pub watermark_pages_per_cpu: i64,
     /// Changing it makes every CPU restart its sum from zero at its next event.
     pub generation: u64,

@@ -97,6 +97,15 @@ pub struct Containerd {
     slices: Vec<String>,
     /// containerd's root directory (images and writable layers: imagefs).
     pub root: PathBuf,
+    /// The pod cgroups are the machine's own (`start_as_node`): `kubepods` at the root.
+    at_root: bool,
+    /// The pod network's bridge, when pods get a network of their own (`start_as_node`).
+    bridge: Option<String>,
+    /// The machine's `net.ipv4.ip_forward` before the pod network's gateway turned it on.
+    ip_forward_before: Option<String>,
+    /// The network namespaces the runtime made for this test's sandboxes: detached and
+    /// removed at teardown even when the runtime can no longer remove them itself.
+    netns: Vec<PathBuf>,
     /// A size-limited filesystem of the test's own holding `root` and a kubelet root
     /// directory (`start_on_nodefs`): nodefs and imagefs in one, the kubelet's usual layout.
     pub nodefs: Option<PathBuf>,
@@ -191,7 +200,7 @@ impl TestPod {
 impl Containerd {
     /// Starts containerd with a node cgroup of `node_limit` bytes under the memory root.
     pub fn start(node_limit: u64) -> Self {
-        Self::start_in(CgroupDriver::Cgroupfs, node_limit, None, None)
+        Self::start_in(CgroupDriver::Cgroupfs, node_limit, None, None, false)
     }
 
     /// As `start`, with the systemd cgroup driver: `kubepods.slice`, limited to `node_limit`
@@ -199,19 +208,29 @@ impl Containerd {
     /// cgroup v2, or when a `kubepods.slice` exists already: this machine runs pods of its
     /// own, and the test would take them for its node's.
     pub fn start_systemd(node_limit: u64) -> Self {
-        Self::start_in(CgroupDriver::Systemd, node_limit, None, None)
+        Self::start_in(CgroupDriver::Systemd, node_limit, None, None, false)
+    }
+
+    /// The node's own pod cgroups, as the kubelet makes them: `kubepods` (cgroupfs) or
+    /// `kubepods.slice` (systemd) at the root of the hierarchy, limited to `pods_limit` bytes
+    /// (the node's allocatable memory, `enforceNodeAllocatable: [pods]`); and a pod network
+    /// (the `bridge` and `host-local` CNI plugins) for pods without the host's. For a pod
+    /// that watches the whole machine from the host's paths, as a DaemonSet does. Panics when
+    /// the machine has pod cgroups already (it runs pods of its own).
+    pub fn start_as_node(driver: CgroupDriver, pods_limit: u64) -> Self {
+        Self::start_in(driver, pods_limit, None, None, true)
     }
 
     /// As `start`, with containerd's root on a tmpfs of `nodefs_bytes` mounted for this test
     /// (unmounted at teardown): a small disk that a test fills on purpose.
     pub fn start_on_nodefs(node_limit: u64, nodefs_bytes: u64) -> Self {
-        Self::start_in(CgroupDriver::Cgroupfs, node_limit, Some(nodefs_bytes), None)
+        Self::start_in(CgroupDriver::Cgroupfs, node_limit, Some(nodefs_bytes), None, false)
     }
 
     /// As `start_on_nodefs`, with containerd's root on a second tmpfs of `imagefs_bytes`:
     /// the kubelet's dedicated imagefs layout.
     pub fn start_with_imagefs(node_limit: u64, nodefs_bytes: u64, imagefs_bytes: u64) -> Self {
-        Self::start_in(CgroupDriver::Cgroupfs, node_limit, Some(nodefs_bytes), Some(imagefs_bytes))
+        Self::start_in(CgroupDriver::Cgroupfs, node_limit, Some(nodefs_bytes), Some(imagefs_bytes), false)
     }
 
     fn start_in(
@@ -219,11 +238,14 @@ impl Containerd {
         node_limit: u64,
         nodefs_bytes: Option<u64>,
         imagefs_bytes: Option<u64>,
+        at_root: bool,
     ) -> Self {
         let layout = evictd::node::cgroups::CgroupMounts::detect().expect("cgroup layout");
+        // Before anything is made: nothing to clean up when it cannot run.
         if driver == CgroupDriver::Systemd {
-            // Before anything is made: nothing to clean up when it cannot run.
             check_systemd_driver_can_run(&layout.memory_root, layout.memory_version);
+        } else if at_root {
+            check_no_pods_of_the_machine(&layout.memory_root.join("kubepods"));
         }
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("evictd-e2e-{}-{n}", std::process::id());
@@ -251,12 +273,17 @@ impl Containerd {
             run,
             child: None,
             node_cgroup: match driver {
+                CgroupDriver::Cgroupfs if at_root => String::new(),
                 CgroupDriver::Cgroupfs => format!("/{name}"),
                 CgroupDriver::Systemd => format!("/{KUBEPODS_SLICE}"),
             },
             memory_root: layout.memory_root,
             memory_version: layout.memory_version,
             sandboxes: Vec::new(),
+            at_root,
+            bridge: None,
+            ip_forward_before: None,
+            netns: Vec::new(),
         };
         // Mounted once `c` exists: its teardown unmounts them, also when a step below fails.
         for (dir, size) in [(&c.nodefs, nodefs_bytes), (&c.imagefs, imagefs_bytes)] {
@@ -271,10 +298,56 @@ impl Containerd {
             CgroupDriver::Cgroupfs => c.make_cgroupfs_node(node_limit),
             CgroupDriver::Systemd => c.make_systemd_node(node_limit),
         }
+        if at_root {
+            c.shared_root();
+            c.pod_network(n);
+        }
         c.write_config();
         c.spawn();
         c.import_image();
         c
+    }
+
+    /// containerd's root as a shared mount of its own: a container may mount it with
+    /// `HostToContainer` propagation (rslave), which needs a shared or slave source, as a
+    /// node's root filesystem is under systemd.
+    fn shared_root(&self) {
+        std::fs::create_dir_all(&self.root).expect("containerd root");
+        make_shared(&self.root);
+    }
+
+    /// A bridge and an address range of this test's for pods off the host's network: a name
+    /// and a range the machine does not use, so that the teardown deletes only what the test
+    /// made. The bridge plugin's gateway turns IP forwarding on; the teardown restores it.
+    fn pod_network(&mut self, n: usize) {
+        // Free: no such link, and no route into the range.
+        let routed = routed_ipv4_destinations();
+        let (bridge, net) = (0..250)
+            .map(|k| (std::process::id() as usize * 7 + n + k) % 10_000)
+            .map(|id| (format!("evd{id}"), [10, 213, (id % 250 + 1) as u8]))
+            .find(|(b, net)| {
+                !Path::new("/sys/class/net").join(b).exists() && !routed.iter().any(|d| d[..3] == net[..])
+            })
+            .expect("no free bridge name and 10.213.x.0/24 range for the pod network");
+        let subnet = format!("{}.{}.{}.0/24", net[0], net[1], net[2]);
+        let conf = serde_json::json!({
+            "cniVersion": "0.4.0",
+            "name": self.name,
+            "plugins": [{
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": subnet}]],
+                    "dataDir": self.tmp.join("cni").display().to_string(),
+                },
+            }],
+        });
+        std::fs::write(self.tmp.join("net.d/10-evictd-e2e.conflist"), conf.to_string()).expect("CNI config");
+        self.ip_forward_before = std::fs::read_to_string(IP_FORWARD).ok();
+        self.bridge = Some(bridge);
     }
 
     /// The node cgroup with its QoS cgroups, as the kubelet makes them with cgroupfs.
@@ -284,18 +357,24 @@ impl Containerd {
             std::fs::create_dir_all(node.join("kubepods").join(qos)).expect("node cgroup");
         }
         if self.memory_version == CgroupVersion::V2 {
-            // Pod cgroups get memory.max from the harness before runc makes theirs.
+            // Pod cgroups get memory.max from the harness before runc makes theirs (the
+            // machine's root has its controllers enabled by its init).
             for dir in [
                 node.clone(),
                 node.join("kubepods"),
                 node.join("kubepods/burstable"),
                 node.join("kubepods/besteffort"),
             ] {
+                if dir == self.memory_root {
+                    continue;
+                }
                 std::fs::write(dir.join("cgroup.subtree_control"), "+memory +pids")
                     .unwrap_or_else(|e| panic!("enabling memory and pids under {}: {e}", dir.display()));
             }
         }
-        std::fs::write(node.join(limit_file(self.memory_version)), node_limit.to_string())
+        // At the root, the kubelet limits the pods' cgroup to allocatable: never the machine.
+        let limited = if self.at_root { node.join("kubepods") } else { node };
+        std::fs::write(limited.join(limit_file(self.memory_version)), node_limit.to_string())
             .expect("node limit");
     }
 
@@ -334,6 +413,15 @@ impl Containerd {
     /// The node cgroup's directory in the memory hierarchy.
     pub fn node_dir(&self) -> PathBuf {
         self.memory_root.join(self.node_cgroup.trim_start_matches('/'))
+    }
+
+    /// The cgroup holding every pod: the node cgroup of the test's own, or the machine's
+    /// `kubepods` (`start_as_node`), whose tree alone is the test's.
+    fn pods_dir(&self) -> PathBuf {
+        match (self.driver, self.at_root) {
+            (CgroupDriver::Cgroupfs, true) => self.node_dir().join("kubepods"),
+            _ => self.node_dir(),
+        }
     }
 
     pub fn endpoint(&self) -> String {
@@ -539,6 +627,7 @@ state = "{r}/state"
             .into_inner()
             .pod_sandbox_id;
         self.sandboxes.push(sandbox_id.clone());
+        self.remember_netns(&sandbox_id).await;
         let empty_dir = spec.empty_dir_under.as_ref().map(|root| {
             let d = root.join("pods").join(&uid).join("volumes/kubernetes.io~empty-dir/scratch");
             std::fs::create_dir_all(&d).expect("emptyDir");
@@ -615,6 +704,102 @@ state = "{r}/state"
             sandbox_config,
             container_config: container,
         }
+    }
+
+    /// Runs a pod the kubelet's way (`crate::kubelet_pod`): its pod cgroup made with its
+    /// limit, the sandbox, the container's log directory, then its container, whose image
+    /// must be on the node already. Returns the sandbox's and the container's ids.
+    pub async fn run_kubelet_pod(&mut self, pod: &mut crate::kubelet_pod::KubeletPod) -> (String, String) {
+        let cgroup_parent = match self.driver {
+            CgroupDriver::Cgroupfs => {
+                let qos_dir = if pod.qos == "guaranteed" { String::new() } else { format!("/{}", pod.qos) };
+                let parent = format!("{}/kubepods{qos_dir}/pod{}", self.node_cgroup, pod.uid);
+                let dir = self.memory_root.join(parent.trim_start_matches('/'));
+                std::fs::create_dir_all(&dir).expect("pod cgroup");
+                if let Some(l) = pod.memory_limit {
+                    std::fs::write(dir.join(limit_file(self.memory_version)), l.to_string())
+                        .expect("pod limit");
+                }
+                parent
+            }
+            CgroupDriver::Systemd => self.make_pod_slice(pod.qos, &pod.uid, pod.memory_limit).0,
+        };
+        if let Some(linux) = pod.sandbox.linux.as_mut() {
+            linux.cgroup_parent = cgroup_parent;
+        }
+        let image = pod.container.image.clone().unwrap_or_default().image;
+        let present = self
+            .client()
+            .images()
+            .image_status(cri::ImageStatusRequest {
+                image: Some(cri::ImageSpec { image: image.clone(), ..Default::default() }),
+                verbose: false,
+            })
+            .await
+            .expect("ImageStatus")
+            .into_inner()
+            .image
+            .is_some();
+        assert!(present, "image {image} is not on the node (imagePullPolicy IfNotPresent, and no registry)");
+        let sandbox_id = self
+            .client()
+            .runtime()
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(pod.sandbox.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .into_inner()
+            .pod_sandbox_id;
+        self.sandboxes.push(sandbox_id.clone());
+        self.remember_netns(&sandbox_id).await;
+        std::fs::create_dir_all(&pod.container_log_dir).expect("container log dir");
+        let container_id = self.create_and_start(&sandbox_id, &pod.container, &pod.sandbox).await;
+        (sandbox_id, container_id)
+    }
+
+    /// The sandbox's network namespace, if the runtime made one (a pod off the host's
+    /// network): its path is in the sandbox's runtime spec (the verbose status).
+    async fn remember_netns(&mut self, sandbox_id: &str) {
+        let Ok(status) = self
+            .client()
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: sandbox_id.into(),
+                verbose: true,
+            })
+            .await
+        else {
+            return;
+        };
+        let info = status.into_inner().info;
+        let Some(info) = info.get("info").and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
+        else {
+            return;
+        };
+        let namespaces = info.pointer("/runtimeSpec/linux/namespaces").and_then(|n| n.as_array());
+        let network = namespaces
+            .into_iter()
+            .flatten()
+            .filter(|ns| ns["type"] == "network")
+            .find_map(|ns| ns["path"].as_str().map(PathBuf::from));
+        self.netns.extend(network);
+    }
+
+    /// The pod IP the runtime gives a sandbox on the pod network.
+    pub async fn pod_ip(&self, sandbox_id: &str) -> String {
+        let status = self
+            .client()
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: sandbox_id.into(),
+                verbose: false,
+            })
+            .await
+            .expect("PodSandboxStatus")
+            .into_inner();
+        status.status.and_then(|s| s.network).map(|n| n.ip).filter(|ip| !ip.is_empty()).expect("a pod IP")
     }
 
     /// The pod's slice as the kubelet names and starts it with the systemd driver: the
@@ -748,7 +933,7 @@ state = "{r}/state"
         self.stop_daemon();
         // Anything still alive in our cgroups, or a shim serving our socket, is ours.
         let sock = self.socket.display().to_string();
-        for pid in pids_in_tree(&self.node_dir()).into_iter().chain(pids_with_cmdline(&sock)) {
+        for pid in pids_in_tree(&self.pods_dir()).into_iter().chain(pids_with_cmdline(&sock)) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -759,7 +944,22 @@ state = "{r}/state"
             let slices = std::mem::take(&mut self.slices);
             let _ = Command::new("systemctl").arg("revert").args(&slices).status();
         }
-        remove_cgroup_trees(&self.name);
+        for netns in std::mem::take(&mut self.netns).iter().filter(|p| p.exists()) {
+            let _ = nix::mount::umount2(netns, nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_file(netns);
+        }
+        if let Some(bridge) = &self.bridge {
+            let _ = Command::new("ip").args(["link", "del", bridge]).output();
+        }
+        if let Some(before) = &self.ip_forward_before
+            && std::fs::read_to_string(IP_FORWARD).is_ok_and(|now| now != *before)
+        {
+            let _ = std::fs::write(IP_FORWARD, before);
+        }
+        match (self.driver, self.at_root) {
+            (CgroupDriver::Cgroupfs, true) => remove_cgroup_trees("kubepods"),
+            _ => remove_cgroup_trees(&self.name),
+        }
         let _ = std::fs::remove_dir_all(&self.run);
         let _ = std::fs::remove_dir_all(&self.tmp);
     }
@@ -797,6 +997,45 @@ fn check_systemd_driver_can_run(memory_root: &Path, version: CgroupVersion) {
         "{} exists: this machine runs pods of its own, which the test would take for its node's",
         kubepods.display()
     );
+}
+
+/// The machine's own `kubepods` cgroup must not exist: its pods would be taken for the test's.
+fn check_no_pods_of_the_machine(kubepods: &Path) {
+    assert!(
+        !kubepods.exists(),
+        "{} exists: this machine runs pods of its own, which the test would take for its node's \
+         (if it is what a killed test run left, empty: remove it with \
+         `find {} -depth -type d -exec rmdir {{}} +`)",
+        kubepods.display(),
+        kubepods.display()
+    );
+}
+
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// The destinations of the machine's IPv4 routes other than the default one
+/// (`/proc/net/route`: each address a hex word in the host's byte order).
+fn routed_ipv4_destinations() -> Vec<[u8; 4]> {
+    let table = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|hex| u32::from_str_radix(hex, 16).ok())
+        .filter(|&d| d != 0)
+        .map(u32::to_ne_bytes)
+        .collect()
+}
+
+/// `dir` bound onto itself and made a shared mount (the kubelet does this to its root
+/// directory), so that containers can mount it with `HostToContainer` propagation. The
+/// teardown detaches it with the rest of the test's directories.
+pub fn make_shared(dir: &Path) {
+    use nix::mount::{MsFlags, mount};
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .unwrap_or_else(|e| panic!("binding {} onto itself: {e}", dir.display()));
+    mount(None::<&str>, dir, None::<&str>, MsFlags::MS_SHARED | MsFlags::MS_REC, None::<&str>)
+        .unwrap_or_else(|e| panic!("making {} a shared mount: {e}", dir.display()));
 }
 
 /// `systemctl ARGS`, which must succeed.

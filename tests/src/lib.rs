@@ -6,6 +6,8 @@ pub mod api_double;
 mod cleanup;
 pub mod containerd;
 pub mod evictd_proc;
+pub mod kubelet_pod;
+pub mod kubelet_stand_in;
 pub mod patience;
 pub mod scenario;
 
@@ -214,7 +216,7 @@ pub fn evictd_binary() -> PathBuf {
 }
 
 /// A binary of the workspace in the same target directory as the running executable.
-fn sibling_binary(name: &str) -> PathBuf {
+pub fn sibling_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // Test executables live in target/<profile>/deps, binaries in target/<profile>.
     let mut dir = exe.parent().expect("executable directory");

@@ -89,6 +89,47 @@ async fn charge_in_a_test_cgroup_wakes_with_its_id() {
     assert!(c.emitted[CAUSE_CHARGE as usize] >= wakes.len() as u64, "{c:?}");
 }
 
+/// Pods of nested runtimes (kind, Docker-in-Docker, sysbox) sit many cgroup levels below the
+/// node: a charge 16 levels below the watched cgroup still reaches it. The batched hook walks
+/// the charged counter's parents up to the watched one; the stat tracepoints take the
+/// charged cgroup's id from the scope the daemon fills with every cgroup of the node.
+#[tokio::test]
+async fn a_charge_sixteen_levels_below_the_watched_cgroup_wakes() {
+    if !privileged("a_charge_sixteen_levels_below_the_watched_cgroup_wakes") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let mut levels = Nested(vec![cg.child("l1")]);
+    for depth in 2..=16 {
+        let next = levels.0.last().expect("a level").child(&format!("l{depth}"));
+        levels.0.push(next);
+    }
+    let deepest = levels.0.last().expect("a level");
+    let (mut probes, mut rx) = start(&cg, 8 << 20);
+    let ids: Vec<u64> = std::iter::once(cg.id()).chain(levels.0.iter().map(TestCgroup::id)).collect();
+    probes.set_scope(Some(&ids)).expect("scope");
+    let mut hog = MemHog::spawn_in(deepest);
+    hog.alloc(64);
+    let wakes = charge_wakes(&mut rx, deepest.id(), Duration::from_secs(2)).await;
+    assert!(
+        !wakes.is_empty(),
+        "no charge wake for {} (tier: batched hook {})",
+        deepest.rel_path(),
+        probes.has_batch_hook()
+    );
+}
+
+/// Nested cgroups, removed deepest first (also when the test fails).
+struct Nested(Vec<TestCgroup>);
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        while let Some(level) = self.0.pop() {
+            drop(level);
+        }
+    }
+}
+
 #[tokio::test]
 async fn growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake() {
     if !privileged("growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake") {

@@ -8,38 +8,15 @@
 //! is itself a case (evictd refuses to choose).
 
 use std::{
-    path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
 use evictd_tests::{
-    TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, http_get, privileged, skip,
+    TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, http_get,
+    kubelet_stand_in::StandInKubelet, privileged, skip,
 };
 use serde_json::Value;
-
-/// A process named `kubelet` with the given command line and working directory, ended (by
-/// its PID) when dropped.
-struct StandIn(Child);
-
-impl StandIn {
-    fn start(dir: &Path, cwd: &Path, args: &[&str]) -> StandIn {
-        let exe = dir.join("kubelet");
-        if !exe.exists() {
-            std::fs::copy(env!("CARGO_BIN_EXE_evictd-kubelet-stand-in"), &exe).expect("copying the stand-in");
-        }
-        StandIn(
-            Command::new(&exe).args(args).current_dir(cwd).spawn().expect("starting the stand-in kubelet"),
-        )
-    }
-}
-
-impl Drop for StandIn {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn evictd(args: &[&str]) -> Output {
     Command::new(evictd_binary()).args(args).output().expect("running evictd")
@@ -99,16 +76,16 @@ fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
     // node's kubelet: it is named, and not read.
     let cg = TestCgroup::new(None);
     let pods = cg.child("kubepods");
-    let tenant = StandIn::start(d.path(), &work, &["--config=/tenant/config.yaml"]);
-    pods.add_pid(tenant.0.id());
+    let tenant = StandInKubelet::start(d.path(), &work, &["--config=/tenant/config.yaml"]);
+    pods.add_pid(tenant.pid());
     let o = evictd(&["check-config", "--kubelet-config", "auto"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    let said = format!("PID {} (in a pod's cgroup", tenant.0.id());
+    let said = format!("PID {} (in a pod's cgroup", tenant.pid());
     assert!(!o.status.success() && err.contains("no kubelet process") && err.contains(&said), "{err}");
 
     // kubeadm's and EKS's forms: `--flag=value`, `--flag value`, a relative --config-dir
     // (the kubelet's working directory), flags evictd does not read, map flags repeated.
-    let kubelet = StandIn::start(
+    let kubelet = StandInKubelet::start(
         d.path(),
         &work,
         &[
@@ -124,7 +101,7 @@ fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
             "45s",
         ],
     );
-    let pid = kubelet.0.id();
+    let pid = kubelet.pid();
     let v = check_config_json(&[]);
     let values = &v["values"];
     let from = |k: &str| values[k]["from"].as_str().unwrap_or_else(|| panic!("{k} in {values}")).to_owned();
@@ -157,7 +134,7 @@ fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
     assert!(line.contains("12%") && line.ends_with("10-nodeadm.conf"), "{table}");
 
     // A second kubelet: evictd does not choose.
-    let other = StandIn::start(d.path(), &work, &["--config=/nonexistent.yaml"]);
+    let other = StandInKubelet::start(d.path(), &work, &["--config=/nonexistent.yaml"]);
     let o = evictd(&["check-config", "--kubelet-config", "auto"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("2 kubelet processes"), "{err}");
@@ -168,7 +145,7 @@ fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
     drop(pods);
     // A kubelet whose file evictd cannot read: the error names the file; no policy.
     drop(kubelet);
-    let gone = StandIn::start(d.path(), &work, &["--config", "/nonexistent/kubelet.yaml"]);
+    let gone = StandInKubelet::start(d.path(), &work, &["--config", "/nonexistent/kubelet.yaml"]);
     let o = evictd(&["check-config", "--kubelet-config", "auto"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("/nonexistent/kubelet.yaml"), "{err}");
@@ -176,7 +153,7 @@ fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
 
     // The daemon enforces the kubelet's policy, and after the kubelet restarts with another
     // configuration, a SIGHUP finds the new kubelet and its new policy.
-    let kubelet = StandIn::start(d.path(), &work, &[&main_arg]);
+    let kubelet = StandInKubelet::start(d.path(), &work, &[&main_arg]);
     let node = TestCgroup::new(Some(4 << 30));
     let addr = format!("127.0.0.1:{}", free_port());
     let mut daemon = dies_with_harness(&mut Command::new(evictd_binary()))
@@ -207,7 +184,7 @@ fn kubelet_config_auto_reads_what_the_running_kubelet_enforces() {
     wait_metrics(&hard(500 << 20));
     drop(kubelet);
     std::fs::write(&main, format!("{CONF}evictionHard:\n  memory.available: 700Mi\n")).unwrap();
-    let _restarted = StandIn::start(d.path(), &work, &[&main_arg]);
+    let _restarted = StandInKubelet::start(d.path(), &work, &[&main_arg]);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), nix::sys::signal::Signal::SIGHUP)
         .unwrap();
     wait_metrics(&hard(700 << 20));

@@ -13,9 +13,17 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages: protoc builds the CRI bindings (k8s-cri); containerd and runc run the
 /// end-to-end tests' private container runtime; gcc builds their static test binaries; g++
 /// builds libFuzzer for `cargo xtask fuzz`; the benchmarks' PNG plots lay text out in
-/// DejaVu Sans.
-const APT_PACKAGES: &[&str] =
-    &["protobuf-compiler", "containerd", "runc", "gcc", "g++", "libc6-dev", "fonts-dejavu-core"];
+/// DejaVu Sans; the CNI plugins give the DaemonSet's pod its pod network.
+const APT_PACKAGES: &[&str] = &[
+    "protobuf-compiler",
+    "containerd",
+    "runc",
+    "gcc",
+    "g++",
+    "libc6-dev",
+    "fonts-dejavu-core",
+    "containernetworking-plugins",
+];
 
 pub(crate) fn setup() -> Result<BuildEnv> {
     let started = Instant::now();

@@ -150,6 +150,7 @@ fn log_sources(opts: &PressureOptions) {
         fs_layout = opts.fs_layout.as_str(),
         cri = opts.cri_endpoint.as_deref().unwrap_or("none"),
         annotation_namespaces = %opts.annotation_trust.namespaces().collect::<Vec<_>>().join(","),
+        own_pod = %opts.own_pod_uid.as_deref().unwrap_or("none (not in a pod)"),
         "observing"
     );
     if opts.dry_run {

@@ -242,7 +242,7 @@ impl KernelProbes {
     /// node may have grown by `watermark_bytes` (0: on every page). Also turns events on.
     pub fn rearm(&mut self, watermark_bytes: u64) -> Result<(), EbpfError> {
         let pages = watermark_bytes / self.page_size;
-        self.config.watermark_pages_per_cpu = (pages / self.ncpus) as i64;
+        self.config.watermark_pages_per_cpu = per_cpu_watermark_pages(pages, self.ncpus, self.page_size);
         // The hook compares one counter's usage, the whole node's: no division by CPUs.
         self.config.batch_watermark_pages = pages as i64;
         self.config.generation = self.config.generation.wrapping_add(1);
@@ -353,6 +353,25 @@ impl KernelProbes {
     }
 }
 
+/// The smallest per-CPU watermark of the stat tracepoints' tier, in bytes, unless the
+/// watermark is 0 (every page): 64 KiB, whatever the page size.
+const PER_CPU_FLOOR_BYTES: u64 = 64 << 10;
+
+/// One CPU's share of the watermark (`pages` of `page_size` bytes), for the stat tracepoints,
+/// which count charges per CPU. On a host with hundreds of CPUs a small watermark divides to
+/// zero pages and every page charged would be an event; the floor bounds that, at the cost of
+/// up to `PER_CPU_FLOOR_BYTES` per CPU seen late (16 MiB on 256 CPUs), which the node-wide
+/// batched hook and the reclaim tracepoints do not have. Never above the whole watermark: one
+/// CPU alone fires no later than asked.
+fn per_cpu_watermark_pages(pages: u64, ncpus: u64, page_size: u64) -> i64 {
+    if pages == 0 {
+        return 0;
+    }
+    let floor = (PER_CPU_FLOOR_BYTES / page_size.max(1)).max(1);
+    let share = (pages / ncpus.max(1)).max(floor.min(pages));
+    i64::try_from(share).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use evictd_common::{names::MAPS, tracepoints::BATCH_PROGRAMS};
@@ -370,6 +389,22 @@ mod tests {
         assert_eq!(charge_tier_of(Some(BatchedChargeHook), false, true), Err(BatchedChargeHook));
         assert!(!tries_batch_hook(Some(MemcgTracepoints)));
         assert!(tries_batch_hook(None) && tries_batch_hook(Some(BatchedChargeHook)));
+    }
+
+    #[test]
+    fn a_many_cpu_host_keeps_a_per_cpu_floor_and_every_page_stays_every_page() {
+        // 8 MiB over 4 CPUs: 512 pages each; over 512 CPUs it would be 4 pages, and over
+        // 4096, none: each charge an event.
+        const PAGE: u64 = 4096;
+        assert_eq!(per_cpu_watermark_pages(2048, 4, PAGE), 512);
+        assert_eq!(per_cpu_watermark_pages(2048, 512, PAGE), 16, "64 KiB of 4 KiB pages");
+        assert_eq!(per_cpu_watermark_pages(2048, 4096, PAGE), 16);
+        assert_eq!(per_cpu_watermark_pages(0, 4096, PAGE), 0, "--bpf-watermark 0: every page");
+        // A watermark below the floor: one CPU still fires at the watermark, not later.
+        assert_eq!(per_cpu_watermark_pages(8, 1, PAGE), 8);
+        // 64 KiB pages: the floor is one page, not 16 (1 MiB).
+        assert_eq!(per_cpu_watermark_pages(2048, 4096, 64 << 10), 1);
+        assert_eq!(per_cpu_watermark_pages(2048, 0, PAGE), 2048);
     }
 
     /// The names both sides agree on (`evictd_common::names`, `tracepoints`) are the ones in

@@ -74,6 +74,11 @@ fn prepare() -> Result<(), String> {
         fs::write(file, text).map_err(|e| format!("writing {file}: {e}"))?;
     }
     loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
+    load_modules(Path::new("/vm/modules"))?;
+    if Path::new("/vm/evictd.oci.tar").is_file() {
+        // SAFETY: as above, no thread exists yet.
+        unsafe { std::env::set_var("EVICTD_IMAGE", "/vm/evictd.oci.tar") };
+    }
     let uname = nix::sys::utsname::uname().map_err(|e| format!("uname: {e}"))?;
     say(&format!("kernel {}", uname.release().to_string_lossy()));
     Ok(())
@@ -99,6 +104,31 @@ fn mount_what_a_node_has() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The kernel modules the initramfs carries for this kernel (a pod network's bridge and veth
+/// pairs), in the order of their names: each after the ones it needs.
+fn load_modules(dir: &Path) -> Result<(), String> {
+    let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+    let mut modules: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    modules.sort();
+    for m in modules {
+        let file = fs::File::open(&m).map_err(|e| format!("{}: {e}", m.display()))?;
+        // The kernel decompresses `.ko.xz` itself (CONFIG_MODULE_DECOMPRESS).
+        let flags = if m.extension().is_some_and(|e| e == "xz") { MODULE_INIT_COMPRESSED_FILE } else { 0 };
+        // SAFETY: finit_module reads the open file and the empty parameter string.
+        let r = unsafe {
+            libc::syscall(libc::SYS_finit_module, std::os::fd::AsRawFd::as_raw_fd(&file), c"".as_ptr(), flags)
+        };
+        let err = std::io::Error::last_os_error();
+        if r != 0 && err.raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("loading {}: {err}", m.display()));
+        }
+    }
+    Ok(())
+}
+
+/// finit_module's flag for a compressed module file (linux/module.h).
+const MODULE_INIT_COMPRESSED_FILE: libc::c_int = 4;
 
 /// `ip link set lo up`, by ioctl: nothing else configures the network in this VM.
 fn loopback_up() -> std::io::Result<()> {

@@ -1,7 +1,8 @@
 //! The one initramfs every VM of the matrix boots. The VMs have no disk, so everything the
 //! init and the tests need (evictd, the test binaries, this machine's programs and their
-//! shared libraries, systemd's units) is packed into it; it does not depend on the kernel,
-//! so it is built once for all of them.
+//! shared libraries, systemd's units, the image users run) is packed into it; it does not
+//! depend on the kernel, so it is built once for all of them, and a kernel's modules go in
+//! a second archive appended to that kernel's copy (`with_modules`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -41,7 +42,17 @@ const HOST_TOOLS: &[&str] = &[
     "/usr/sbin/runc",
     "/usr/lib/systemd/systemd",
     "/usr/bin/systemctl",
+    // The pod network of the DaemonSet's test (`ip` deletes its bridge at the end).
+    "/usr/sbin/ip",
+    "/usr/lib/cni/bridge",
+    "/usr/lib/cni/host-local",
+    "/usr/lib/cni/loopback",
 ];
+
+/// Where the init finds the image `cargo xtask image` wrote (it sets `EVICTD_IMAGE`), and the
+/// kernel modules to load (`kernels::network_modules`), in the order of their names.
+const IMAGE_ARCHIVE: &str = "/vm/evictd.oci.tar";
+const MODULES_DIR: &str = "/vm/modules";
 
 /// Where the init tells the end-to-end harness the prebuilt image binaries are (no gcc in
 /// the VM): `pause` and `hog`, static, built here from `tests/images/*.c`.
@@ -50,7 +61,7 @@ const IMAGE_BIN: &str = "/vm/image-bin";
 /// Builds the binaries and test binaries (the debug build `cargo xtask test` made) and packs
 /// them, stripped of debug info, with their shared libraries into one uncompressed newc
 /// initramfs: the same for every kernel.
-pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
+pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path, image: &Path) -> Result<PathBuf> {
     step("building evictd, the VM init and the test binaries (debug)");
     cargo_status(env.cargo().args(["build", "-p", "evictd", "-p", "evictd-tests", "--bins"]), "cargo build")?;
     let bin_dir = workspace_root().join("target/debug");
@@ -70,7 +81,7 @@ pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
         Ok(())
     };
     add_stripped("/init".into(), &bin_dir.join("evictd-vm-init"))?;
-    for bin in ["evictd", "evictd-memhog"] {
+    for bin in ["evictd", "evictd-memhog", "evictd-kubelet-stand-in"] {
         add_stripped(format!("/vm/bin/{bin}"), &bin_dir.join(bin))?;
     }
     // One line per test binary: its path, its flags, then the tests to run (`--exact`
@@ -122,6 +133,7 @@ pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     for (name, bin) in image_binaries(&stage)? {
         files.push((format!("{IMAGE_BIN}/{name}"), bin));
     }
+    files.push((IMAGE_ARCHIVE.into(), image.to_path_buf()));
     // Text, after `ldd` has looked at every program.
     for (path, text) in texts {
         let staged = stage.join(path.trim_start_matches('/').replace('/', "_"));
@@ -133,6 +145,28 @@ pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path) -> Result<PathBuf> {
     let mib = fs::metadata(&out)?.len() >> 20;
     step(&format!("initramfs: {} files, {mib} MiB ({})", files.len(), out.display()));
     Ok(out)
+}
+
+/// `initramfs` with a second archive appended holding one kernel's `modules` (the kernel
+/// unpacks concatenated archives in turn), written to `out`.
+pub(super) fn with_modules(initramfs: &Path, modules: &[PathBuf], out: &Path) -> Result<PathBuf> {
+    let extra = out.with_extension("modules.cpio");
+    let files: Vec<(String, PathBuf)> = modules
+        .iter()
+        .map(|m| {
+            let name =
+                m.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("{}: no name", m.display()))?;
+            Ok((format!("{MODULES_DIR}/{name}"), m.clone()))
+        })
+        .collect::<Result<_>>()?;
+    write_cpio(&files, &extra)?;
+    let mut whole = fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    let base = std::io::copy(&mut fs::File::open(initramfs)?, &mut whole)?;
+    // The next archive's header must start 4-byte aligned; the kernel skips the zeros.
+    let pad = base.next_multiple_of(512) - base;
+    std::io::Write::write_all(&mut whole, &vec![0; pad as usize])?;
+    std::io::copy(&mut fs::File::open(&extra)?, &mut whole)?;
+    Ok(out.to_path_buf())
 }
 
 /// The end-to-end tests' image binaries, static (the VM has no gcc to build them as the

@@ -109,6 +109,58 @@ impl PrivateApt {
     }
 }
 
+/// The modules a pod network needs (the CNI `bridge` plugin's bridge and veth pairs), in the
+/// order they load (each after what it needs), from the cached package of `image`'s kernel
+/// that holds them; none when no cached package does (7.x ships modules apart). The VM's
+/// init loads them before the tests.
+const NETWORK_MODULES: [&str; 4] = [
+    "kernel/net/llc/llc.ko",
+    "kernel/net/802/stp.ko",
+    "kernel/net/bridge/bridge.ko",
+    "kernel/drivers/net/veth.ko",
+];
+
+pub(super) fn network_modules(dir: &Path, suite: &str, image: &KernelImage) -> Result<Vec<PathBuf>> {
+    let kdir = dir.join("kernels").join(suite);
+    let out_dir = kdir.join("net-modules");
+    let done = out_dir.join("complete");
+    let list = |d: &Path| -> Result<Vec<PathBuf>> {
+        let mut v: Vec<PathBuf> = fs::read_dir(d)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name() != Some("complete".as_ref()))
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    if done.is_file() {
+        return list(&out_dir);
+    }
+    let Ok(debs) = fs::read_dir(kdir.join("debs")) else { return Ok(Vec::new()) };
+    for deb in debs.filter_map(|e| e.ok().map(|e| e.path())) {
+        let listing =
+            output(Command::new("dpkg-deb").arg("-c").arg(&deb), &format!("dpkg-deb -c {}", deb.display()))?;
+        let members: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().last()).collect();
+        let found: Vec<&str> = NETWORK_MODULES
+            .iter()
+            .filter_map(|m| {
+                let want = format!("/modules/{}/{m}", image.release);
+                members.iter().copied().find(|p| p.contains(&want))
+            })
+            .collect();
+        if found.len() != NETWORK_MODULES.len() {
+            continue;
+        }
+        fs::create_dir_all(&out_dir)?;
+        for (i, member) in found.iter().enumerate() {
+            let name = member.rsplit('/').next().unwrap_or(member);
+            extract(&deb, member, &out_dir.join(format!("{i}-{name}")))?;
+        }
+        fs::write(&done, "")?;
+        return list(&out_dir);
+    }
+    Ok(Vec::new())
+}
+
 /// The kernel packages a package depends on (`linux-image-*`, `linux-binary-*`).
 fn kernel_deps(show: &str) -> Vec<String> {
     show.lines()

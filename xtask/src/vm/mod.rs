@@ -5,8 +5,9 @@
 //! the matrix this fetches Debian's kernel package (apt, through a private sources list and
 //! state directory: the machine's own apt sources are never touched; apt checks the
 //! archive's signatures and the package's hash), builds one initramfs with evictd, the
-//! privileged test binaries, their shared libraries and `evictd-vm-init` as `/init`, and
-//! boots it under QEMU's TCG (`/dev/kvm` here cannot run a stock kernel). Inside, the init
+//! privileged test binaries, their shared libraries, the image `cargo xtask image` wrote and
+//! `evictd-vm-init` as `/init` (to which each kernel's copy adds the modules of a pod
+//! network, where its package has them), and boots it under QEMU's TCG (`/dev/kvm` here cannot run a stock kernel). Inside, the init
 //! checks that `evictd probe` picks the wake tier the matrix expects and runs the tests;
 //! its `evictd-vm:` lines on the serial console are the results. One VM boots systemd as
 //! PID 1 (this machine's own systemd, which starts the init as a service) for the systemd
@@ -15,7 +16,7 @@
 
 use std::{
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     thread,
     time::{Duration, Instant},
 };
@@ -31,8 +32,8 @@ mod kernels;
 
 use self::{
     boot::{VmOutcome, boot, failure_excerpt},
-    initramfs::build_initramfs,
-    kernels::{KernelImage, fetch_kernel},
+    initramfs::{build_initramfs, with_modules},
+    kernels::{KernelImage, fetch_kernel, network_modules},
 };
 
 /// One kernel of the matrix: a Debian suite's cloud kernel, how it boots, and what evictd
@@ -145,6 +146,13 @@ struct Plan {
     lines: &'static [PlanLine],
 }
 
+impl Plan {
+    /// Whether one of its lines selects the integration test binary `name`.
+    fn runs_test(&self, name: &str) -> bool {
+        self.lines.iter().any(|l| l.selection.windows(2).any(|w| w == ["--test", name]))
+    }
+}
+
 struct PlanLine {
     selection: &'static [&'static str],
     flags: &'static [&'static str],
@@ -167,17 +175,25 @@ const MAIN_PLAN: Plan = Plan {
 };
 
 /// Under systemd: the end-to-end tests of the systemd cgroup driver, `#[ignore]`d where
-/// systemd is not PID 1 (every host run), so run here with `--ignored`.
+/// systemd is not PID 1 (every host run), so run here with `--ignored`; among them the
+/// DaemonSet's pod through the CRI.
 const SYSTEMD_PLAN: Plan = Plan {
     file: "/vm/plan-systemd",
-    lines: &[PlanLine {
-        selection: &["-p", "evictd-tests", "--test", "e2e_evict"],
-        flags: &["--ignored"],
-        only: &[
-            "evicts_exactly_the_top_ranked_pod_of_the_systemd_slice_layout",
-            "a_zero_hard_grace_period_kills_a_pod_of_the_systemd_slice_layout",
-        ],
-    }],
+    lines: &[
+        PlanLine {
+            selection: &["-p", "evictd-tests", "--test", "e2e_evict"],
+            flags: &["--ignored"],
+            only: &[
+                "evicts_exactly_the_top_ranked_pod_of_the_systemd_slice_layout",
+                "a_zero_hard_grace_period_kills_a_pod_of_the_systemd_slice_layout",
+            ],
+        },
+        PlanLine {
+            selection: &["-p", "evictd-tests", "--test", "daemonset"],
+            flags: &["--ignored"],
+            only: &["the_daemonset_runs_through_the_cri_with_the_systemd_driver"],
+        },
+    ],
 };
 
 /// The end-to-end tests run in the VM: an eviction through the CRI (decided on cgroup v2,
@@ -230,15 +246,26 @@ pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
     };
     setup::ensure_debian_packages(&["qemu-system-x86", "systemd"])?;
     let dir = workspace_root().join("target/vm");
-    let initramfs = build_initramfs(env, &dir)?;
+    // The image users run, for the DaemonSet's test (built already by `cargo xtask test`).
+    let image = crate::image::image(env, &crate::image::ImageArgs::default())?;
+    let initramfs = build_initramfs(env, &dir, &image)?;
     let mut images = Vec::new();
     for k in &kernels {
-        images.push((*k, fetch_kernel(&dir, k.suite)?));
+        let kernel = fetch_kernel(&dir, k.suite)?;
+        // Only the DaemonSet's pod network needs the kernel's bridge and veth modules.
+        let modules =
+            if k.plan.runs_test("daemonset") { network_modules(&dir, k.suite, &kernel)? } else { Vec::new() };
+        let own = if modules.is_empty() {
+            initramfs.clone()
+        } else {
+            with_modules(&initramfs, &modules, &dir.join(format!("initramfs-{}.cpio", k.name)))?
+        };
+        images.push((*k, kernel, own));
     }
     let logs = dir.join("logs");
     fs::create_dir_all(&logs)?;
     let timeout = Duration::from_secs(args.timeout_minutes * 60);
-    let outcomes = run_all(&images, &initramfs, &logs, args.jobs.max(1), timeout);
+    let outcomes = run_all(&images, &logs, args.jobs.max(1), timeout);
     let mut failed = Vec::new();
     for (k, r) in kernels.iter().zip(&outcomes) {
         match r {
@@ -265,8 +292,7 @@ pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
 
 /// Every VM, `jobs` at a time; results in the order of `images`.
 fn run_all(
-    images: &[(&Kernel, KernelImage)],
-    initramfs: &Path,
+    images: &[(&Kernel, KernelImage, PathBuf)],
     logs: &Path,
     jobs: usize,
     timeout: Duration,
@@ -279,7 +305,7 @@ fn run_all(
                     let mut mine = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((k, image)) = images.get(i) else { return mine };
+                        let Some((k, image, initramfs)) = images.get(i) else { return mine };
                         let log = logs.join(format!("{}.log", k.name));
                         mine.push((i, boot(k, image, initramfs, &log, timeout)));
                     }
