@@ -616,18 +616,7 @@ state = "{r}/state"
             }),
             ..Default::default()
         };
-        let mut rt = self.client().runtime();
-        let sandbox_id = rt
-            .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(sandbox_config.clone()),
-                runtime_handler: String::new(),
-            })
-            .await
-            .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id;
-        self.sandboxes.push(sandbox_id.clone());
-        self.remember_netns(&sandbox_id).await;
+        let sandbox_id = self.run_sandbox(&sandbox_config).await;
         let empty_dir = spec.empty_dir_under.as_ref().map(|root| {
             let d = root.join("pods").join(&uid).join("volumes/kubernetes.io~empty-dir/scratch");
             std::fs::create_dir_all(&d).expect("emptyDir");
@@ -741,11 +730,19 @@ state = "{r}/state"
             .image
             .is_some();
         assert!(present, "image {image} is not on the node (imagePullPolicy IfNotPresent, and no registry)");
+        let sandbox_id = self.run_sandbox(&pod.sandbox).await;
+        std::fs::create_dir_all(&pod.container_log_dir).expect("container log dir");
+        let container_id = self.create_and_start(&sandbox_id, &pod.container, &pod.sandbox).await;
+        (sandbox_id, container_id)
+    }
+
+    /// RunPodSandbox, the sandbox remembered for the teardown (with its network namespace).
+    async fn run_sandbox(&mut self, config: &cri::PodSandboxConfig) -> String {
         let sandbox_id = self
             .client()
             .runtime()
             .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(pod.sandbox.clone()),
+                config: Some(config.clone()),
                 runtime_handler: String::new(),
             })
             .await
@@ -754,9 +751,7 @@ state = "{r}/state"
             .pod_sandbox_id;
         self.sandboxes.push(sandbox_id.clone());
         self.remember_netns(&sandbox_id).await;
-        std::fs::create_dir_all(&pod.container_log_dir).expect("container log dir");
-        let container_id = self.create_and_start(&sandbox_id, &pod.container, &pod.sandbox).await;
-        (sandbox_id, container_id)
+        sandbox_id
     }
 
     /// The sandbox's network namespace, if the runtime made one (a pod off the host's

@@ -566,32 +566,28 @@ mod tests {
     /// a manifest without part of what it declares.
     #[test]
     fn a_nested_field_not_translated_is_refused() {
-        let mut t = daemonset_template();
-        let c = &mut spec_of(&mut t).containers[0];
-        c.security_context.as_mut().unwrap().run_as_user = Some(0);
-        assert_eq!(refused_field(&t), "securityContext.runAsUser");
-
-        let mut t = daemonset_template();
-        let c = &mut spec_of(&mut t).containers[0];
-        c.volume_mounts.as_mut().unwrap()[0].sub_path = Some("x".into());
-        assert_eq!(refused_field(&t), "volumeMounts.subPath");
-
-        let mut t = daemonset_template();
-        let c = &mut spec_of(&mut t).containers[0];
-        c.ports.as_mut().unwrap()[0].host_port = Some(9101);
-        assert_eq!(refused_field(&t), "ports.hostPort");
-
-        let mut t = daemonset_template();
-        let c = &mut spec_of(&mut t).containers[0];
-        c.liveness_probe.as_mut().unwrap().initial_delay_seconds = Some(5);
-        assert_eq!(refused_field(&t), "livenessProbe.initialDelaySeconds");
-
-        let mut t = daemonset_template();
-        let c = &mut spec_of(&mut t).containers[0];
-        let limits = c.resources.as_mut().unwrap().limits.as_mut().unwrap();
-        limits.insert("ephemeral-storage".into(), Quantity("1Gi".into()));
-        assert_eq!(refused_field(&t), "resources.limits.ephemeral-storage");
-
+        type Change = fn(&mut Container);
+        let changes: [(Change, &str); 5] = [
+            (|c| c.security_context.as_mut().unwrap().run_as_user = Some(0), "securityContext.runAsUser"),
+            (|c| c.volume_mounts.as_mut().unwrap()[0].sub_path = Some("x".into()), "volumeMounts.subPath"),
+            (|c| c.ports.as_mut().unwrap()[0].host_port = Some(9101), "ports.hostPort"),
+            (
+                |c| c.liveness_probe.as_mut().unwrap().initial_delay_seconds = Some(5),
+                "livenessProbe.initialDelaySeconds",
+            ),
+            (
+                |c| {
+                    let limits = c.resources.as_mut().unwrap().limits.as_mut().unwrap();
+                    limits.insert("ephemeral-storage".into(), Quantity("1Gi".into()));
+                },
+                "resources.limits.ephemeral-storage",
+            ),
+        ];
+        for (change, field) in changes {
+            let mut t = daemonset_template();
+            change(&mut spec_of(&mut t).containers[0]);
+            assert_eq!(refused_field(&t), field);
+        }
         let mut t = daemonset_template();
         t.metadata.as_mut().unwrap().generate_name = Some("x-".into());
         assert_eq!(refused_field(&t), "generateName");

@@ -176,12 +176,22 @@ impl MemHog {
 
     /// Like `alloc`, but returns false when memhog died trying (e.g. OOM-killed).
     pub fn try_alloc(&mut self, mib: usize) -> bool {
+        self.command(&format!("alloc {mib}"))
+    }
+
+    /// Writes and syncs a `mib` MiB file at `path` (on a disk, not a tmpfs): page cache
+    /// charged to memhog's cgroup, clean, which the kernel may reclaim. Returns once synced.
+    pub fn cache(&mut self, mib: usize, path: &Path) {
+        assert!(self.command(&format!("cache {mib} {}", path.display())), "memhog did not cache {mib} MiB");
+    }
+
+    fn command(&mut self, line: &str) -> bool {
         let Some(stdin) = self.stdin.as_mut() else { return false };
-        if writeln!(stdin, "alloc {mib}").and_then(|()| stdin.flush()).is_err() {
+        if writeln!(stdin, "{line}").and_then(|()| stdin.flush()).is_err() {
             return false;
         }
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).is_ok() && line.trim() == "ok"
+        let mut answer = String::new();
+        self.stdout.read_line(&mut answer).is_ok() && answer.trim() == "ok"
     }
 }
 

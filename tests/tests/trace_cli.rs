@@ -446,3 +446,131 @@ fn the_disk_poll_alone_sees_a_nodefs_threshold_crossed() {
     assert!(after.is_empty(), "the space back, the disk poll must wake nobody: {after:?}");
     eprintln!("disk poll: DiskPressure reported within {seen:?} of the write that crossed");
 }
+
+/// A node full of page cache: anonymous memory displacing the cache leaves usage flat at the
+/// limit while the working set (usage less the inactive file pages, what memory.available
+/// subtracts) climbs to the threshold. evictd sees the crossing within the same window as
+/// each step of growth without cache would give it, without the timer (an hour away): with
+/// every wake source (the kernel's reclaim of the cache wakes it; the batched hook compares
+/// usage, which does not move here)...
+#[test]
+fn anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing() {
+    displacing_page_cache_wakes(
+        "anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing",
+        &[],
+    );
+}
+
+/// ...and with the adaptive poll alone, as on a node whose cache is reclaimed by kswapd, which
+/// no reclaim tracepoint of evictd's sees: the poll's level is a working set, not a usage.
+#[test]
+fn the_poll_alone_sees_anonymous_memory_displacing_page_cache() {
+    displacing_page_cache_wakes(
+        "the_poll_alone_sees_anonymous_memory_displacing_page_cache",
+        &["--wake-sources", "poll"],
+    );
+}
+
+fn displacing_page_cache_wakes(test: &str, args: &[&str]) {
+    const MIB: u64 = 1 << 20;
+    if !privileged(test) {
+        return;
+    }
+    // On a disk: a tmpfs file would be shared memory, never reclaimed, always working set.
+    let dir = tempfile::tempdir_in("/var/tmp").expect("a directory on /var/tmp");
+    if memory_backed(dir.path()) {
+        evictd_tests::skip(
+            test,
+            "/var/tmp is memory-backed (tmpfs or ramfs): no reclaimable page cache to fill",
+        );
+        return;
+    }
+    let limit = 512 * MIB;
+    let node = TestCgroup::new(Some(limit));
+    no_swap(&node);
+    let mut hog = MemHog::spawn_in(&node);
+    hog.cache(448, &dir.path().join("cache"));
+    let memory = evictd::node::memory::MemoryCgroup::new(&node.dir, node.layout.memory_version, false);
+    let working_set = || memory.read().expect("the node cgroup's memory").working_set();
+    let before = memory.read().expect("the node cgroup's memory");
+    assert!(
+        before.usage >= 400 * MIB && before.working_set() < 200 * MIB,
+        "the cache must fill the node without being working set: {before:?}"
+    );
+    let args = [&["--housekeeping-interval", "1h", "--duration", "120s"], args].concat();
+    let (mut evictd, rx, reader) = evictd_on(&node, &args);
+    // Loaded and armed at its first summary (a wake of the cache's reclaim may come first).
+    let armed = std::time::Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
+    while rx.recv_timeout(armed.saturating_duration_since(std::time::Instant::now())).expect("no summary")["type"]
+        != "summary"
+    {}
+    // The crossing: memory.available (limit − working set) below 100 MiB.
+    let crossing = limit - 100 * MIB;
+    let window = evictd_tests::patience::patience(Duration::from_secs(1));
+    let crossed_seen = |rx: &std::sync::mpsc::Receiver<serde_json::Value>, within: Duration| {
+        let until = std::time::Instant::now() + within;
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(v)
+                    if v["type"] == "event"
+                        && v["threshold_distance_bytes"].as_i64().is_some_and(|d| d < 0) =>
+                {
+                    return Some(v);
+                }
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    };
+    let mut steps = Vec::new();
+    let mut seen = None;
+    for _ in 0..40 {
+        hog.alloc(16);
+        let usage = memory.read().expect("the node cgroup's memory").usage;
+        let ws = working_set();
+        steps.push((usage / MIB, ws / MIB));
+        // evictd may read the crossing before this test does: that counts.
+        let within = if ws > crossing { window } else { Duration::from_millis(50) };
+        seen = crossed_seen(&rx, within);
+        if seen.is_some() || ws > crossing {
+            break;
+        }
+    }
+    let _ = evictd.kill();
+    let _ = evictd.wait();
+    drop(hog);
+    let _ = reader.join();
+    let (usage, ws) = *steps.last().expect("a step");
+    assert!(
+        seen.is_some() || ws > crossing / MIB,
+        "the working set never crossed; steps (usage, working set MiB): {steps:?}"
+    );
+    assert!(
+        seen.is_some(),
+        "the working set crossed ({ws} MiB of {} MiB, usage {usage} MiB) and evictd did not see it \
+         within {window:?}; steps (usage, working set MiB): {steps:?}",
+        limit / MIB
+    );
+}
+
+/// Whether `dir` is on a filesystem that lives in memory (its pages are never reclaimed as
+/// page cache is).
+fn memory_backed(dir: &std::path::Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    nix::sys::statfs::statfs(dir).is_ok_and(|s| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&s.filesystem_type().0))
+}
+
+/// Anonymous memory of the cgroup is never swapped out: reclaim must take the page cache.
+fn no_swap(cg: &TestCgroup) {
+    let (file, value) = match cg.layout.memory_version {
+        evictd::node::cgroups::CgroupVersion::V1 => ("memory.swappiness", "0"),
+        evictd::node::cgroups::CgroupVersion::V2 => ("memory.swap.max", "0"),
+    };
+    // Absent without swap accounting: the machine's own swappiness holds then.
+    let path = cg.dir.join(file);
+    if path.exists() {
+        std::fs::write(&path, value).unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
+    }
+}

@@ -125,6 +125,40 @@ impl MemoryCgroup {
     }
 }
 
+impl MemoryCgroup {
+    /// The working set as the adaptive poll estimates it: usage less the inactive file pages,
+    /// what `read` gives (on the v2 root, from /proc/meminfo's LRU lists, see
+    /// `working_set_after_usage`), and never above `usage`. On a node full of page cache,
+    /// anonymous memory displaces cache with usage flat at the limit: only this moves.
+    pub fn working_set_estimate(&self) -> Result<u64, MemoryError> {
+        self.working_set_after_usage(self.usage()?)
+    }
+
+    /// `working_set_estimate` given the `usage` just read. Costs a memory.stat read, which
+    /// the poll makes only once usage alone says it might be past its level. On the v2 root
+    /// the root's memory.stat would flush every cgroup's statistics; /proc/meminfo's LRU
+    /// lists hold the same pages (anon and file, shmem on the anon lists, less inactive file)
+    /// without the kernel's own memory, whose shrinking (reclaimable slab under pressure)
+    /// would otherwise hide the working set's growth.
+    pub fn working_set_after_usage(&self, usage: u64) -> Result<u64, MemoryError> {
+        match (self.version, self.is_root) {
+            (CgroupVersion::V2, true) => {
+                let text = fs::read_to_string(&self.meminfo)
+                    .map_err(|source| MemoryError::Read { path: self.meminfo.clone(), source })?;
+                let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
+                let lru = [field("Active(anon)")?, field("Inactive(anon)")?, field("Active(file)")?];
+                Ok(lru.iter().fold(field("Unevictable")?, |sum, v| sum.saturating_add(*v)).min(usage))
+            }
+            (CgroupVersion::V1, _) => {
+                Ok(usage.saturating_sub(stat_key(&self.dir.join("memory.stat"), "total_inactive_file")?))
+            }
+            (CgroupVersion::V2, false) => {
+                Ok(usage.saturating_sub(stat_key(&self.dir.join("memory.stat"), "inactive_file")?))
+            }
+        }
+    }
+}
+
 fn read_trimmed(path: &Path) -> Result<String, MemoryError> {
     fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
@@ -287,6 +321,40 @@ mod tests {
         assert_eq!((s.usage, s.inactive_file, s.capacity), (5000, 1000, 16_384_000 * 1024));
         fs::write(d.path().join("memory.max"), "8192\n").unwrap();
         assert_eq!(cg(&d, CgroupVersion::V2, false).read().unwrap().available(), 8192 - 4000);
+    }
+
+    /// The poll's cheap read is the same usage `read` takes, from one file; on the v2 root it
+    /// is MemTotal − MemFree, which grows with every page charged to anon or file.
+    /// The poll's estimate: usage less the inactive file pages, as `read` has it; on the v2
+    /// root, the LRU lists of /proc/meminfo.
+    #[test]
+    fn the_working_set_estimate_is_usage_less_inactive_file() {
+        let v1 = fixture(&[
+            ("memory.usage_in_bytes", "3000\n"),
+            ("memory.limit_in_bytes", "9000\n"),
+            ("memory.stat", "total_inactive_file 1000\n"),
+        ]);
+        let c = cg(&v1, CgroupVersion::V1, false);
+        assert_eq!(c.working_set_estimate().unwrap(), 2000);
+        assert_eq!(c.working_set_estimate().unwrap(), c.read().unwrap().working_set());
+        let v2 = fixture(&[
+            ("memory.current", "5000\n"),
+            ("memory.max", "max\n"),
+            ("memory.stat", "inactive_file 1\n"),
+        ]);
+        let c = cg(&v2, CgroupVersion::V2, false);
+        assert_eq!(c.working_set_estimate().unwrap(), c.read().unwrap().working_set());
+        let root = fixture(&[]);
+        fs::write(
+            root.path().join("meminfo"),
+            "MemTotal: 16384000 kB\nMemFree: 8192000 kB\nActive(anon): 1000 kB\nInactive(anon): 2000 kB\n\
+             Active(file): 3000 kB\nInactive(file): 4000 kB\nUnevictable: 500 kB\n",
+        )
+        .unwrap();
+        assert_eq!(cg(&root, CgroupVersion::V2, true).working_set_estimate().unwrap(), 6500 * 1024);
+        fs::remove_file(v1.path().join("memory.stat")).unwrap();
+        let err = cg(&v1, CgroupVersion::V1, false).working_set_estimate().unwrap_err();
+        assert!(err.to_string().contains("memory.stat"), "{err}");
     }
 
     /// The poll's cheap read is the same usage `read` takes, from one file; on the v2 root it

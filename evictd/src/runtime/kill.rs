@@ -5,8 +5,11 @@
 //!
 //! Order matters for safety. Every process is pinned by a pidfd *before* it is checked to be
 //! in the pod's cgroup: the pidfd names that one process, so a pid reused after the check can
-//! never be signalled. The pidfds are opened before the kill because `process_mrelease` needs
-//! them and a killed process's pid may be reaped (and reused) by the time it would be opened.
+//! never be signalled. With `cgroup.kill` the write comes first (pinning a fork-bombing pod
+//! process by process before it would give the bomb a head start) and only the largest
+//! processes are pinned after it, for `process_mrelease`: one reaped before its pidfd was open
+//! is simply not reaped on evictd's side. Without it, every process is pinned before it is
+//! signalled.
 //!
 //! How the pod dies, by what the node offers: `cgroup.kill` (cgroup v2, 5.14+; also on
 //! hybrid v1 nodes, where runc places containers in the unified hierarchy too) kills the
@@ -156,14 +159,23 @@ fn kill(target: &KillTarget) -> Result<(KillMethod, Vec<Victim>), KillError> {
         not_evictds(target)?;
         match write(file, "1") {
             Ok(()) => {
-                // The dying processes pinned now get SIGKILL too, so that one outside the
-                // cgroup2 tree (a hybrid node's v1 memory cgroup, not the runtime's) cannot
-                // survive, and so that process_mrelease finds the SIGKILL it requires.
-                if let Err(e) = pin_new(target, &mut pinned) {
+                let listed = match target.memory_version {
+                    // A hybrid node's v1 memory tree is not the cgroup2 tree the write killed:
+                    // every process in it is pinned and signalled, so that one the runtime
+                    // put in the v1 tree alone cannot survive.
+                    CgroupVersion::V1 => pin_new(target, &mut pinned),
+                    // The same tree: the kernel killed all of it. Only the largest are
+                    // pinned, for process_mrelease; a pod of thousands of processes costs
+                    // one listing and a statm read each, not a pidfd and two reads each.
+                    CgroupVersion::V2 => pin_largest(target, REAP_MAX, REAP_MIN_BYTES, &mut pinned),
+                };
+                if let Err(e) = listed {
                     tracing::warn!(
                         "after cgroup.kill, the pod's processes could not be listed for reaping: {e}"
                     );
                 }
+                // On a v1 memory tree this is the kill of what cgroup.kill did not reach; on v2
+                // it repeats the kernel's SIGKILL (harmless).
                 signal_all(pinned.values());
                 return Ok((KillMethod::CgroupKill, pinned.into_values().collect()));
             }
@@ -279,19 +291,66 @@ fn pin_new(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<()
     Ok(())
 }
 
+/// Pins the `max` processes of the pod's cgroup tree with the most resident memory (each at
+/// least `min_bytes`): the ones whose reaping on evictd's side frees the most.
+fn pin_largest(
+    target: &KillTarget,
+    max: usize,
+    min_bytes: u64,
+    pinned: &mut BTreeMap<i32, Victim>,
+) -> Result<(), KillError> {
+    let mut pids = Vec::new();
+    list_tree(&target.memory, &mut pids)?;
+    if pids.contains(&target.spare) {
+        return Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare });
+    }
+    let mut sized: Vec<(u64, i32)> = pids.into_iter().map(|pid| (private_resident_bytes(pid), pid)).collect();
+    sized.retain(|(rss, _)| *rss >= min_bytes);
+    sized.sort_unstable_by(|a, b| b.cmp(a));
+    for (_, pid) in sized.into_iter().take(max) {
+        // Killed already by the kernel: one gone from the cgroup by now is just not reaped.
+        if let Some(v) = pin_checked(pid, target) {
+            pinned.insert(pid, v);
+        }
+    }
+    Ok(())
+}
+
+/// The process's resident memory (0 once it is gone).
+fn resident_bytes(pid: i32) -> u64 {
+    procfs::process::Process::new(pid).and_then(|p| p.statm()).map_or(0, |s| s.resident * procfs::page_size())
+}
+
+/// The resident memory no other process maps (resident less shared: file and shmem pages),
+/// what `process_mrelease` frees; 0 once the process is gone.
+fn private_resident_bytes(pid: i32) -> u64 {
+    procfs::process::Process::new(pid)
+        .and_then(|p| p.statm())
+        .map_or(0, |s| s.resident.saturating_sub(s.shared) * procfs::page_size())
+}
+
 /// A pidfd for `pid` if, once pinned, the process is in the pod's cgroup. The check reads
 /// `/proc/<pid>` after the pidfd is open: the pid cannot name another process while the
 /// pinned one lives, and a pinned process that died meanwhile cannot be signalled.
 fn pin(pid: i32, target: &KillTarget) -> Option<Victim> {
+    let victim = pin_checked(pid, target);
+    if victim.is_none() && pid_alive(pid) {
+        tracing::warn!(pid, pod_cgroup = %target.rel.display(), "not killed: no longer in the pod's cgroup");
+    }
+    victim
+}
+
+/// `pin` without a word: the pidfd, if the process is in the pod's cgroup once pinned.
+fn pin_checked(pid: i32, target: &KillTarget) -> Option<Victim> {
     let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
     if !pid_in_cgroup(pid as u32, &target.rel, target.memory_version) {
-        tracing::warn!(pid, pod_cgroup = %target.rel.display(), "not killed: no longer in the pod's cgroup");
         return None;
     }
-    let rss_bytes = procfs::process::Process::new(pid)
-        .and_then(|p| p.statm())
-        .map_or(0, |s| s.resident * procfs::page_size());
-    Some(Victim { fd, rss_bytes })
+    Some(Victim { fd, rss_bytes: resident_bytes(pid) })
+}
+
+fn pid_alive(pid: i32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Whether the cgroup tree at `dir` holds evictd's own process. Unreadable counts as
@@ -407,12 +466,17 @@ pub(crate) mod tests {
             let mut pod = TestPod { rel, dirs, children: Vec::new() };
             for _ in 0..processes {
                 let child = pod.spawn_sleep();
-                for d in &pod.dirs {
-                    std::fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
-                }
-                pod.children.push(child);
+                pod.adopt(child);
             }
             pod
+        }
+
+        /// `child`, started by the test, moved into every hierarchy of the pod.
+        fn adopt(&mut self, child: Child) {
+            for d in &self.dirs {
+                std::fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
+            }
+            self.children.push(child);
         }
 
         fn spawn_sleep(&self) -> Child {
@@ -491,6 +555,46 @@ pub(crate) mod tests {
         }
         assert!(pod.all_killed(), "a process of the pod survived the {method:?} kill");
         assert!(bystander_lived, "the bystander was killed");
+    }
+
+    /// After `cgroup.kill` on cgroup v2 only the largest processes are pinned, and only those
+    /// of the pod: a pod of thousands costs evictd no pidfd for each.
+    #[test]
+    #[expect(clippy::disallowed_methods, reason = "waits for a test child; nothing else runs on this thread")]
+    fn only_the_largest_processes_are_pinned_for_reaping() {
+        let Some(layout) = layout_or_skip("only_the_largest_processes_are_pinned_for_reaping") else {
+            return;
+        };
+        let mut pod = TestPod::new(&layout, 5);
+        // One process of the pod holding 16 MB of its own (a shell variable), the rest `sleep`.
+        let big = Command::new("sh")
+            .args(["-c", "x=$(head -c 16000000 /dev/zero | tr '\\0' a); read y"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let big_pid = big.id() as i32;
+        pod.adopt(big);
+        let t = Instant::now();
+        // Held, and its pipeline (`head`, `tr`: processes of the pod too) gone.
+        let children = format!("/proc/{big_pid}/task/{big_pid}/children");
+        while private_resident_bytes(big_pid) < 15_000_000
+            || !std::fs::read_to_string(&children).unwrap_or_default().trim().is_empty()
+        {
+            assert!(t.elapsed() < Duration::from_secs(10), "the shell never held its 16 MB");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let target = KillTarget::at(&pod.rel, &layout);
+        let mut pinned = BTreeMap::new();
+        pin_largest(&target, 1, 0, &mut pinned).unwrap();
+        assert_eq!(pinned.keys().collect::<Vec<_>>(), [&big_pid], "the largest alone");
+        let mut pinned = BTreeMap::new();
+        pin_largest(&target, 3, 0, &mut pinned).unwrap();
+        let ours: Vec<i32> = pod.children.iter().map(|c| c.id() as i32).collect();
+        assert_eq!(pinned.len(), 3, "at most the number asked for");
+        assert!(pinned.keys().all(|p| ours.contains(p)), "only the pod's processes: {:?}", pinned.keys());
+        let mut none = BTreeMap::new();
+        pin_largest(&target, 16, u64::MAX, &mut none).unwrap();
+        assert!(none.is_empty(), "below the minimum size nothing is pinned");
     }
 
     #[tokio::test]

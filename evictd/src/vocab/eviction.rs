@@ -135,7 +135,8 @@ pub enum KillMethod {
 pub struct KillReport {
     pub method: KillMethod,
     /// Processes pinned and signalled: with `cgroup.kill`, those still dying once it was
-    /// written (pinned after it, for reaping); else every process of the pod.
+    /// written and pinned after it for reaping (on cgroup v2 the largest alone, at most 16);
+    /// else every process of the pod.
     pub processes: usize,
     /// From the start of the kill to SIGKILL sent to the whole pod.
     pub signalled_ms: f64,

@@ -1,5 +1,7 @@
 //! Test workload: waits for "alloc <MiB>" lines on stdin, allocates and touches that much
-//! (kept until exit), answers "ok" on stdout; exits on EOF. Driven line by line so a test can
+//! (kept until exit), answers "ok" on stdout; exits on EOF. "cache <MiB> <path>" writes a
+//! file of that size and syncs it: clean page cache charged to memhog's cgroup, which the
+//! kernel may reclaim. Driven line by line so a test can
 //! move it into a cgroup first and then decide exactly how much it charges and when.
 
 use std::io::{BufRead as _, Write as _};
@@ -10,16 +12,35 @@ fn main() -> std::process::ExitCode {
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
-        let Some(mib) = line.strip_prefix("alloc ").and_then(|n| n.trim().parse::<usize>().ok()) else {
+        if let Some(args) = line.strip_prefix("cache ") {
+            if let Err(e) = cache(args) {
+                eprintln!("memhog: {line:?}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        } else if let Some(mib) = line.strip_prefix("alloc ").and_then(|n| n.trim().parse::<usize>().ok()) {
+            // vec![1; n] touches every page, so the memory is really charged.
+            kept.push(vec![1u8; mib << 20]);
+        } else {
             eprintln!("memhog: unknown command {line:?}");
             return std::process::ExitCode::FAILURE;
-        };
-        // vec![1; n] touches every page, so the memory is really charged.
-        kept.push(vec![1u8; mib << 20]);
+        }
         if writeln!(out, "ok").and_then(|()| out.flush()).is_err() {
             break;
         }
     }
     std::hint::black_box(&kept);
     std::process::ExitCode::SUCCESS
+}
+
+/// `<MiB> <path>`: the file written and synced (its pages stay cached, clean).
+fn cache(args: &str) -> std::io::Result<()> {
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "expected <MiB> <path>");
+    let (mib, path) = args.split_once(' ').ok_or_else(invalid)?;
+    let mib: usize = mib.parse().map_err(|_| invalid())?;
+    let mut f = std::fs::File::create(path.trim())?;
+    let chunk = vec![7u8; 1 << 20];
+    for _ in 0..mib {
+        f.write_all(&chunk)?;
+    }
+    f.sync_all()
 }

@@ -36,6 +36,11 @@ const SYSTEMD_UNITS: [(&str, &str); 2] = [
 /// runtime of the end-to-end tests), copied with their libraries.
 const HOST_TOOLS: &[&str] = &[
     "/usr/bin/sleep",
+    // A pod process holding memory of its own, for the fast kill's tests (`sh -c` with a
+    // pipeline into a variable).
+    "/usr/bin/sh",
+    "/usr/bin/head",
+    "/usr/bin/tr",
     "/usr/bin/containerd",
     "/usr/bin/containerd-shim-runc-v2",
     "/usr/bin/ctr",

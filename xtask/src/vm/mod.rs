@@ -54,6 +54,7 @@ struct Kernel {
 
 const NO_MEMCG_TRACEPOINTS: &str = "needs the memcg stat tracepoints, which this kernel lacks";
 const V1_ONLY: &str = "cgroup v1 only; these VMs run cgroup v2";
+const NO_DISK: &str = "needs page cache on a disk; a VM's only filesystem is its initramfs, in memory";
 
 /// PID 1 of a VM.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -69,6 +70,8 @@ const E2E_ON_ONE_KERNEL: &str = "the containerd end-to-end tests run on one kern
 
 /// Debian's 6.1: the batched hook, no memcg stat tracepoints, cgroup v2.
 const BOOKWORM: &[(&str, &str)] = &[
+    ("anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing", NO_DISK),
+    ("the_poll_alone_sees_anonymous_memory_displacing_page_cache", NO_DISK),
     ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
@@ -80,6 +83,8 @@ const BOOKWORM: &[(&str, &str)] = &[
 
 /// Debian's 6.12: as 6.1, and the containerd end-to-end tests.
 const TRIXIE: &[(&str, &str)] = &[
+    ("anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing", NO_DISK),
+    ("the_poll_alone_sees_anonymous_memory_displacing_page_cache", NO_DISK),
     ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
@@ -90,6 +95,8 @@ const TRIXIE: &[(&str, &str)] = &[
 /// Debian's 7.3: the batched hook, cgroup v2; the memcg stat tracepoints too, tested with
 /// `--charge-tier memcg-tracepoints`.
 const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
+    ("anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing", NO_DISK),
+    ("the_poll_alone_sees_anonymous_memory_displacing_page_cache", NO_DISK),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
