@@ -323,8 +323,6 @@ mod tests {
         assert_eq!(cg(&d, CgroupVersion::V2, false).read().unwrap().available(), 8192 - 4000);
     }
 
-    /// The poll's cheap read is the same usage `read` takes, from one file; on the v2 root it
-    /// is MemTotal − MemFree, which grows with every page charged to anon or file.
     /// The poll's estimate: usage less the inactive file pages, as `read` has it; on the v2
     /// root, the LRU lists of /proc/meminfo.
     #[test]

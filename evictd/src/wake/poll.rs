@@ -1,9 +1,9 @@
 //! The adaptive poll: the floor under the kernel-driven sources, for nodes that have none of
 //! them (no memcg tracepoints, no v1 eventfd, PSI windows too long). It reads the node's
-//! memory usage — one small cgroup file; memory.stat too once usage is past the level — at an
-//! interval set by how far the node is from the level the last pass armed and how fast memory could fill (earlyoom's idea): about a
-//! second when far, a millisecond when near. Past the level it says "look now", once per
-//! arming. The level follows the eBPF watermark's rule, half the distance to the nearest
+//! memory usage — one small cgroup file; memory.stat too once usage is past the level — at
+//! an interval set by how far the node is from the level the last pass armed and how fast
+//! memory could fill (earlyoom's idea): about a second when far, a millisecond when near.
+//! Past the level it says "look now", once per arming. The level follows the eBPF watermark's rule, half the distance to the nearest
 //! memory threshold, so a fill at up to `--poll-fill-rate` is seen before it crosses.
 //!
 //! The level is a working set (`MemoryCgroup::working_set_estimate`: usage less the inactive
