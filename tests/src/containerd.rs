@@ -757,18 +757,8 @@ state = "{r}/state"
     /// The sandbox's network namespace, if the runtime made one (a pod off the host's
     /// network): its path is in the sandbox's runtime spec (the verbose status).
     async fn remember_netns(&mut self, sandbox_id: &str) {
-        let Ok(status) = self
-            .client()
-            .runtime()
-            .pod_sandbox_status(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: sandbox_id.into(),
-                verbose: true,
-            })
-            .await
-        else {
-            return;
-        };
-        let info = status.into_inner().info;
+        let Some(status) = self.sandbox_status(sandbox_id, true).await else { return };
+        let info = status.info;
         let Some(info) = info.get("info").and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
         else {
             return;
@@ -782,18 +772,15 @@ state = "{r}/state"
         self.netns.extend(network);
     }
 
+    /// PodSandboxStatus, or `None` when the runtime does not answer it.
+    async fn sandbox_status(&self, sandbox_id: &str, verbose: bool) -> Option<cri::PodSandboxStatusResponse> {
+        let request = cri::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.into(), verbose };
+        self.client().runtime().pod_sandbox_status(request).await.ok().map(|r| r.into_inner())
+    }
+
     /// The pod IP the runtime gives a sandbox on the pod network.
     pub async fn pod_ip(&self, sandbox_id: &str) -> String {
-        let status = self
-            .client()
-            .runtime()
-            .pod_sandbox_status(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: sandbox_id.into(),
-                verbose: false,
-            })
-            .await
-            .expect("PodSandboxStatus")
-            .into_inner();
+        let status = self.sandbox_status(sandbox_id, false).await.expect("PodSandboxStatus");
         status.status.and_then(|s| s.network).map(|n| n.ip).filter(|ip| !ip.is_empty()).expect("a pod IP")
     }
 
