@@ -405,6 +405,13 @@ impl Containerd {
         fs_available(self.imagefs.as_ref().expect("a containerd started with an imagefs of its own"))
     }
 
+    /// Sets the node cgroup's memory limit (the node's capacity as evictd reads it at start).
+    pub fn set_node_limit(&self, bytes: u64) {
+        let file = self.node_dir().join(limit_file(self.memory_version));
+        std::fs::write(&file, bytes.to_string())
+            .unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+    }
+
     /// The node cgroup's memory usage.
     pub fn node_usage(&self) -> u64 {
         usage_of(&self.node_dir(), self.memory_version)

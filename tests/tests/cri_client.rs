@@ -116,7 +116,9 @@ async fn inventory_infers_specs_from_the_node_without_a_pods_file() {
     burstable.set_mib(16);
     burstable.wait_usage_at_least(16 << 20, Duration::from_secs(10));
     let cg = evictd::runtime::usage::pod_cgroups(&web, &layout).expect("cgroups");
-    let stats = evictd::runtime::usage::pod_stats(&web, Some(&cg), &layout, None).expect("stats");
+    let stats =
+        evictd::runtime::usage::pod_stats(&web, Some(&cg), &layout, None, evictd::runtime::usage::Reads::ALL)
+            .expect("stats");
     let ws = stats.memory.and_then(|m| m.working_set_bytes).unwrap();
     assert!(ws >= 16 << 20, "working set {ws}");
     // The pause container has its own cgroup under the pod too: pause + hog.

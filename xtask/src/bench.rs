@@ -1,4 +1,4 @@
-//! `cargo xtask bench reaction|earlyoom|overhead|disk [--smoke] [ARGS]`: builds evictd and
+//! `cargo xtask bench reaction|earlyoom|overhead|disk|scale [--smoke] [ARGS]`: builds evictd and
 //! evictd-bench (release; debug for `--smoke`) and runs the benchmark. ARGS go to
 //! evictd-bench. `earlyoom` first unpacks Debian's earlyoom package under target/tools.
 
@@ -14,7 +14,9 @@ pub(crate) struct BenchArgs {
     /// reaction: eviction reaction time per wake mode, kill path and allocation rate;
     /// earlyoom: evictd beside earlyoom on the whole machine; overhead: the probes' cost on
     /// the allocation path, evictd's RSS and CPU; disk: how long a disk threshold's crossing
-    /// takes to be seen, the disk poll beside the housekeeping timer.
+    /// takes to be seen, the disk poll beside the housekeeping timer; scale: the same pressure
+    /// on a node of 10, 110 and 250 pods and a million files, the disk walker idle and
+    /// walking, with evictd's decision time, RSS and idle CPU against the pods.
     kind: Kind,
     /// One short debug-build run, as CI does; asserts nothing.
     #[arg(long)]
@@ -31,6 +33,7 @@ enum Kind {
     Earlyoom,
     Overhead,
     Disk,
+    Scale,
 }
 
 impl Kind {
@@ -40,6 +43,7 @@ impl Kind {
             Kind::Earlyoom => "earlyoom",
             Kind::Overhead => "overhead",
             Kind::Disk => "disk",
+            Kind::Scale => "scale",
         }
     }
 
@@ -59,6 +63,7 @@ impl Kind {
             Kind::Earlyoom => &["--runs", "1", "--rates", "1024", "--kill-paths", "fast"],
             Kind::Overhead => &["--rounds", "1", "--seconds", "0.5"],
             Kind::Disk => &["--runs", "1", "--rates", "256", "--modes", "disk,timer-1s"],
+            Kind::Scale => &["--pods", "3,6", "--runs", "2", "--files", "20000"],
         }
     }
 }

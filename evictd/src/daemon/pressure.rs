@@ -22,7 +22,7 @@ use evictd_policy::{
     engine::{self, EngineState},
     local_storage::LimitEviction,
     observations::Observations,
-    policy::{NodeCondition, Policy, Signal, Threshold},
+    policy::{NodeCondition, Policy, Resource, Signal, Threshold},
     rank::{FsLayout, PodEntry},
     summary::PodStats,
 };
@@ -79,6 +79,9 @@ pub struct Pressure {
     /// The pods' logs and volumes, walked by a thread of its own (`None`: not started), and
     /// since when a disk threshold is met (a walk from before cannot rank for it).
     pub disk_walker: Option<DiskWalker>,
+    /// The thread the decision's cgroup reads run on, at the daemon thread's priority
+    /// (`None`: the blocking pool).
+    pub reader: Option<super::realtime::Reader>,
     disk_met_since: Option<Instant>,
     /// When a walk was last asked for.
     disk_walk_asked: Option<Instant>,
@@ -135,6 +138,7 @@ impl Pressure {
             evict_inferred_kube_system: opts.evict_inferred_kube_system,
             specs_from_api: false,
             disk_walker: None,
+            reader: None,
             disk_met_since: None,
             disk_walk_asked: None,
             api: None,
@@ -269,7 +273,8 @@ impl Pressure {
             return Vec::new();
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
-        let candidates = self.candidates(pods, disk).await;
+        let reads = usage::Reads { processes: signal.resource() == Resource::Pids, container_memory: false };
+        let candidates = self.candidates(pods, disk, reads).await;
         let records = self.evict_one(&candidates, obs, now, t0).await;
         if disk && records.iter().any(|r| r.error.is_none() && !r.dry_run) {
             self.disk_settle = Some(DiskSettle::after("the eviction"));

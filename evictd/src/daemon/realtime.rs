@@ -3,9 +3,10 @@
 //! allocators decides how soon it runs. SCHED_FIFO at a low priority is enough to run
 //! before every ordinary task; the kernel's RT throttling (95 % by default) still bounds it.
 //! Threads it creates later (the blocking pool, metrics) start as ordinary threads again
-//! (`SCHED_RESET_ON_FORK`).
+//! (`SCHED_RESET_ON_FORK`), but for the decision's reader (`Reader`), which takes the
+//! same priority.
 
-use std::io;
+use std::{io, sync::mpsc};
 
 /// Puts the calling thread under SCHED_FIFO at `priority` (1–99); 0 leaves it alone.
 /// Refused (no CAP_SYS_NICE, an RT budget of 0 in a cgroup): said once, and evictd runs on.
@@ -23,6 +24,56 @@ pub fn enter(priority: u8) {
     }
 }
 
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A thread of its own for the decision's reads (the pods' cgroup files), at the daemon
+/// thread's priority. On tokio's blocking pool, ordinary threads, these reads waited behind
+/// the node's busy tasks and the disk walk: tens to hundreds of milliseconds on a node of
+/// 110–250 pods (`cargo xtask bench scale`). On the daemon's own thread, one read stuck
+/// behind a kernel lock would stop every wake. Jobs run one at a time, in order.
+pub struct Reader {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Reader {
+    /// Starts the reader at `priority` (0: an ordinary thread). `None` (said why) when the
+    /// thread cannot be started: the reads then go to the blocking pool.
+    pub fn spawn(priority: u8) -> Option<Reader> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new().name("evictd-reads".into()).spawn(move || {
+            if priority > 0
+                && let Err(e) = set_fifo(priority)
+            {
+                tracing::warn!(priority, "the decision's reads run at an ordinary priority: {e}");
+            }
+            while let Ok(job) = queue.recv() {
+                job();
+            }
+        });
+        match spawned {
+            Ok(_) => Some(Reader { jobs }),
+            Err(e) => {
+                tracing::error!(
+                    "cannot start the decision's reader thread ({e}): the pods' usage is read on the \
+                     blocking pool, at an ordinary priority"
+                );
+                None
+            }
+        }
+    }
+
+    /// `read`'s result, run on the reader's thread; `None` if that thread has ended.
+    pub async fn read<T: Send + 'static>(&self, read: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = tx.send(read());
+            }))
+            .ok()?;
+        rx.await.ok()
+    }
+}
+
 fn set_fifo(priority: u8) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: i32::from(priority) };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call's
@@ -34,6 +85,17 @@ fn set_fifo(priority: u8) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_reader_runs_jobs_in_order_on_its_own_thread() {
+        let reader = Reader::spawn(0).expect("a thread");
+        let here = std::thread::current().id();
+        let (first, there) = reader.read(move || (1, std::thread::current().id())).await.expect("answered");
+        assert_eq!(first, 1);
+        assert_ne!(there, here, "the job ran on the caller's thread");
+        let name = reader.read(|| std::thread::current().name().map(String::from)).await.expect("answered");
+        assert_eq!(name.as_deref(), Some("evictd-reads"));
+    }
 
     /// On a thread of its own, so that the test harness's threads stay as they are.
     #[test]

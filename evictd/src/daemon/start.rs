@@ -202,6 +202,7 @@ impl Daemon {
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         pressure.api = api.as_ref().map(|a| a.reporter.clone());
         pressure.specs_from_api = specs_from_api;
+        pressure.reader = realtime::Reader::spawn(opts.realtime_priority);
         pressure.disk_walker = DiskWalker::spawn(
             pods.clone(),
             pressure.signals.nodefs.clone(),

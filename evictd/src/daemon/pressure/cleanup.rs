@@ -61,9 +61,9 @@ impl Cleanup {
     /// Reads the pod's memory cgroup (two small files) and tells whether its memory is back.
     fn charge(&self) -> Charge {
         let Some(cg) = &self.cgroup else { return Charge::Released };
-        match cg.read() {
-            Ok(m) if m.working_set() <= self.chosen_with / 2 => Charge::Released,
-            Ok(m) => Charge::Held(Some(m.working_set())),
+        match cg.working_set() {
+            Ok(ws) if ws <= self.chosen_with / 2 => Charge::Released,
+            Ok(ws) => Charge::Held(Some(ws)),
             Err(_) if !cg.dir.exists() => Charge::Released,
             Err(_) => Charge::Held(None),
         }
@@ -88,8 +88,8 @@ impl Pressure {
         // The cgroups are read off the daemon's thread, as the candidates' usage is.
         let awaited = self.cleanups.clone();
         let read =
-            tokio::task::spawn_blocking(move || awaited.into_iter().map(|c| c.charge()).collect::<Vec<_>>());
-        let charges = tokio::time::timeout(READ_TIMEOUT, read).await.ok().and_then(Result::ok);
+            self.read_for_decision(move || awaited.into_iter().map(|c| c.charge()).collect::<Vec<_>>());
+        let charges = tokio::time::timeout(READ_TIMEOUT, read).await.ok().flatten();
         let mut held = Vec::new();
         for (i, c) in std::mem::take(&mut self.cleanups).into_iter().enumerate() {
             match charges.as_ref().map_or(&Charge::Held(None), |ch| &ch[i]) {

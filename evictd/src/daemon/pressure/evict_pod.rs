@@ -15,6 +15,7 @@ fn read_usage(
     gone: &BTreeMap<String, BTreeSet<String>>,
     cgroups: &CgroupMounts,
     disk: Option<&usage::DiskMeasured>,
+    reads: usage::Reads,
 ) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
     tracing::debug!(
         listed = pods.len(),
@@ -31,34 +32,46 @@ fn read_usage(
                 tracing::debug!(pod = %format!("{}/{}", p.namespace, p.name), "not a candidate: its cgroup is gone");
                 return None;
             }
-            Some((i, usage::pod_stats(p, cg.as_ref(), cgroups, disk)))
+            Some((i, usage::pod_stats(p, cg.as_ref(), cgroups, disk, reads)))
         })
         .collect()
 }
 
 impl Pressure {
+    /// `read` (of cgroup files, for the decision) on the real-time reader, or on the blocking
+    /// pool without one; `None` if the thread it ran on ended without an answer.
+    pub(super) async fn read_for_decision<T: Send + 'static>(
+        &self,
+        read: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        match &self.reader {
+            Some(reader) => reader.read(read).await,
+            None => tokio::task::spawn_blocking(read).await.ok(),
+        }
+    }
+
     /// The pods that can be ranked, with their usage read from their cgroups. A pod whose
     /// cgroup is gone is terminating, not a candidate; one evicted already is skipped until
     /// the inventory stops listing it; one whose usage cannot be read is left out and
     /// logged: ranked "without stats" it would go first, on data evictd could not read.
-    /// The reads (cgroup files) run on the blocking pool: the daemon's one thread keeps
-    /// serving wakes meanwhile; logs and volumes come from the disk walker's last walk.
+    /// The reads (cgroup files) run on the real-time reader (`read_for_decision`): the
+    /// daemon's thread keeps serving wakes meanwhile; logs and volumes come from the disk
+    /// walker's last walk.
+    /// `reads`: what ranking needs beyond each pod's memory (`usage::Reads`).
     pub(super) async fn candidates<'a>(
         &mut self,
         pods: &'a Arc<Vec<PodRecord>>,
         disk: bool,
+        reads: usage::Reads,
     ) -> Vec<(&'a PodRecord, PodStats)> {
         let (all, gone, cgroups) = (pods.clone(), self.gone.clone(), self.cgroups.clone());
         // Logs and volumes as last walked (none walked: no pod has disk stats).
         let disk = disk.then(|| self.disk_walker.as_ref().map(|w| w.last().measured).unwrap_or_default());
         let read =
-            tokio::task::spawn_blocking(move || read_usage(&all, &gone, &cgroups, disk.as_deref())).await;
-        let usage = match read {
-            Ok(usage) => usage,
-            Err(e) => {
-                self.warn_limited(format!("reading the pods' usage failed: {e}; no pod is ranked"));
-                return Vec::new();
-            }
+            self.read_for_decision(move || read_usage(&all, &gone, &cgroups, disk.as_deref(), reads)).await;
+        let Some(usage) = read else {
+            self.warn_limited("reading the pods' usage failed: its thread ended; no pod is ranked".into());
+            return Vec::new();
         };
         let mut out = Vec::with_capacity(usage.len());
         for (i, stats) in usage {
@@ -106,11 +119,14 @@ impl Pressure {
             // try would find the same stats "not newer" and decide nothing.
             let (state, d) = engine::decide(&self.input(obs, &entries, now), &self.state);
             final_state = Some(state);
-            let Some(e) = d.eviction else {
+            let Some(mut e) = d.eviction else {
                 self.warn_no_eviction(&d, failed.len());
                 break;
             };
-            let (pod, stats) = &candidates[e.pod];
+            let (pod, ranked) = &candidates[e.pod];
+            // Ranked on its pod-level memory; the record names its containers' usage.
+            let full = self.read_in_full(pod, &mut e, &d.actionable, obs).await;
+            let stats = full.as_ref().unwrap_or(ranked);
             tracing::debug!(
                 pods = candidates.len(),
                 chosen = %format!("{}/{}", pod.namespace, pod.name),
@@ -135,6 +151,32 @@ impl Pressure {
             self.state = state;
         }
         records
+    }
+
+    /// For a memory eviction, the chosen pod's stats read again with its containers' memory
+    /// (`candidates` reads only what ranking needs), and the eviction's message and
+    /// annotations made from them, as the kubelet's name the containers over their requests.
+    /// `None` (the ranked stats stand) for other signals or when the read fails.
+    async fn read_in_full(
+        &self,
+        pod: &PodRecord,
+        e: &mut engine::Eviction,
+        actionable: &[usize],
+        obs: &Observations,
+    ) -> Option<PodStats> {
+        if e.signal.resource() != Resource::Memory {
+            return None;
+        }
+        let (rec, cgroups) = (pod.clone(), self.cgroups.clone());
+        let read = move || {
+            let cg = usage::pod_cgroups(&rec, &cgroups);
+            usage::pod_stats(&rec, cg.as_ref(), &cgroups, None, usage::Reads::ALL).ok()
+        };
+        let full = self.read_for_decision(read).await.flatten()?;
+        let entry = PodEntry { pod: &pod.spec, stats: Some(&full), protected: false };
+        (e.message, e.annotations) =
+            engine::eviction_message(Resource::Memory, &entry, &self.thresholds, actionable, obs);
+        Some(full)
     }
 
     /// With specs from the API server, a pod whose spec is only inferred (the API has not

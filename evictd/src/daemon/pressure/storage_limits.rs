@@ -28,7 +28,9 @@ impl Pressure {
             return Vec::new();
         }
         let t0 = Instant::now();
-        let candidates = self.candidates(pods, true).await;
+        // Storage only: the limits' messages name containers' disk use, not their memory.
+        let candidates =
+            self.candidates(pods, true, usage::Reads { processes: false, container_memory: false }).await;
         let entries: Vec<PodEntry> = candidates
             .iter()
             .map(|(p, s)| PodEntry { pod: &p.spec, stats: Some(s), protected: self.protects(p) })

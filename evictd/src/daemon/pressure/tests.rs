@@ -92,8 +92,45 @@ async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
         pod("nowhere", None),
     ]);
     let mut p = pressure(d.path());
-    let names: Vec<&str> = p.candidates(&pods, false).await.iter().map(|(r, _)| r.name.as_str()).collect();
+    let names: Vec<&str> =
+        p.candidates(&pods, false, usage::Reads::ALL).await.iter().map(|(r, _)| r.name.as_str()).collect();
     assert_eq!(names, ["ok"]);
+}
+
+/// Ranking reads each pod's own memory cgroup and nothing more: a bystander's container
+/// files are never opened (a FIFO there would hold the read), while the chosen pod's
+/// containers are read for its record, whose annotations name them as the kubelet's do.
+#[tokio::test(flavor = "current_thread")]
+async fn ranking_reads_only_the_pods_memory_and_the_record_names_the_chosen_pods_containers() {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    let d = tempfile::tempdir().unwrap();
+    memcg(&d.path().join("kubepods/pod-big"), 600 << 20);
+    memcg(&d.path().join("kubepods/pod-big/c"), 600 << 20);
+    memcg(&d.path().join("kubepods/pod-small"), 1 << 20);
+    let fifo = d.path().join("kubepods/pod-small/c/memory.usage_in_bytes");
+    memcg(fifo.parent().unwrap(), 1 << 20);
+    std::fs::remove_file(&fifo).unwrap();
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let mut p = under_pressure(d.path(), None);
+    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    // Its spec names its container, as the API's would: the annotations follow the spec.
+    let mut big = pod("big", Some("/kubepods/pod-big"));
+    big.spec = crate::runtime::infer::infer_spec(&big, 4 << 30);
+    let pods = Arc::new(vec![big, pod("small", Some("/kubepods/pod-small"))]);
+    let passed = tokio::time::timeout(Duration::from_secs(5), p.pass(&pods, || 1, None, false)).await;
+    // A reader waiting on the FIFO is let go; with none, a non-blocking open finds no reader.
+    let read_for_ranking = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .and_then(|mut f| f.write_all(b"0\n"))
+        .is_ok();
+    assert!(!read_for_ranking, "a bystander's container memory was read to rank the pods");
+    let (records, _) = passed.expect("the pass ended");
+    assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["big"], "{records:?}");
+    let note = |k: &str| records[0].annotations.get(k).map(String::as_str);
+    assert_eq!(note("offending_containers"), Some("app"), "{records:?}");
+    assert_eq!(note("offending_containers_usage"), Some("600Mi"), "{records:?}");
 }
 
 /// A failed kill is recorded (and counted as a
@@ -219,11 +256,10 @@ async fn an_inferred_node_critical_pod_is_never_chosen() {
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
 }
 
-/// The pods' usage is read off the daemon's one thread. A pod cgroup
-/// file whose read blocks (a FIFO here; on a node, a cgroup file stuck behind a kernel
-/// lock, or a log directory on a slow disk) must not stop the loop: on this current-thread
-/// runtime another task keeps running while the read waits, and the read's value is used
-/// once it comes.
+/// The pods' usage is read off the daemon's one thread, on the decision's reader. A pod
+/// cgroup file whose read blocks (a FIFO here; on a node, a cgroup file stuck behind a
+/// kernel lock) must not stop the loop: on this current-thread runtime another task keeps
+/// running while the read waits, and the read's value is used once it comes.
 #[tokio::test(flavor = "current_thread")]
 async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
     use std::{
@@ -261,7 +297,8 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
         }
     });
     let mut p = pressure(d.path());
-    let read = p.candidates(&pods, false).await;
+    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    let read = p.candidates(&pods, false, usage::Reads::ALL).await;
     let during = ticks.load(Ordering::Relaxed);
     ticker.abort();
     writer.join().unwrap();

@@ -1,4 +1,4 @@
-//! evictd's benchmarks, run through `cargo xtask bench reaction|earlyoom|overhead|disk` (as root).
+//! evictd's benchmarks, run through `cargo xtask bench reaction|earlyoom|overhead|disk|scale` (as root).
 
 use std::process::ExitCode;
 
@@ -9,6 +9,7 @@ mod earlyoom;
 mod overhead;
 mod plot;
 mod reaction;
+mod scale;
 mod soak;
 
 #[derive(Parser)]
@@ -23,6 +24,9 @@ enum Bench {
     /// Disk detection latency: the disk poll beside the housekeeping timer, a tmpfs filled
     /// at fixed rates.
     Disk(disk::Opts),
+    /// evictd on a node of 10, 110 and 250 pods and a volume of a million files: detection,
+    /// decision, stop and freed times with the disk walker idle and walking; RSS and idle CPU.
+    Scale(scale::Opts),
     /// Repeated pressure episodes with runtime restarts: one eviction per crossing, no pod
     /// twice, evictd's RSS and open file descriptors flat.
     Soak(soak::Opts),
@@ -57,6 +61,10 @@ fn main() -> ExitCode {
         }),
         Bench::Overhead(o) => o.validate().and_then(|()| overhead::overhead(&o)),
         Bench::Disk(o) => o.validate().and_then(|()| disk::disk(&o)),
+        Bench::Scale(o) => o.validate().and_then(|()| {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(scale::scale(&o))
+        }),
         Bench::Soak(o) => o.validate().and_then(|()| {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             rt.block_on(soak::soak(&o))

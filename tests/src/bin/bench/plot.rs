@@ -1,5 +1,6 @@
 //! The benchmarks' plots, each as SVG and PNG: distributions as empirical CDFs on a time
-//! axis fitted to the data (`cdf`), and the reaction benchmark's p50/p99 bars (`plot`).
+//! axis fitted to the data (`cdf`), lines of a cost against a size (`curves`), and the
+//! reaction benchmark's p50/p99 bars (`plot`).
 //! Text is drawn with DejaVu Sans (Debian's fonts-dejavu-core, which `cargo xtask setup`
 //! installs): a PNG has no viewer to lay it out.
 
@@ -113,14 +114,100 @@ where
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
     }
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+/// The legend every line plot carries, in `position`.
+fn draw_legend<'a, DB: DrawingBackend + 'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 13))
         .draw()
+        .map_err(|e| anyhow!("{e}"))
+}
+
+/// One line of a cost curve: (x, ms) points; p99 lines are drawn dashed.
+pub(crate) struct Curve {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+    pub dashed: bool,
+}
+
+/// Lines of milliseconds (log scale, fitted to the data) against `x_desc` (linear, from 0),
+/// a dot at each measured point, as `<stem>.svg` and `<stem>.png`; the paths written.
+pub(crate) fn curves(
+    curves: &[Curve],
+    title: &str,
+    x_desc: &str,
+    stem: &Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    font()?;
+    let (svg, png) = (stem.with_extension("svg"), stem.with_extension("png"));
+    draw_curves(SVGBackend::new(&svg, (960, 540)).into_drawing_area(), curves, title, x_desc)?;
+    draw_curves(BitMapBackend::new(&png, (960, 540)).into_drawing_area(), curves, title, x_desc)?;
+    Ok(vec![svg, png])
+}
+
+fn draw_curves<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    curves: &[Curve],
+    title: &str,
+    x_desc: &str,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e}");
+    root.fill(&WHITE).map_err(e)?;
+    let x_max = curves.iter().flat_map(|c| c.points.iter().map(|p| p.0)).fold(1.0, f64::max) * 1.05;
+    let as_series: Vec<Series> = curves
+        .iter()
+        .map(|c| Series { label: c.label.clone(), ms: c.points.iter().map(|p| p.1).collect() })
+        .collect();
+    let (lo, hi) = time_range(&as_series);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..x_max, (lo..hi).log_scale())
         .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("ms (log scale)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(e)?;
+    for (i, c) in curves.iter().enumerate() {
+        // A p50 and its p99 share a color: pairs follow each other.
+        let color = COLORS[(i / 2) % COLORS.len()];
+        let style = color.stroke_width(2);
+        let points = c.points.iter().copied().filter(|p| p.1 > 0.0);
+        let drawn = if c.dashed {
+            chart.draw_series(DashedLineSeries::new(points.clone(), 8, 5, style)).map_err(e)?
+        } else {
+            chart.draw_series(LineSeries::new(points.clone(), style)).map_err(e)?
+        };
+        let dashed = c.dashed;
+        drawn.label(&c.label).legend(move |(x, y)| {
+            let end = if dashed { x + 8 } else { x + 16 };
+            PathElement::new(vec![(x, y), (end, y)], color.stroke_width(2))
+        });
+        chart.draw_series(points.map(|p| Circle::new(p, 3, color.filled()))).map_err(e)?;
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(e)?;
     Ok(())
 }
@@ -214,6 +301,14 @@ pub(crate) fn plot(rows: &[Row], rates: &[u64], modes: &[Mode], path: &Path) -> 
 mod tests {
     use super::*;
 
+    /// The texts of an SVG's `<text>` elements (plotters writes each on a line of its own).
+    fn labels(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| Some(t.split_once('>')?.1.split('<').next()?.trim().to_owned()))
+            .collect()
+    }
+
     /// A CDF per series, as SVG and PNG, on an axis that spans the data (not a fixed 100 s):
     /// 0.5–40 ms data gives labels within a decade of it.
     #[test]
@@ -233,9 +328,35 @@ mod tests {
         }
         assert!(png.starts_with(b"\x89PNG"), "a PNG");
         assert!(svg.contains("ebpf (n=5)") && svg.contains("poll (n=3)"), "legend");
-        assert!(!svg.contains(">100000<") && !svg.contains(">10000<"), "no axis to 100 s");
+        let labels = labels(&svg);
+        assert!(labels.iter().any(|l| l == "10" || l == "20"), "labels within the data's span: {labels:?}");
+        assert!(!labels.iter().any(|l| l == "100000" || l == "10000"), "no axis to 100 s: {labels:?}");
         let (lo, hi) = time_range(&series);
         assert!(lo > 0.2 && lo < 0.5 && hi > 40.0 && hi < 100.0, "{lo}..{hi}");
+    }
+
+    /// A line per curve against N, on a time axis fitted to the data, as SVG and PNG.
+    #[test]
+    fn cost_curves_are_written_against_their_size() {
+        let stem = std::env::temp_dir().join(format!("evictd-bench-curve-{}", std::process::id()));
+        let curves = [
+            Curve { label: "detection p50".into(), points: vec![(10.0, 0.4), (250.0, 0.5)], dashed: false },
+            Curve { label: "detection p99".into(), points: vec![(10.0, 0.9), (250.0, 3.0)], dashed: true },
+        ];
+        let written = super::curves(&curves, "cost", "pods on the node", &stem).expect("curves");
+        let svg = std::fs::read_to_string(&written[0]).expect("svg");
+        let png = std::fs::read(&written[1]).expect("png");
+        if std::env::var_os("EVICTD_KEEP_PLOT").is_none() {
+            for p in &written {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        assert!(svg.contains("detection p50") && svg.contains("detection p99"), "legend");
+        let labels = labels(&svg);
+        assert!(labels.iter().any(|l| l == "pods on the node"), "{labels:?}");
+        assert!(labels.iter().any(|l| l == "250"), "the size axis reaches N: {labels:?}");
+        assert!(!labels.iter().any(|l| l == "100.0" || l == "1000.0"), "no time axis to 100 ms: {labels:?}");
     }
 
     #[test]

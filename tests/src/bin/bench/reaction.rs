@@ -209,17 +209,20 @@ pub(crate) struct Cell {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Sample {
-    cell: Cell,
-    run: usize,
-    achieved_rate: f64,
-    detection_ms: Option<f64>,
-    stop_ms: Option<f64>,
-    freed_ms: Option<f64>,
+    pub cell: Cell,
+    pub run: usize,
+    pub achieved_rate: f64,
+    pub detection_ms: Option<f64>,
+    pub stop_ms: Option<f64>,
+    pub freed_ms: Option<f64>,
     /// GiB the victim held when it stopped allocating.
-    victim_gib: f64,
-    oom_first: bool,
+    pub victim_gib: f64,
+    pub oom_first: bool,
     /// evictd's own phase timings: stop containers, stop sandbox, release (ms).
     phases: Option<(f64, f64, f64)>,
+    /// evictd's decision, from the pass's first look at the thresholds to the record: the
+    /// pods' usage read and ranked (its `decide_us`, ms).
+    pub decide_ms: Option<f64>,
 }
 
 /// The kernel's OOM kills on the whole machine, global and memcg alike (`/proc/vmstat`):
@@ -291,6 +294,8 @@ struct Reaction {
     reading: Option<(u64, i64)>,
     /// evictd's own phase timings: stop containers, stop sandbox, release (ms).
     phases: Option<(f64, f64, f64)>,
+    /// evictd's decision time (ms).
+    decide_ms: Option<f64>,
 }
 
 impl Running {
@@ -314,6 +319,7 @@ impl Running {
                     phases: p["stop_containers_ms"].as_f64().and_then(|c| {
                         Some((c, p["stop_sandbox_ms"].as_f64()?, p["memory_released_ms"].as_f64()?))
                     }),
+                    decide_ms: ev["decide_us"].as_f64().map(|us| us / 1e3),
                 })
             }
             // The hog is the only process called that; earlyoom's line comes just before its
@@ -323,7 +329,7 @@ impl Running {
                 .into_iter()
                 .skip(mark)
                 .find(|k| k.comm == "hog")
-                .map(|k| Reaction { decided_ns: k.read_ns, reading: None, phases: None }),
+                .map(|k| Reaction { decided_ns: k.read_ns, reading: None, phases: None, decide_ms: None }),
         }
     }
 
@@ -642,7 +648,8 @@ pub(crate) async fn one_run(
         freed_ms: since_crossing(watched.freed_ns),
         victim_gib: last.map_or(0.0, |(_, mib)| mib as f64 / 1024.0),
         oom_first,
-        phases: reaction.and_then(|r| r.phases),
+        phases: reaction.as_ref().and_then(|r| r.phases),
+        decide_ms: reaction.and_then(|r| r.decide_ms),
     };
     let client = ctd.client();
     let _ = client.stop_pod_sandbox(&pod.sandbox_id).await;
@@ -687,7 +694,7 @@ pub(crate) struct Percentiles {
     pub p99: f64,
 }
 
-fn percentiles(ms: impl Iterator<Item = f64>) -> Option<Percentiles> {
+pub(crate) fn percentiles(ms: impl Iterator<Item = f64>) -> Option<Percentiles> {
     let mut h = Histogram::<u64>::new(3).ok()?;
     for v in ms {
         // record, not saturating_record: a new histogram grows to fit, but would clamp.
@@ -695,6 +702,11 @@ fn percentiles(ms: impl Iterator<Item = f64>) -> Option<Percentiles> {
     }
     let at = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     (!h.is_empty()).then(|| Percentiles { p50: at(0.5), p99: at(0.99) })
+}
+
+/// A table cell: one of a cell's percentiles (ms), or `-` without samples.
+pub(crate) fn percentile_cell(p: Option<Percentiles>, pick: fn(Percentiles) -> f64, prec: usize) -> String {
+    p.map_or("-".into(), |p| format!("{:.prec$}", pick(p)))
 }
 
 /// One table row, and one group of bars in the plot.
@@ -762,9 +774,7 @@ pub(crate) fn report(out: &Path, samples: &[Sample]) -> anyhow::Result<()> {
         );
         let achieved = ss.iter().map(|s| s.achieved_rate).sum::<f64>() / ss.len() as f64;
         let ooms = ss.iter().filter(|s| s.oom_first).count();
-        let f = |p: Option<Percentiles>, pick: fn(Percentiles) -> f64, prec: usize| {
-            p.map_or("-".into(), |p| format!("{:.prec$}", pick(p)))
-        };
+        let f = percentile_cell;
         let (who, how) = cell.reactor.names();
         println!(
             "{:>7}Mi {who:<10} {how:<7} {:>6} {:>8.0} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} {:>8} | {:>5}/{:<3}",

@@ -1,0 +1,507 @@
+//! `cargo xtask bench scale`: evictd on a node of N pods under the real containerd (N = 10,
+//! 110, 250 by default: the kubelet's default maximum and a raised one), one of them with a
+//! volume of a million files. The pods are added between steps, so every N runs on the same
+//! runtime and the same volume. At each N:
+//! - idle: evictd with its defaults (inventory every 2 s, housekeeping every 10 s) and every
+//!   pod's volumes walked every 10 s, for `IDLE` — its CPU without the disk walker, the
+//!   walker's CPU (one walk of everything falls in the window), its RSS;
+//! - reaction, twice: a pod allocating at 1 GiB/s past `memory.available<100Mi`, as in
+//!   `bench reaction` (the same clocks and columns), once with the disk walker idle and once
+//!   walking all the time (a nodefs threshold makes it walk every pod, every 200 ms), to show
+//!   whether a running walk changes detection; evictd's own decision time (`decide_us`: the
+//!   pods' usage read and ranked) is the pass column.
+//!
+//! The node cgroup's limit is set at each N to its working set + 1 GiB + the threshold, so
+//! the victim meets the same room at every N.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use evictd::node::{cgroups::CgroupMounts, memory::MemoryCgroup};
+use evictd_tests::{
+    containerd::{Containerd, PodSpec, TestPod},
+    evictd_proc::Evictd,
+};
+
+use crate::{
+    plot,
+    reaction::{
+        self, Cell, KillPath, Mode, Percentiles, Reactor, Running, Sample, Workload, percentile_cell as f,
+    },
+};
+
+const MI: u64 = 1 << 20;
+/// What each ordinary pod holds.
+const POD_MIB: u64 = 4;
+/// Every this many pods, one keeps `FORK_PROCESSES` sleeping processes instead.
+const FORK_EVERY: usize = 10;
+const FORK_PROCESSES: u64 = 16;
+/// The room the victim grows through before it crosses the threshold.
+const ROOM: u64 = 1024 * MI;
+/// The pod whose volume holds the files.
+const FILES_POD: &str = "files";
+/// How long evictd is watched idle.
+const IDLE: Duration = Duration::from_secs(15);
+
+#[derive(clap::Args, Debug)]
+pub struct Opts {
+    /// Pod counts, comma-separated, ascending (pods are added between steps).
+    #[arg(long, value_delimiter = ',', default_values_t = [10, 110, 250])]
+    pods: Vec<usize>,
+    /// Evictions per pod count and walker state.
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// Empty files in the one pod's volume (a walk's cost is per entry).
+    #[arg(long, default_value_t = 1_000_000)]
+    files: usize,
+    /// The victim's allocation rate, MiB/s (or `max`).
+    #[arg(long, value_parser = reaction::parse_rate, default_value = "1024")]
+    rate: u64,
+    /// The hard memory.available threshold, MiB (the kubelet's default is 100).
+    #[arg(long = "threshold", value_name = "MiB", default_value_t = 100)]
+    threshold_mib: u64,
+    /// Where the CSVs and plots go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+}
+
+impl Opts {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.runs > 0 && !self.pods.is_empty(), "nothing to run");
+        anyhow::ensure!(self.pods.iter().all(|n| *n > 0), "--pods: every count must be at least 1");
+        anyhow::ensure!(self.pods.windows(2).all(|w| w[0] < w[1]), "--pods: counts must ascend");
+        Ok(())
+    }
+}
+
+/// What one N measured beside its runs.
+#[derive(Clone, Debug, Default)]
+struct Step {
+    pods: usize,
+    /// evictd idle with its defaults: CPU % of one CPU without the walker thread, and the
+    /// walker's CPU seconds over the same window (one walk of everything).
+    idle_cpu_pct: f64,
+    walk_cpu_s: f64,
+    /// Resident memory (KiB): idle, and after the runs with the walker busy.
+    idle_rss_kib: u64,
+    busy_rss_kib: u64,
+    /// The walker's share of one CPU while the walking runs ran.
+    walker_busy_pct: f64,
+}
+
+/// One run, tagged with its N and the walker's state.
+struct Run {
+    pods: usize,
+    walking: bool,
+    sample: Sample,
+}
+
+pub async fn scale(o: &Opts) -> anyhow::Result<()> {
+    let most = *o.pods.last().unwrap_or(&0);
+    eprintln!(
+        "[bench] scale: {:?} pods ({} MiB each, one in {FORK_EVERY} with {FORK_PROCESSES} processes), one volume of {} files, \
+         memory.available<{}Mi crossed at {} MiB/s, {} runs per step and walker state",
+        o.pods,
+        POD_MIB,
+        o.files,
+        o.threshold_mib,
+        reaction::rate_name(o.rate),
+        o.runs
+    );
+    let mut ctd = Containerd::start(ROOM * 2 + most as u64 * 16 * MI);
+    let layout = CgroupMounts::detect()?;
+    let memory = MemoryCgroup::new(ctd.node_dir(), layout.memory_version, false);
+    let kubelet = ctd.tmp.join("kubelet");
+    let mut pods = vec![files_pod(&mut ctd, &kubelet, o.files).await?];
+    let (mut steps, mut runs) = (Vec::new(), Vec::new());
+    for &n in &o.pods {
+        add_pods(&mut ctd, &mut pods, n).await;
+        let capacity = reaction::working_set(&memory) + ROOM + o.threshold_mib * MI;
+        ctd.set_node_limit(capacity);
+        let node = reaction::Node { memory: memory.clone(), capacity };
+        let pods_file = ctd.tmp.join("pods.json");
+        write_pods_file(&pods_file, &pods)?;
+        let mut step = idle(&ctd, &pods_file, &kubelet, o.threshold_mib, n).await;
+        for walking in [false, true] {
+            let walker = if walking { Walker::Busy } else { Walker::Off };
+            let evictd = start_evictd(&ctd, &pods_file, &kubelet, o.threshold_mib, walker);
+            let pid = evictd.pid();
+            let walker0 = (thread_cpu_s(pid, "evictd-disk"), Instant::now());
+            let running = Running::Evictd(evictd);
+            for run in 0..o.runs {
+                let cell = Cell {
+                    threshold_mib: o.threshold_mib,
+                    rate: o.rate,
+                    reactor: Reactor::Evictd(Mode::All, KillPath::Default),
+                };
+                let work = Workload { hold_mib: 0, ignore_sigterm: false };
+                let victim = reaction::start_victim(&mut ctd, work, cell, run).await;
+                // evictd's inventory (every 2 s by default) must list the victim first.
+                tokio::time::sleep(Duration::from_millis(2200)).await;
+                let sample = reaction::one_run(&mut ctd, &running, &node, work, cell, run, victim).await?;
+                eprintln!(
+                    "[bench] {n} pods, walker {}: {} decide {}",
+                    if walking { "walking" } else { "idle" },
+                    reaction::describe(&sample),
+                    sample.decide_ms.map_or("-".into(), |d| format!("{d:.2} ms"))
+                );
+                runs.push(Run { pods: n, walking, sample });
+            }
+            if walking {
+                let (cpu0, t0) = walker0;
+                step.walker_busy_pct =
+                    100.0 * (thread_cpu_s(pid, "evictd-disk") - cpu0) / t0.elapsed().as_secs_f64();
+                step.busy_rss_kib = rss_kib(pid);
+            }
+        }
+        steps.push(step);
+    }
+    report(o, &steps, &runs)
+}
+
+/// The pod whose volume (an emptyDir where the kubelet makes one) holds `files` empty files,
+/// a thousand per directory, made by this process on the machine's disk.
+async fn files_pod(ctd: &mut Containerd, kubelet: &Path, files: usize) -> anyhow::Result<TestPod> {
+    let pod = ctd
+        .run_pod(PodSpec { empty_dir_under: Some(kubelet.into()), ..PodSpec::besteffort(FILES_POD) })
+        .await;
+    pod.set_mib(POD_MIB);
+    let volume = kubelet.join("pods").join(&pod.uid).join("volumes/kubernetes.io~empty-dir/scratch");
+    let t = Instant::now();
+    for i in 0..files {
+        let dir = volume.join(format!("d{}", i / 1000));
+        if i % 1000 == 0 {
+            std::fs::create_dir(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        }
+        let f = dir.join(format!("f{}", i % 1000));
+        std::fs::File::create(&f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+        if (i + 1) % 100_000 == 0 {
+            eprintln!(
+                "[bench] {} of {files} files in the volume ({:.0} s)",
+                i + 1,
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(pod)
+}
+
+/// Starts pods until there are `n`: most hold `POD_MIB`, one in `FORK_EVERY` keeps
+/// `FORK_PROCESSES` sleeping processes.
+async fn add_pods(ctd: &mut Containerd, pods: &mut Vec<TestPod>, n: usize) {
+    let from = pods.len();
+    let t = Instant::now();
+    while pods.len() < n {
+        let i = pods.len();
+        let name = format!("pod{i}");
+        let pod = if i % FORK_EVERY == FORK_EVERY - 1 {
+            let fork = Some(["fork", "/ctl/mib"].map(String::from).to_vec());
+            let pod = ctd.run_pod(PodSpec { hog_args: fork, ..PodSpec::besteffort(&name) }).await;
+            pod.set_mib(FORK_PROCESSES);
+            pod
+        } else {
+            let pod = ctd.run_pod(PodSpec::besteffort(&name)).await;
+            pod.set_mib(POD_MIB);
+            pod
+        };
+        pods.push(pod);
+        if (i + 1).is_multiple_of(50) {
+            eprintln!("[bench] {} of {n} pods running ({:.0} s)", i + 1, t.elapsed().as_secs_f64());
+        }
+    }
+    for (i, pod) in pods.iter().enumerate().skip(from) {
+        if i % FORK_EVERY != FORK_EVERY - 1 {
+            pod.wait_usage_at_least(POD_MIB * MI, Duration::from_secs(30));
+        }
+    }
+    eprintln!("[bench] {n} pods running");
+}
+
+/// How the disk walker runs beside a reaction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walker {
+    /// No disk threshold and no storage limits: nothing to walk.
+    Off,
+    /// A nodefs threshold that is never met: every pod walked every 10 s (the default is a
+    /// minute; the walk at start sees no pods yet), so one walk falls in the idle window.
+    Periodic,
+    /// The same walked every 200 ms: a walk of the million files is always running.
+    Busy,
+}
+
+/// evictd on the node with the memory threshold; otherwise its defaults but for the walker's.
+fn start_evictd(ctd: &Containerd, pods: &Path, kubelet: &Path, threshold_mib: u64, walker: Walker) -> Evictd {
+    let mut thresholds = format!("memory.available<{threshold_mib}Mi");
+    if walker != Walker::Off {
+        thresholds.push_str(",nodefs.available<1Mi");
+    }
+    let period = if walker == Walker::Busy { "200ms" } else { "10s" };
+    let (kubelet, root) = (kubelet.display().to_string(), ctd.root.display().to_string());
+    let args = [
+        "--eviction-hard",
+        &thresholds,
+        "--nodefs-path",
+        &kubelet,
+        "--imagefs-path",
+        &root,
+        "--inventory-interval",
+        "2s",
+        "--housekeeping-interval",
+        "10s",
+        "--volume-stats-agg-period",
+        period,
+    ];
+    Evictd::start(ctd, Some(pods), &args)
+}
+
+/// The node's pods as the API would list them (`--pods-file`): the kubelet measures only
+/// the volumes a pod's spec declares, so the files pod declares its emptyDir. The victims
+/// are not listed: evictd infers their specs from the runtime.
+fn write_pods_file(path: &Path, pods: &[TestPod]) -> anyhow::Result<()> {
+    let items: Vec<serde_json::Value> = pods
+        .iter()
+        .map(|p| {
+            let mut spec = serde_json::json!({"containers": [{"name": "hog"}]});
+            if p.name == FILES_POD {
+                spec["volumes"] = serde_json::json!([{"name": "scratch", "emptyDir": {}}]);
+            }
+            serde_json::json!({
+                "metadata": {"name": p.name, "namespace": "e2e", "uid": p.uid},
+                "spec": spec,
+                "status": {"phase": "Running"},
+            })
+        })
+        .collect();
+    let list = serde_json::json!({"kind": "PodList", "items": items});
+    std::fs::write(path, list.to_string()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// evictd idle with its defaults (but for the walker's period, `Walker::Periodic`),
+/// watched for `IDLE`.
+async fn idle(ctd: &Containerd, pods: &Path, kubelet: &Path, threshold_mib: u64, n: usize) -> Step {
+    let mut evictd = start_evictd(ctd, pods, kubelet, threshold_mib, Walker::Periodic);
+    let pid = evictd.pid();
+    let (all0, walk0, t0) = (process_cpu_s(pid), thread_cpu_s(pid, "evictd-disk"), Instant::now());
+    tokio::time::sleep(IDLE).await;
+    let wall = t0.elapsed().as_secs_f64();
+    let walk = thread_cpu_s(pid, "evictd-disk") - walk0;
+    let step = Step {
+        pods: n,
+        idle_cpu_pct: 100.0 * (process_cpu_s(pid) - all0 - walk) / wall,
+        walk_cpu_s: walk,
+        idle_rss_kib: rss_kib(pid),
+        ..Step::default()
+    };
+    evictd.terminate(Duration::from_secs(5));
+    eprintln!(
+        "[bench] {n} pods idle: {:.2} % CPU without the walker, walker {:.2} CPU s, RSS {} KiB",
+        step.idle_cpu_pct, step.walk_cpu_s, step.idle_rss_kib
+    );
+    step
+}
+
+/// A /proc stat line's utime + stime, seconds (fields 14 and 15; the command, field 2, may
+/// hold spaces and ends at the last ')').
+fn stat_cpu_s(stat: &str) -> f64 {
+    let ticks = |s: &str| -> u64 {
+        s.rsplit_once(')')
+            .map(|(_, rest)| {
+                rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum()
+            })
+            .unwrap_or(0)
+    };
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks(stat) as f64 / hz
+}
+
+fn process_cpu_s(pid: u32) -> f64 {
+    stat_cpu_s(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+}
+
+/// The CPU seconds of `pid`'s threads named `comm`.
+fn thread_cpu_s(pid: u32, comm: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
+        .map(|t| stat_cpu_s(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default()))
+        .sum()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    procfs::process::Process::new(pid as i32).and_then(|p| p.status()).ok().and_then(|s| s.vmrss).unwrap_or(0)
+}
+
+/// The table, `scale.csv` (one line per run), `scale-steps.csv` (one per N) and the cost
+/// curve (`scale.{svg,png}`).
+fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&o.out)?;
+    let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    let mut csv =
+        String::from("pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first\n");
+    for r in runs {
+        let s = &r.sample;
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{:.2},{}",
+            r.pods,
+            if r.walking { "walking" } else { "idle" },
+            s.run,
+            f(s.detection_ms),
+            f(s.stop_ms),
+            f(s.freed_ms),
+            f(s.decide_ms),
+            s.victim_gib,
+            s.oom_first
+        );
+    }
+    std::fs::write(o.out.join("scale.csv"), csv)?;
+    let mut csv = String::from("pods,idle_cpu_pct,walk_cpu_s,idle_rss_kib,busy_rss_kib,walker_busy_pct\n");
+    for s in steps {
+        let _ = writeln!(
+            csv,
+            "{},{:.3},{:.3},{},{},{:.1}",
+            s.pods, s.idle_cpu_pct, s.walk_cpu_s, s.idle_rss_kib, s.busy_rss_kib, s.walker_busy_pct
+        );
+    }
+    std::fs::write(o.out.join("scale-steps.csv"), csv)?;
+    let cells = table(steps, runs);
+    if let (Some(a), Some(b)) = (steps.first(), steps.last())
+        && b.pods > a.pods
+    {
+        let per_pod = (b.busy_rss_kib as f64 - a.busy_rss_kib as f64) / (b.pods - a.pods) as f64;
+        println!(
+            "evictd's resident memory per pod: {per_pod:.1} KiB ({} → {} KiB from {} to {} pods, walker busy)",
+            a.busy_rss_kib, b.busy_rss_kib, a.pods, b.pods
+        );
+    }
+    plot_cost_curve(&o.out, &cells)?;
+    for name in ["scale.csv", "scale-steps.csv"] {
+        eprintln!("[bench] wrote {}", o.out.join(name).display());
+    }
+    Ok(())
+}
+
+/// The percentiles of one N and walker state.
+struct CellStats {
+    pods: usize,
+    walking: bool,
+    detection: Option<Percentiles>,
+    decide: Option<Percentiles>,
+}
+
+/// Prints one row per N and walker state; returns their percentiles for the plot.
+fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
+    let mut groups: BTreeMap<(usize, bool), Vec<&Sample>> = BTreeMap::new();
+    for r in runs {
+        groups.entry((r.pods, r.walking)).or_default().push(&r.sample);
+    }
+    println!(
+        "{:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6} {:>7} | {:>9}",
+        "pods",
+        "walker",
+        "det p50",
+        "det p99",
+        "dec p50",
+        "dec p99",
+        "stop50",
+        "p99",
+        "freed50",
+        "busy%",
+        "RSS idle",
+        "RSS busy",
+        "CPU%",
+        "walk s",
+        "OOM first"
+    );
+    let mut cells = Vec::new();
+    for ((pods, walking), ss) in &groups {
+        let p = |pick: fn(&Sample) -> Option<f64>| reaction::percentiles(ss.iter().filter_map(|s| pick(s)));
+        let (det, dec, stop, freed) =
+            (p(|s| s.detection_ms), p(|s| s.decide_ms), p(|s| s.stop_ms), p(|s| s.freed_ms));
+        let step = steps.iter().find(|s| s.pods == *pods).cloned().unwrap_or_default();
+        println!(
+            "{pods:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6.2} {:>7.2} | {:>5}/{:<3}",
+            if *walking { "walking" } else { "idle" },
+            f(det, |p| p.p50, 2),
+            f(det, |p| p.p99, 2),
+            f(dec, |p| p.p50, 2),
+            f(dec, |p| p.p99, 2),
+            f(stop, |p| p.p50, 1),
+            f(stop, |p| p.p99, 1),
+            f(freed, |p| p.p50, 1),
+            if *walking { format!("{:.0}", step.walker_busy_pct) } else { "-".into() },
+            format!("{}K", step.idle_rss_kib),
+            if *walking { format!("{}K", step.busy_rss_kib) } else { "-".into() },
+            step.idle_cpu_pct,
+            step.walk_cpu_s,
+            ss.iter().filter(|s| s.oom_first).count(),
+            ss.len()
+        );
+        cells.push(CellStats { pods: *pods, walking: *walking, detection: det, decide: dec });
+    }
+    println!(
+        "(ms from the node crossing the threshold: det = evictd's decision, stop = the victim's last allocation + \
+         one MiB's period, freed = the node back down by 90 % of the victim's memory; dec = evictd's decision time \
+         (the pods' usage read and ranked); busy% = the disk walker's share of a CPU during the walking runs; RSS \
+         idle / CPU% / walk s = evictd with its defaults for {} s: resident set, CPU without the walker, the \
+         walker's CPU seconds (one walk of every pod); RSS busy = after the walking runs)",
+        IDLE.as_secs()
+    );
+    cells
+}
+
+/// The cost curve: detection and decision p50/p99 against N, the walker idle and walking.
+fn plot_cost_curve(out: &Path, cells: &[CellStats]) -> anyhow::Result<()> {
+    let mut curves = Vec::new();
+    for (what, pick) in [
+        ("detection", (|c: &CellStats| c.detection) as fn(&CellStats) -> Option<Percentiles>),
+        ("decision", |c: &CellStats| c.decide),
+    ] {
+        for walking in [false, true] {
+            for (q, quantile) in
+                [("p50", (|p: Percentiles| p.p50) as fn(Percentiles) -> f64), ("p99", |p| p.p99)]
+            {
+                let points: Vec<(f64, f64)> = cells
+                    .iter()
+                    .filter(|c| c.walking == walking)
+                    .filter_map(|c| Some((c.pods as f64, quantile(pick(c)?))))
+                    .collect();
+                let walker = if walking { "walker walking" } else { "walker idle" };
+                curves.push(plot::Curve {
+                    label: format!("{what} {q}, {walker}"),
+                    points,
+                    dashed: q == "p99",
+                });
+            }
+        }
+    }
+    for written in plot::curves(
+        &curves,
+        "evictd's cost against the node's pods",
+        "pods on the node",
+        &out.join("scale"),
+    )? {
+        eprintln!("[bench] wrote {}", written.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_of_a_stat_line_with_spaces_in_its_command() {
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let line = "42 (evictd disk) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 100 0 0";
+        assert!((stat_cpu_s(line) - 300.0 / hz).abs() < 1e-9, "{}", stat_cpu_s(line));
+        assert_eq!(stat_cpu_s("garbage"), 0.0);
+    }
+}
