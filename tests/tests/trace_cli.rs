@@ -293,7 +293,9 @@ fn charge_probes_are_attached_only_near_a_threshold() {
     let (charges, _) = lines_for(Duration::from_millis(500));
     assert_eq!(charges, 0, "detached programs sent charge events");
     hog.alloc(720);
-    let (_, near) = lines_for(Duration::from_millis(1200));
+    // The band is entered at the next reading (1 ms – 1 s away); on a loaded machine the
+    // summary that shows it may come a little later: up to 3 s of summaries.
+    let near = (0..3).map(|_| lines_for(Duration::from_millis(1000)).1).find(|a| *a == Some(true)).flatten();
     assert_eq!(near, Some(true), "~76 MiB from the threshold, the charge programs must be attached");
     hog.alloc(16);
     let (charges, _) = lines_for(Duration::from_millis(500));

@@ -273,8 +273,7 @@ impl Pressure {
             return Vec::new();
         }
         // Something is actionable: now, and only now, read the pods' cgroups.
-        let reads = usage::Reads { processes: signal.resource() == Resource::Pids, container_memory: false };
-        let candidates = self.candidates(pods, disk, reads).await;
+        let candidates = self.candidates(pods, disk, usage::Reads::ranking(signal.resource())).await;
         let records = self.evict_one(&candidates, obs, now, t0).await;
         if disk && records.iter().any(|r| r.error.is_none() && !r.dry_run) {
             self.disk_settle = Some(DiskSettle::after("the eviction"));

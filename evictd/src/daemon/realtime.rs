@@ -6,7 +6,15 @@
 //! (`SCHED_RESET_ON_FORK`), but for the decision's reader (`Reader`), which takes the
 //! same priority.
 
-use std::{io, sync::mpsc};
+use std::{
+    io,
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+        mpsc,
+    },
+};
 
 /// Puts the calling thread under SCHED_FIFO at `priority` (1–99); 0 leaves it alone.
 /// Refused (no CAP_SYS_NICE, an RT budget of 0 in a cgroup): said once, and evictd runs on.
@@ -26,20 +34,48 @@ pub fn enter(priority: u8) {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Reader threads alive at most, those stuck in a read included, before decisions read on
+/// the blocking pool instead: each stuck one ends when its read returns.
+const MAX_READERS: usize = 4;
+
 /// A thread of its own for the decision's reads (the pods' cgroup files), at the daemon
 /// thread's priority. On tokio's blocking pool, ordinary threads, these reads waited behind
 /// the node's busy tasks and the disk walk: tens to hundreds of milliseconds on a node of
 /// 110–250 pods (`cargo xtask bench scale`). On the daemon's own thread, one read stuck
-/// behind a kernel lock would stop every wake. Jobs run one at a time, in order.
+/// behind a kernel lock would stop every wake. Jobs run one at a time, in order; a job that
+/// panics answers nothing and the thread goes on. A reader stuck in a read is replaced
+/// (`replacement`) by whoever stopped waiting for it.
 pub struct Reader {
     jobs: mpsc::Sender<Job>,
+    priority: u8,
+    /// Reader threads alive, this one's stuck predecessors included.
+    alive: Arc<AtomicUsize>,
 }
 
 impl Reader {
     /// Starts the reader at `priority` (0: an ordinary thread). `None` (said why) when the
     /// thread cannot be started: the reads then go to the blocking pool.
     pub fn spawn(priority: u8) -> Option<Reader> {
+        Self::spawn_counted(priority, Arc::default())
+    }
+
+    /// A fresh reader in place of this one, stuck in a read (this one's thread ends when
+    /// that read returns). `None` with `MAX_READERS` alive already, or no thread to be had.
+    pub fn replacement(&self) -> Option<Reader> {
+        if self.alive.load(Ordering::Relaxed) >= MAX_READERS {
+            tracing::error!(
+                "{MAX_READERS} reader threads are stuck in cgroup reads: the decisions' reads go to the \
+                 blocking pool, at an ordinary priority"
+            );
+            return None;
+        }
+        Self::spawn_counted(self.priority, self.alive.clone())
+    }
+
+    fn spawn_counted(priority: u8, alive: Arc<AtomicUsize>) -> Option<Reader> {
         let (jobs, queue) = mpsc::channel::<Job>();
+        alive.fetch_add(1, Ordering::Relaxed);
+        let count = alive.clone();
         let spawned = std::thread::Builder::new().name("evictd-reads".into()).spawn(move || {
             if priority > 0
                 && let Err(e) = set_fifo(priority)
@@ -47,12 +83,15 @@ impl Reader {
                 tracing::warn!(priority, "the decision's reads run at an ordinary priority: {e}");
             }
             while let Ok(job) = queue.recv() {
-                job();
+                // A panicking job drops its answer's sender: its caller sees no answer.
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
             }
+            count.fetch_sub(1, Ordering::Relaxed);
         });
         match spawned {
-            Ok(_) => Some(Reader { jobs }),
+            Ok(_) => Some(Reader { jobs, priority, alive }),
             Err(e) => {
+                alive.fetch_sub(1, Ordering::Relaxed);
                 tracing::error!(
                     "cannot start the decision's reader thread ({e}): the pods' usage is read on the \
                      blocking pool, at an ordinary priority"
@@ -62,7 +101,8 @@ impl Reader {
         }
     }
 
-    /// `read`'s result, run on the reader's thread; `None` if that thread has ended.
+    /// `read`'s result, run on the reader's thread; `None` if it panicked or the thread is
+    /// gone. The caller bounds the wait.
     pub async fn read<T: Send + 'static>(&self, read: impl FnOnce() -> T + Send + 'static) -> Option<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.jobs
@@ -86,15 +126,29 @@ fn set_fifo(priority: u8) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    /// Jobs queued together run one after the other, in order, off the caller's thread; a
+    /// job that panics answers nothing and the next still runs.
     #[tokio::test(flavor = "current_thread")]
     async fn the_reader_runs_jobs_in_order_on_its_own_thread() {
         let reader = Reader::spawn(0).expect("a thread");
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (a, b) = (order.clone(), order.clone());
         let here = std::thread::current().id();
-        let (first, there) = reader.read(move || (1, std::thread::current().id())).await.expect("answered");
-        assert_eq!(first, 1);
-        assert_ne!(there, here, "the job ran on the caller's thread");
-        let name = reader.read(|| std::thread::current().name().map(String::from)).await.expect("answered");
-        assert_eq!(name.as_deref(), Some("evictd-reads"));
+        #[allow(clippy::disallowed_methods, reason = "sleeps on the reader's thread, not tokio's")]
+        let slow = reader.read(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            a.lock().map(|mut o| o.push(1)).ok();
+            std::thread::current().id()
+        });
+        let quick = reader.read(move || b.lock().map(|mut o| o.push(2)).is_ok());
+        let (there, _) = tokio::join!(slow, quick);
+        assert_ne!(there, Some(here), "the job ran on the caller's thread");
+        assert_eq!(*order.lock().expect("order"), [1, 2]);
+        #[allow(clippy::panic, reason = "the panic is the test's input")]
+        let panicked = reader.read(|| -> u8 { panic!("a read that panics") }).await;
+        assert_eq!(panicked, None);
+        let name = reader.read(|| std::thread::current().name().map(String::from)).await;
+        assert_eq!(name.flatten().as_deref(), Some("evictd-reads"), "the thread goes on after a panic");
     }
 
     /// On a thread of its own, so that the test harness's threads stay as they are.

@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use evictd_policy::summary::{
-    ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats, VolumeStats,
+use evictd_policy::{
+    policy::Resource,
+    summary::{ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats, VolumeStats},
 };
 
 pub use super::disk_usage::{DiskMeasured, PodDisk};
@@ -64,28 +65,40 @@ pub enum UsageError {
     DiskNotMeasured,
 }
 
-/// What `pod_stats` reads beyond the pod's memory cgroup. On a node of 250 pods each cgroup
-/// file costs a decision tens of microseconds more per pod, and ranking needs neither the
-/// containers' memory (only the chosen pod's eviction message names its containers) nor the
-/// process count (only PID pressure ranks by it).
+/// Which cgroup files `pod_stats` reads. On a node of 250 pods each file costs a decision
+/// tens of microseconds more per pod, and each ranking needs one kind: the kubelet ranks
+/// memory pressure by the pod's working set, PID pressure by its process count, disk
+/// pressure and storage limits by disk use alone; only the chosen pod's eviction message
+/// names its containers' memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reads {
+    pub memory: bool,
     pub processes: bool,
     pub container_memory: bool,
 }
 
 impl Reads {
-    /// Everything: the chosen pod's record, and the storage-limit check's messages.
-    pub const ALL: Reads = Reads { processes: true, container_memory: true };
+    /// Everything: the chosen pod's record.
+    pub const ALL: Reads = Reads { memory: true, processes: true, container_memory: true };
+
+    /// What ranking the pods for `resource` reads.
+    pub fn ranking(resource: Resource) -> Reads {
+        Reads {
+            memory: resource == Resource::Memory,
+            processes: resource == Resource::Pids,
+            container_memory: false,
+        }
+    }
 }
 
 /// The pod's stats for ranking and messages, as the kubelet's CRI stats provider counts
-/// them: memory and (per `reads`) processes read now from its cgroups; per running container (exited
-/// instances use no memory and the kubelet leaves them out) the writable layer from the
-/// last refresh and, with `disk`, its log directory as last walked; with `disk`, the pod's
-/// local volumes as last walked. An error when its memory cgroup cannot be read, or (with
-/// `disk`) it was not walked yet: the caller must not rank such a pod "without stats"
-/// (first), since that would evict on data evictd could not read.
+/// them: memory and processes (those `reads` asks for) read now from its cgroups; per
+/// running container (exited instances use no memory and the kubelet leaves them out) the
+/// writable layer from the last refresh and, with `disk`, its log directory as last walked;
+/// with `disk`, the pod's local volumes as last walked. An error when its memory cgroup
+/// cannot be read (and memory is asked for), or (with `disk`) it was not walked yet: the
+/// caller must not rank such a pod "without stats" (first), since that would evict on data
+/// evictd could not read.
 pub fn pod_stats(
     rec: &PodRecord,
     cgroups: Option<&PodCgroups>,
@@ -98,7 +111,7 @@ pub fn pod_stats(
         Some(measured) => Some(measured.get(&rec.uid).ok_or(UsageError::DiskNotMeasured)?),
         None => None,
     };
-    let working_set = cg.memory.working_set()?;
+    let working_set = if reads.memory { Some(cg.memory.working_set()?) } else { None };
     let processes = cg
         .pids
         .as_ref()
@@ -124,7 +137,7 @@ pub fn pod_stats(
     Ok(PodStats {
         pod_ref: PodRef { name: rec.name.clone(), namespace: rec.namespace.clone(), uid: rec.uid.clone() },
         containers,
-        memory: Some(MemoryStats { working_set_bytes: Some(working_set), ..Default::default() }),
+        memory: working_set.map(|ws| MemoryStats { working_set_bytes: Some(ws), ..Default::default() }),
         volume,
         ephemeral_storage,
         process_stats: Some(ProcessStats { process_count: processes }),

@@ -87,9 +87,11 @@ impl Pressure {
         }
         // The cgroups are read off the daemon's thread, as the candidates' usage is.
         let awaited = self.cleanups.clone();
-        let read =
-            self.read_for_decision(move || awaited.into_iter().map(|c| c.charge()).collect::<Vec<_>>());
-        let charges = tokio::time::timeout(READ_TIMEOUT, read).await.ok().flatten();
+        let charges = self
+            .read_for_decision(READ_TIMEOUT, move || {
+                awaited.into_iter().map(|c| c.charge()).collect::<Vec<_>>()
+            })
+            .await;
         let mut held = Vec::new();
         for (i, c) in std::mem::take(&mut self.cleanups).into_iter().enumerate() {
             match charges.as_ref().map_or(&Charge::Held(None), |ch| &ch[i]) {

@@ -7,6 +7,13 @@ use super::*;
 /// Candidates tried in one decision when kills fail.
 const MAX_CANDIDATES: usize = 5;
 
+/// How long a decision waits for the candidates' cgroup reads (~15 ms for 250 pods here).
+const CANDIDATES_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the kill waits for the chosen pod's containers to be read for its record
+/// (a few hundred microseconds here).
+const CHOSEN_READ_TIMEOUT: Duration = Duration::from_millis(20);
+
 /// Each live pod's usage (by index into `pods`): pods evicted already (`gone`), pods the API
 /// says have finished (the kubelet ranks only its active pods: a Failed or Succeeded pod
 /// frees nothing more) and pods whose cgroup is gone are not listed.
@@ -39,14 +46,30 @@ fn read_usage(
 
 impl Pressure {
     /// `read` (of cgroup files, for the decision) on the real-time reader, or on the blocking
-    /// pool without one; `None` if the thread it ran on ended without an answer.
+    /// pool without one, waited for at most `within`; `None` without an answer. A reader
+    /// still in the read by then is replaced, so that the next decision's reads do not queue
+    /// behind one stuck behind a kernel lock.
     pub(super) async fn read_for_decision<T: Send + 'static>(
-        &self,
+        &mut self,
+        within: Duration,
         read: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        match &self.reader {
-            Some(reader) => reader.read(read).await,
-            None => tokio::task::spawn_blocking(read).await.ok(),
+        let answer = match &self.reader {
+            Some(reader) => tokio::time::timeout(within, reader.read(read)).await,
+            None => {
+                tokio::time::timeout(within, async { tokio::task::spawn_blocking(read).await.ok() }).await
+            }
+        };
+        match answer {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::warn!(
+                    "a cgroup read for the decision took longer than {within:?}: given up, and the reader \
+                     replaced"
+                );
+                self.reader = self.reader.as_ref().and_then(|r| r.replacement());
+                None
+            }
         }
     }
 
@@ -67,10 +90,13 @@ impl Pressure {
         let (all, gone, cgroups) = (pods.clone(), self.gone.clone(), self.cgroups.clone());
         // Logs and volumes as last walked (none walked: no pod has disk stats).
         let disk = disk.then(|| self.disk_walker.as_ref().map(|w| w.last().measured).unwrap_or_default());
-        let read =
-            self.read_for_decision(move || read_usage(&all, &gone, &cgroups, disk.as_deref(), reads)).await;
+        let read = self
+            .read_for_decision(CANDIDATES_READ_TIMEOUT, move || {
+                read_usage(&all, &gone, &cgroups, disk.as_deref(), reads)
+            })
+            .await;
         let Some(usage) = read else {
-            self.warn_limited("reading the pods' usage failed: its thread ended; no pod is ranked".into());
+            self.warn_limited("the pods' usage could not be read: no pod is ranked".into());
             return Vec::new();
         };
         let mut out = Vec::with_capacity(usage.len());
@@ -124,19 +150,19 @@ impl Pressure {
                 break;
             };
             let (pod, ranked) = &candidates[e.pod];
-            // Ranked on its pod-level memory; the record names its containers' usage.
-            let full = self.read_in_full(pod, &mut e, &d.actionable, obs).await;
-            let stats = full.as_ref().unwrap_or(ranked);
             tracing::debug!(
                 pods = candidates.len(),
                 chosen = %format!("{}/{}", pod.namespace, pod.name),
-                working_set = stats.memory.as_ref().and_then(|m| m.working_set_bytes),
+                working_set = ranked.memory.as_ref().and_then(|m| m.working_set_bytes),
                 "decided among the candidates"
             );
             if guesses_wait && pod.spec_inferred() {
                 self.hold_back_guess(pod);
                 break;
             }
+            // Ranked on its pod-level memory; the record names its containers' usage.
+            let full = self.read_in_full(pod, &mut e, &d.actionable, obs).await;
+            let stats = full.as_ref().unwrap_or(ranked);
             let mut rec = self.record(pod, &e, obs, t0);
             let done = self.act(pod, stats, &mut rec).await;
             records.push(rec);
@@ -156,9 +182,10 @@ impl Pressure {
     /// For a memory eviction, the chosen pod's stats read again with its containers' memory
     /// (`candidates` reads only what ranking needs), and the eviction's message and
     /// annotations made from them, as the kubelet's name the containers over their requests.
-    /// `None` (the ranked stats stand) for other signals or when the read fails.
+    /// `None` for other signals, and when the read fails or is late (`CHOSEN_READ_TIMEOUT`:
+    /// the kill waits for it): the record then names no container, and the log says why.
     async fn read_in_full(
-        &self,
+        &mut self,
         pod: &PodRecord,
         e: &mut engine::Eviction,
         actionable: &[usize],
@@ -172,7 +199,13 @@ impl Pressure {
             let cg = usage::pod_cgroups(&rec, &cgroups);
             usage::pod_stats(&rec, cg.as_ref(), &cgroups, None, usage::Reads::ALL).ok()
         };
-        let full = self.read_for_decision(read).await.flatten()?;
+        let Some(full) = self.read_for_decision(CHOSEN_READ_TIMEOUT, read).await.flatten() else {
+            tracing::warn!(
+                pod = %format!("{}/{}", pod.namespace, pod.name),
+                "its containers' memory could not be read in time: the eviction's record names none"
+            );
+            return None;
+        };
         let entry = PodEntry { pod: &pod.spec, stats: Some(&full), protected: false };
         (e.message, e.annotations) =
             engine::eviction_message(Resource::Memory, &entry, &self.thresholds, actionable, obs);

@@ -28,9 +28,9 @@ impl Pressure {
             return Vec::new();
         }
         let t0 = Instant::now();
-        // Storage only: the limits' messages name containers' disk use, not their memory.
-        let candidates =
-            self.candidates(pods, true, usage::Reads { processes: false, container_memory: false }).await;
+        // Disk use alone: no memory or process file is read.
+        let reads = usage::Reads::ranking(Resource::EphemeralStorage);
+        let candidates = self.candidates(pods, true, reads).await;
         let entries: Vec<PodEntry> = candidates
             .iter()
             .map(|(p, s)| PodEntry { pod: &p.spec, stats: Some(s), protected: self.protects(p) })

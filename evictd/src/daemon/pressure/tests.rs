@@ -313,6 +313,32 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
     assert_eq!(usage, [("stuck", Some(1 << 20))]);
 }
 
+/// A read stuck past its deadline costs that decision its read, not the next ones: the
+/// reader is replaced, so the next read does not queue behind the stuck one (which ends
+/// when its read returns).
+#[tokio::test(flavor = "current_thread")]
+async fn a_stuck_read_is_given_up_and_the_next_read_answers() {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("memory.stat");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let mut p = pressure(d.path());
+    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    let f = fifo.clone();
+    let stuck =
+        p.read_for_decision(Duration::from_millis(100), move || std::fs::read_to_string(&f).ok()).await;
+    assert_eq!(stuck, None);
+    let next = p.read_for_decision(Duration::from_secs(2), || 7).await;
+    // Let the stuck reader go: it is waiting to read.
+    let released = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .and_then(|mut f| f.write_all(b"x"));
+    assert!(released.is_ok(), "the stuck read was not waiting: {released:?}");
+    assert_eq!(next, Some(7), "the next read waited behind the stuck one");
+}
+
 /// Three pods under pressure and a runtime that stops every pod it is asked to.
 async fn three_pods_and_a_runtime(d: &Path) -> (Pressure, Arc<Vec<PodRecord>>) {
     use crate::runtime::cri::scripted::{Script, scripted_runtime};

@@ -301,6 +301,20 @@ pub(crate) fn plot(rows: &[Row], rates: &[u64], modes: &[Mode], path: &Path) -> 
 mod tests {
     use super::*;
 
+    /// The SVG of a plot written as (SVG, PNG), once the PNG is checked to be one; both
+    /// removed unless EVICTD_KEEP_PLOT is set.
+    fn svg_of(written: &[PathBuf]) -> String {
+        let svg = std::fs::read_to_string(&written[0]).expect("svg");
+        let png = std::fs::read(&written[1]).expect("png");
+        if std::env::var_os("EVICTD_KEEP_PLOT").is_none() {
+            for p in written {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        svg
+    }
+
     /// The texts of an SVG's `<text>` elements (plotters writes each on a line of its own).
     fn labels(svg: &str) -> Vec<String> {
         svg.split("<text")
@@ -318,15 +332,7 @@ mod tests {
             Series { label: "ebpf".into(), ms: vec![0.5, 0.7, 0.9, 1.4, 2.5] },
             Series { label: "poll".into(), ms: vec![3.0, 8.0, 40.0] },
         ];
-        let written = cdf(&series, "detection", &stem).expect("cdf");
-        let svg = std::fs::read_to_string(&written[0]).expect("svg");
-        let png = std::fs::read(&written[1]).expect("png");
-        if std::env::var_os("EVICTD_KEEP_PLOT").is_none() {
-            for p in &written {
-                let _ = std::fs::remove_file(p);
-            }
-        }
-        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        let svg = svg_of(&cdf(&series, "detection", &stem).expect("cdf"));
         assert!(svg.contains("ebpf (n=5)") && svg.contains("poll (n=3)"), "legend");
         let labels = labels(&svg);
         assert!(labels.iter().any(|l| l == "10" || l == "20"), "labels within the data's span: {labels:?}");
@@ -343,15 +349,7 @@ mod tests {
             Curve { label: "detection p50".into(), points: vec![(10.0, 0.4), (250.0, 0.5)], dashed: false },
             Curve { label: "detection p99".into(), points: vec![(10.0, 0.9), (250.0, 3.0)], dashed: true },
         ];
-        let written = super::curves(&curves, "cost", "pods on the node", &stem).expect("curves");
-        let svg = std::fs::read_to_string(&written[0]).expect("svg");
-        let png = std::fs::read(&written[1]).expect("png");
-        if std::env::var_os("EVICTD_KEEP_PLOT").is_none() {
-            for p in &written {
-                let _ = std::fs::remove_file(p);
-            }
-        }
-        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        let svg = svg_of(&super::curves(&curves, "cost", "pods on the node", &stem).expect("curves"));
         assert!(svg.contains("detection p50") && svg.contains("detection p99"), "legend");
         let labels = labels(&svg);
         assert!(labels.iter().any(|l| l == "pods on the node"), "{labels:?}");

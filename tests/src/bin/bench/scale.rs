@@ -160,7 +160,29 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
         }
         steps.push(step);
     }
-    report(o, &steps, &runs)
+    report(o, &steps, &runs)?;
+    // A run evictd did not answer, or the kernel's OOM killer answered first, is a failure,
+    // the smoke run's included.
+    let failed: Vec<String> = runs
+        .iter()
+        .filter(|r| r.sample.oom_first || r.sample.detection_ms.is_none())
+        .map(|r| {
+            format!(
+                "{} pods, walker {}, run {}",
+                r.pods,
+                if r.walking { "walking" } else { "idle" },
+                r.sample.run + 1
+            )
+        })
+        .collect();
+    anyhow::ensure!(
+        failed.is_empty(),
+        "evictd did not evict before the kernel's OOM killer, or not at all, in {} of {} runs: {}",
+        failed.len(),
+        runs.len(),
+        failed.join("; ")
+    );
+    Ok(())
 }
 
 /// The pod whose volume (an emptyDir where the kubelet makes one) holds `files` empty files,
