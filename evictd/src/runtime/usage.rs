@@ -78,8 +78,12 @@ pub struct Reads {
 }
 
 impl Reads {
-    /// Everything: the chosen pod's record.
+    /// Everything the kubelet's summary has for a pod.
     pub const ALL: Reads = Reads { memory: true, processes: true, container_memory: true };
+
+    /// The containers' memory alone: for the chosen pod's record, beside what it was
+    /// ranked by.
+    pub const CONTAINER_MEMORY: Reads = Reads { memory: false, processes: false, container_memory: true };
 
     /// What ranking the pods for `resource` reads.
     pub fn ranking(resource: Resource) -> Reads {

@@ -161,7 +161,7 @@ impl Pressure {
                 break;
             }
             // Ranked on its pod-level memory; the record names its containers' usage.
-            let full = self.read_in_full(pod, &mut e, &d.actionable, obs).await;
+            let full = self.read_in_full(pod, ranked, &mut e, &d.actionable, obs).await;
             let stats = full.as_ref().unwrap_or(ranked);
             let mut rec = self.record(pod, &e, obs, t0);
             let done = self.act(pod, stats, &mut rec).await;
@@ -179,14 +179,15 @@ impl Pressure {
         records
     }
 
-    /// For a memory eviction, the chosen pod's stats read again with its containers' memory
-    /// (`candidates` reads only what ranking needs), and the eviction's message and
+    /// For a memory eviction, the chosen pod's ranked stats with its containers' memory read
+    /// now (`candidates` reads only what ranking needs), and the eviction's message and
     /// annotations made from them, as the kubelet's name the containers over their requests.
     /// `None` for other signals, and when the read fails or is late (`CHOSEN_READ_TIMEOUT`:
     /// the kill waits for it): the record then names no container, and the log says why.
     async fn read_in_full(
         &mut self,
         pod: &PodRecord,
+        ranked: &PodStats,
         e: &mut engine::Eviction,
         actionable: &[usize],
         obs: &Observations,
@@ -197,9 +198,11 @@ impl Pressure {
         let (rec, cgroups) = (pod.clone(), self.cgroups.clone());
         let read = move || {
             let cg = usage::pod_cgroups(&rec, &cgroups);
-            usage::pod_stats(&rec, cg.as_ref(), &cgroups, None, usage::Reads::ALL).ok()
+            usage::pod_stats(&rec, cg.as_ref(), &cgroups, None, usage::Reads::CONTAINER_MEMORY).ok()
         };
-        let Some(full) = self.read_for_decision(CHOSEN_READ_TIMEOUT, read).await.flatten() else {
+        let full = self.read_for_decision(CHOSEN_READ_TIMEOUT, read).await.flatten();
+        // The pod's own working set stays the one it was ranked (and is awaited) by.
+        let Some(full) = full.map(|read| PodStats { containers: read.containers, ..ranked.clone() }) else {
             tracing::warn!(
                 pod = %format!("{}/{}", pod.namespace, pod.name),
                 "its containers' memory could not be read in time: the eviction's record names none"

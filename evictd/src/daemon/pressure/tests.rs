@@ -70,6 +70,18 @@ fn memcg(dir: &Path, usage: u64) {
     std::fs::write(dir.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
 }
 
+/// `file` replaced by a FIFO: a read of it waits until a writer comes (`feed`).
+fn fifo_in_place_of(file: &Path) {
+    let _ = std::fs::remove_file(file);
+    nix::unistd::mkfifo(file, nix::sys::stat::Mode::S_IRWXU).unwrap();
+}
+
+/// Writes `text` to the FIFO for a reader waiting on it; an error (ENXIO) when no reader is.
+fn feed(fifo: &Path, text: &[u8]) -> std::io::Result<()> {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(fifo)?.write_all(text)
+}
+
 fn pod(name: &str, parent: Option<&str>) -> PodRecord {
     let mut r = record(parent.unwrap_or(""), vec![container(None, None)]);
     r.name = name.into();
@@ -102,15 +114,13 @@ async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
 /// containers are read for its record, whose annotations name them as the kubelet's do.
 #[tokio::test(flavor = "current_thread")]
 async fn ranking_reads_only_the_pods_memory_and_the_record_names_the_chosen_pods_containers() {
-    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
     let d = tempfile::tempdir().unwrap();
     memcg(&d.path().join("kubepods/pod-big"), 600 << 20);
     memcg(&d.path().join("kubepods/pod-big/c"), 600 << 20);
     memcg(&d.path().join("kubepods/pod-small"), 1 << 20);
     let fifo = d.path().join("kubepods/pod-small/c/memory.usage_in_bytes");
     memcg(fifo.parent().unwrap(), 1 << 20);
-    std::fs::remove_file(&fifo).unwrap();
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    fifo_in_place_of(&fifo);
     let mut p = under_pressure(d.path(), None);
     p.reader = crate::daemon::realtime::Reader::spawn(0);
     // Its spec names its container, as the API's would: the annotations follow the spec.
@@ -119,12 +129,7 @@ async fn ranking_reads_only_the_pods_memory_and_the_record_names_the_chosen_pods
     let pods = Arc::new(vec![big, pod("small", Some("/kubepods/pod-small"))]);
     let passed = tokio::time::timeout(Duration::from_secs(5), p.pass(&pods, || 1, None, false)).await;
     // A reader waiting on the FIFO is let go; with none, a non-blocking open finds no reader.
-    let read_for_ranking = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .and_then(|mut f| f.write_all(b"0\n"))
-        .is_ok();
+    let read_for_ranking = feed(&fifo, b"0\n").is_ok();
     assert!(!read_for_ranking, "a bystander's container memory was read to rank the pods");
     let (records, _) = passed.expect("the pass ended");
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["big"], "{records:?}");
@@ -262,17 +267,12 @@ async fn an_inferred_node_critical_pod_is_never_chosen() {
 /// running while the read waits, and the read's value is used once it comes.
 #[tokio::test(flavor = "current_thread")]
 async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
-    use std::{
-        io::Write as _,
-        os::unix::fs::OpenOptionsExt as _,
-        sync::atomic::{AtomicU32, Ordering},
-    };
+    use std::sync::atomic::{AtomicU32, Ordering};
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("kubepods/pod-stuck");
     memcg(&dir, 0);
     let fifo = dir.join("memory.usage_in_bytes");
-    std::fs::remove_file(&fifo).unwrap();
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    fifo_in_place_of(&fifo);
     let pods = Arc::new(vec![pod("stuck", Some("/kubepods/pod-stuck"))]);
     let ticks = Arc::new(AtomicU32::new(0));
     let t = ticks.clone();
@@ -289,8 +289,8 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
         std::thread::sleep(Duration::from_millis(300));
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo) {
-                Ok(mut f) => return f.write_all(b"1048576\n").unwrap(),
+            match feed(&fifo, b"1048576\n") {
+                Ok(()) => return,
                 Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
                 Err(e) => panic!("nobody opened the pod's usage file to read it: {e}"),
             }
@@ -318,10 +318,9 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
 /// when its read returns).
 #[tokio::test(flavor = "current_thread")]
 async fn a_stuck_read_is_given_up_and_the_next_read_answers() {
-    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
     let d = tempfile::tempdir().unwrap();
     let fifo = d.path().join("memory.stat");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    fifo_in_place_of(&fifo);
     let mut p = pressure(d.path());
     p.reader = crate::daemon::realtime::Reader::spawn(0);
     let f = fifo.clone();
@@ -330,11 +329,7 @@ async fn a_stuck_read_is_given_up_and_the_next_read_answers() {
     assert_eq!(stuck, None);
     let next = p.read_for_decision(Duration::from_secs(2), || 7).await;
     // Let the stuck reader go: it is waiting to read.
-    let released = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .and_then(|mut f| f.write_all(b"x"));
+    let released = feed(&fifo, b"x");
     assert!(released.is_ok(), "the stuck read was not waiting: {released:?}");
     assert_eq!(next, Some(7), "the next read waited behind the stuck one");
 }

@@ -118,6 +118,12 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
     let kubelet = ctd.tmp.join("kubelet");
     let mut pods = vec![files_pod(&mut ctd, &kubelet, o.files).await?];
     let (mut steps, mut runs) = (Vec::new(), Vec::new());
+    let cell = Cell {
+        threshold_mib: o.threshold_mib,
+        rate: o.rate,
+        reactor: Reactor::Evictd(Mode::All, KillPath::Default),
+    };
+    let work = Workload { hold_mib: 0, ignore_sigterm: false };
     for &n in &o.pods {
         add_pods(&mut ctd, &mut pods, n).await;
         let capacity = reaction::working_set(&memory) + ROOM + o.threshold_mib * MI;
@@ -133,19 +139,13 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
             let walker0 = (thread_cpu_s(pid, "evictd-disk"), Instant::now());
             let running = Running::Evictd(evictd);
             for run in 0..o.runs {
-                let cell = Cell {
-                    threshold_mib: o.threshold_mib,
-                    rate: o.rate,
-                    reactor: Reactor::Evictd(Mode::All, KillPath::Default),
-                };
-                let work = Workload { hold_mib: 0, ignore_sigterm: false };
                 let victim = reaction::start_victim(&mut ctd, work, cell, run).await;
                 // evictd's inventory (every 2 s by default) must list the victim first.
                 tokio::time::sleep(Duration::from_millis(2200)).await;
                 let sample = reaction::one_run(&mut ctd, &running, &node, work, cell, run, victim).await?;
                 eprintln!(
                     "[bench] {n} pods, walker {}: {} decide {}",
-                    if walking { "walking" } else { "idle" },
+                    walker_state(walking),
                     reaction::describe(&sample),
                     sample.decide_ms.map_or("-".into(), |d| format!("{d:.2} ms"))
                 );
@@ -166,14 +166,7 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
     let failed: Vec<String> = runs
         .iter()
         .filter(|r| r.sample.oom_first || r.sample.detection_ms.is_none())
-        .map(|r| {
-            format!(
-                "{} pods, walker {}, run {}",
-                r.pods,
-                if r.walking { "walking" } else { "idle" },
-                r.sample.run + 1
-            )
-        })
+        .map(|r| format!("{} pods, walker {}, run {}", r.pods, walker_state(r.walking), r.sample.run + 1))
         .collect();
     anyhow::ensure!(
         failed.is_empty(),
@@ -183,6 +176,11 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
         failed.join("; ")
     );
     Ok(())
+}
+
+/// The walker's state as the table, the CSV and the log name it.
+fn walker_state(walking: bool) -> &'static str {
+    if walking { "walking" } else { "idle" }
 }
 
 /// The pod whose volume (an emptyDir where the kubelet makes one) holds `files` empty files,
@@ -372,7 +370,7 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             csv,
             "{},{},{},{},{},{},{},{:.2},{}",
             r.pods,
-            if r.walking { "walking" } else { "idle" },
+            walker_state(r.walking),
             s.run,
             f(s.detection_ms),
             f(s.stop_ms),
@@ -449,7 +447,7 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
         let step = steps.iter().find(|s| s.pods == *pods).cloned().unwrap_or_default();
         println!(
             "{pods:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6.2} {:>7.2} | {:>5}/{:<3}",
-            if *walking { "walking" } else { "idle" },
+            walker_state(*walking),
             f(det, |p| p.p50, 2),
             f(det, |p| p.p99, 2),
             f(dec, |p| p.p50, 2),
