@@ -396,14 +396,9 @@ fn evict_for_reclaimable_threshold(input: &Input, mut decision: Decision, state:
     decision
 }
 
-/// The kubelet skips critical pods (`kubelettypes.IsCriticalPod`); evictd also skips the
-/// pods the caller protects (itself, and candidates whose kill already failed) and the pods
-/// that opted out (`evictd.io/eviction: never`).
+/// The ranking's first pod that may be evicted (`rank::evictable`).
 fn first_evictable(ranking: &[usize], pods: &[PodEntry]) -> Option<usize> {
-    ranking.iter().copied().find(|&p| {
-        let e = &pods[p];
-        !e.pod.is_critical() && !e.protected && !e.pod.opts_out()
-    })
+    ranking.iter().copied().find(|&p| rank::evictable(&pods[p]))
 }
 
 /// The kubelet's `evictionMessage`, to the letter: the message, and the annotations of the

@@ -213,5 +213,64 @@ pub fn rank(pods: &[PodEntry], signal: Signal, layout: FsLayout) -> Vec<usize> {
     order
 }
 
+/// Whether the pod may be evicted at all: the kubelet skips critical pods
+/// (`kubelettypes.IsCriticalPod`); evictd also skips the pods the caller protects (itself,
+/// and candidates whose kill already failed) and the pods that opted out
+/// (`evictd.io/eviction: never`).
+pub fn evictable(e: &PodEntry) -> bool {
+    !e.pod.is_critical() && !e.protected && !e.pod.opts_out()
+}
+
+/// The pods among which memory ranking's first `k` evictable pods are, each with its stats
+/// read by `exact` (`None`: unreadable, left out), found while reading as few as possible:
+/// `bounds` gives each pod's stats with an upper bound of its working set (its usage, one
+/// small file, where the working set costs a memory.stat read, tens of microseconds each on
+/// a node of hundreds of pods). Pods are read in the order their bounds rank, until the
+/// next bound ranks after the `k`-th pod read. That stop is exact, not a heuristic: the
+/// memory comparator never ranks a pod later for a larger working set (it is then over its
+/// request at least as much), so a pod whose bound ranks after the `k`-th pod read cannot
+/// rank before it with its real working set. Pods that are not `evictable` are not read.
+/// Returns the pods read, in input order.
+pub fn read_memory_contenders(
+    bounds: &[PodEntry],
+    k: usize,
+    signal: Signal,
+    mut exact: impl FnMut(usize) -> Option<PodStats>,
+) -> Vec<(usize, PodStats)> {
+    debug_assert_eq!(signal.resource(), Resource::Memory, "the stop holds for memory ranking only");
+    let layout = FsLayout::SingleFs;
+    let mut by_bound: Vec<usize> = (0..bounds.len()).filter(|&i| evictable(&bounds[i])).collect();
+    by_bound.sort_by(|&i, &j| compare(&bounds[i], &bounds[j], signal, layout));
+    let mut read: Vec<(usize, PodStats)> = Vec::new();
+    // The `k` first of those read, by their real working set, in rank order.
+    let mut first: Vec<usize> = Vec::with_capacity(k.min(bounds.len()) + 1);
+    fn entry<'s>(bounds: &[PodEntry<'s>], read: &'s [(usize, PodStats)], r: usize) -> PodEntry<'s> {
+        PodEntry { stats: Some(&read[r].1), ..bounds[read[r].0] }
+    }
+    for i in by_bound {
+        if first.len() >= k
+            && let Some(&last) = first.last()
+        {
+            // Ties keep the input order: a tie with an earlier pod still ranks before it.
+            let after =
+                compare(&bounds[i], &entry(bounds, &read, last), signal, layout).then(i.cmp(&read[last].0));
+            if after == Ordering::Greater {
+                break;
+            }
+        }
+        let Some(stats) = exact(i) else { continue };
+        read.push((i, stats));
+        let new = read.len() - 1;
+        let at = first.partition_point(|&r| {
+            let ord = compare(&entry(bounds, &read, r), &entry(bounds, &read, new), signal, layout);
+            ord.then(read[r].0.cmp(&i)) == Ordering::Less
+        });
+        first.insert(at, new);
+        first.truncate(k);
+    }
+    read.sort_by_key(|(i, _)| *i);
+    read
+}
+
 #[cfg(test)]
 mod tests;

@@ -247,3 +247,106 @@ fn the_eviction_order_annotation_places_a_pod_within_its_class() {
         ["within", "volunteer", "plain", "most-over"]
     );
 }
+
+/// Pods for `read_memory_contenders`: (priority, memory request MiB, working set MiB,
+/// page cache MiB on top of it, protected), some critical, some tied.
+fn contenders(
+    pods: &[(i32, Option<u32>, u64, u64, bool)],
+) -> (Vec<Pod>, Vec<PodStats>, Vec<PodStats>, Vec<bool>) {
+    let specs = pods
+        .iter()
+        .enumerate()
+        .map(|(i, &(prio, req, ..))| {
+            let req = req.map(|r| format!("{r}Mi"));
+            pod(&format!("p{i}"), Some(prio), req.as_deref(), None)
+        })
+        .collect();
+    let exact = pods.iter().enumerate().map(|(i, &(_, _, ws, ..))| stats(&format!("p{i}"), ws, 1, 0, 0, 0));
+    let bound = pods
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, _, ws, cache, _))| stats(&format!("p{i}"), ws + cache, 1, 0, 0, 0));
+    (specs, exact.collect(), bound.collect(), pods.iter().map(|p| p.4).collect())
+}
+
+/// The first `k` evictable pods of a ranking over `entries`, by pod name.
+fn first_k(entries: &[PodEntry], k: usize) -> Vec<String> {
+    let order = rank(entries, Signal::MemoryAvailable, FsLayout::SingleFs);
+    order
+        .into_iter()
+        .filter(|&i| evictable(&entries[i]))
+        .take(k)
+        .map(|i| entries[i].pod.metadata.name.clone())
+        .collect()
+}
+
+/// Reading only the pods whose bound can rank them among the first `k` finds the same
+/// first `k` as reading every pod, and reads no pod that is not evictable.
+fn contenders_rank_as_all(pods: &[(i32, Option<u32>, u64, u64, bool)], k: usize) -> usize {
+    contenders_rank_as_all_readable(pods, k, &[])
+}
+
+/// `contenders_rank_as_all`, where the pods in `unreadable` cannot be read (their exact read
+/// answers nothing): they are left out of both rankings.
+fn contenders_rank_as_all_readable(
+    pods: &[(i32, Option<u32>, u64, u64, bool)],
+    k: usize,
+    unreadable: &[usize],
+) -> usize {
+    let (specs, exact, bound, protected) = contenders(pods);
+    fn entry<'s>(specs: &'s [Pod], protected: &[bool], i: usize, s: &'s PodStats) -> PodEntry<'s> {
+        PodEntry { pod: &specs[i], stats: Some(s), protected: protected[i] }
+    }
+    let all: Vec<PodEntry> = exact
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !unreadable.contains(i))
+        .map(|(i, s)| entry(&specs, &protected, i, s))
+        .collect();
+    let bounds: Vec<PodEntry> =
+        bound.iter().enumerate().map(|(i, s)| entry(&specs, &protected, i, s)).collect();
+    let mut reads = 0;
+    let read = read_memory_contenders(&bounds, k, Signal::MemoryAvailable, |i| {
+        assert!(evictable(&bounds[i]), "p{i} is not evictable and was read");
+        reads += 1;
+        (!unreadable.contains(&i)).then(|| exact[i].clone())
+    });
+    let subset: Vec<PodEntry> = read.iter().map(|(i, s)| entry(&specs, &protected, *i, s)).collect();
+    assert_eq!(first_k(&subset, k), first_k(&all, k), "{pods:?}, k = {k}");
+    assert!(read.iter().all(|(i, _)| !unreadable.contains(i)) && read.len() <= reads);
+    reads
+}
+
+#[test]
+fn one_growing_pod_among_many_is_found_reading_one_pod() {
+    let mut pods = vec![(0, Some(64), 10, 30, false); 249];
+    pods.push((0, Some(64), 900, 0, false));
+    // A critical pod with more memory than anyone is never read.
+    pods.push((2_000_001_000, None, 2000, 0, false));
+    assert_eq!(contenders_rank_as_all(&pods, 1), 1);
+    // The first two: every small pod's bound (its page cache) could place it second.
+    assert_eq!(contenders_rank_as_all(&pods, 2), 250);
+    // Page cache puts a pod's bound above the grower: it is read, and ranks after it.
+    pods[7].3 = 2000;
+    assert_eq!(contenders_rank_as_all(&pods, 1), 2);
+}
+
+proptest::proptest! {
+    #[test]
+    fn contenders_find_the_first_k_of_the_whole_ranking(
+        pods in proptest::collection::vec(
+            (
+                proptest::sample::select(vec![0, 1000, 2_000_001_000]),
+                proptest::option::of(proptest::sample::select(vec![10u32, 100, 1024])),
+                proptest::sample::select(vec![0u64, 5, 100, 101, 500, 1500]),
+                proptest::sample::select(vec![0u64, 1, 400, 3000]),
+                proptest::bool::weighted(0.2),
+            ),
+            0..40,
+        ),
+        k in 1usize..=5,
+        unreadable in proptest::collection::vec(0usize..40, 0..4),
+    ) {
+        contenders_rank_as_all_readable(&pods, k, &unreadable);
+    }
+}

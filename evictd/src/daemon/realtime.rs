@@ -101,6 +101,11 @@ impl Reader {
         }
     }
 
+    /// Runs `job` on the reader's thread, after what is queued, without waiting for it.
+    pub fn submit(&self, job: impl FnOnce() + Send + 'static) {
+        let _ = self.jobs.send(Box::new(job));
+    }
+
     /// `read`'s result, run on the reader's thread; `None` if it panicked or the thread is
     /// gone. The caller bounds the wait.
     pub async fn read<T: Send + 'static>(&self, read: impl FnOnce() -> T + Send + 'static) -> Option<T> {

@@ -1,9 +1,11 @@
 //! Turns the cgroup ids in wake events into paths a person can read. A cgroup id is the
 //! inode number of the cgroup's directory, so a walk of the hierarchy builds the map; ids
-//! not seen yet trigger a new walk, at most every `RESCAN_EVERY`.
+//! not seen yet trigger a new walk, at most every `RESCAN_EVERY`, and an id no walk found
+//! triggers none again (wakes come from cgroups outside the hierarchy, or removed, many
+//! times a second, and a walk of a node's hierarchy lists thousands of directories).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -14,6 +16,8 @@ use evictd_common::CGROUP_KIND_MEMCG;
 use crate::node::cgroups::{CgroupMounts, CgroupVersion};
 
 const RESCAN_EVERY: Duration = Duration::from_millis(250);
+/// Ids no walk found, remembered at most: past it the list starts over.
+const MAX_UNKNOWN: usize = 4096;
 /// Deeper than any kubelet layout (kubepods/<qos>/pod<uid>/<container>) with room to spare.
 const MAX_DEPTH: usize = 12;
 
@@ -22,11 +26,19 @@ pub struct CgroupNames {
     memcg: HashMap<u64, String>,
     unified: HashMap<u64, String>,
     last_scan: Option<Instant>,
+    /// (id, memcg) pairs the last walks did not find.
+    unknown: HashSet<(u64, bool)>,
 }
 
 impl CgroupNames {
     pub fn new(layout: CgroupMounts) -> Self {
-        CgroupNames { layout, memcg: HashMap::new(), unified: HashMap::new(), last_scan: None }
+        CgroupNames {
+            layout,
+            memcg: HashMap::new(),
+            unified: HashMap::new(),
+            last_scan: None,
+            unknown: HashSet::new(),
+        }
     }
 
     /// A readable name for an event's cgroup: its path in the memory hierarchy where it can
@@ -49,25 +61,35 @@ impl CgroupNames {
         if let Some(p) = hit {
             return Some(p.clone());
         }
-        if self.last_scan.is_some_and(|t| t.elapsed() < RESCAN_EVERY) {
+        if self.unknown.contains(&(id, memcg)) || self.last_scan.is_some_and(|t| t.elapsed() < RESCAN_EVERY) {
             return None;
         }
-        self.rescan();
-        if memcg { self.memcg.get(&id).cloned() } else { self.unified.get(&id).cloned() }
+        let complete = self.rescan();
+        let found = if memcg { self.memcg.get(&id).cloned() } else { self.unified.get(&id).cloned() };
+        // A walk that could not list some directory (out of descriptors) proves nothing.
+        if found.is_none() && complete {
+            if self.unknown.len() >= MAX_UNKNOWN {
+                self.unknown.clear();
+            }
+            self.unknown.insert((id, memcg));
+        }
+        found
     }
 
-    fn rescan(&mut self) {
+    /// Walks both hierarchies; true when every directory could be listed (or was gone).
+    fn rescan(&mut self) -> bool {
         self.last_scan = Some(Instant::now());
         self.memcg.clear();
-        walk(&self.layout.memory_root, &self.layout.memory_root, 0, &mut |id, p| {
+        let mut complete = walk(&self.layout.memory_root, &self.layout.memory_root, 0, &mut |id, p| {
             self.memcg.insert(id, p);
         });
         self.unified.clear();
         if let Some(root) = self.layout.unified_root.clone() {
-            walk(&root, &root, 0, &mut |id, p| {
+            complete &= walk(&root, &root, 0, &mut |id, p| {
                 self.unified.insert(id, p);
             });
         }
+        complete
     }
 }
 
@@ -88,19 +110,34 @@ pub fn subtree_paths(dir: &Path) -> Vec<String> {
 
 /// Visits `dir` and its sub-directories as (id, path relative to `root` with a leading '/').
 /// Directories that vanish during the walk are skipped: cgroups come and go all the time.
-fn walk(root: &Path, dir: &Path, depth: usize, visit: &mut dyn FnMut(u64, String)) {
-    let Ok(meta) = std::fs::metadata(dir) else { return };
-    let rel = dir.strip_prefix(root).map(PathBuf::from).unwrap_or_default();
-    visit(meta.ino(), format!("/{}", rel.display()));
-    if depth >= MAX_DEPTH {
-        return;
+/// False when some directory could not be listed for another reason.
+fn walk(root: &Path, dir: &Path, depth: usize, visit: &mut dyn FnMut(u64, String)) -> bool {
+    match std::fs::metadata(dir) {
+        Ok(meta) => walk_below(root, dir, meta.ino(), depth, visit),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+}
+
+/// `walk` of `dir`, whose id is `ino`. Each sub-directory's id is the inode number its
+/// parent's listing gives: no stat per cgroup, where a node of 250 pods has ~750 of them.
+fn walk_below(root: &Path, dir: &Path, ino: u64, depth: usize, visit: &mut dyn FnMut(u64, String)) -> bool {
+    use std::os::unix::fs::DirEntryExt as _;
+    let rel = dir.strip_prefix(root).map(PathBuf::from).unwrap_or_default();
+    visit(ino, format!("/{}", rel.display()));
+    if depth >= MAX_DEPTH {
+        return true;
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => return e.kind() == std::io::ErrorKind::NotFound,
+    };
+    let mut complete = true;
     for entry in entries.flatten() {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            walk(root, &entry.path(), depth + 1, visit);
+            complete &= walk_below(root, &entry.path(), entry.ino(), depth + 1, visit);
         }
     }
+    complete
 }
 
 /// The memory cgroup of a process, from /proc/<pid>/cgroup: the line of the v1 hierarchy
@@ -144,6 +181,41 @@ mod tests {
         assert_eq!(seen.get(&ino).map(String::as_str), Some("/kubepods/burstable"));
         assert_eq!(seen.len(), 4);
         assert_eq!(subtree_ids(&d.path().join("kubepods")).len(), 3);
+    }
+
+    /// An id that a walk did not find sets off no further walk; a new cgroup's id does.
+    #[test]
+    fn unknown_ids_are_looked_for_once() {
+        let d = tempfile::tempdir().unwrap();
+        let layout = CgroupMounts {
+            memory_root: d.path().into(),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
+        let mut names = CgroupNames::new(layout);
+        assert_eq!(names.lookup(u64::MAX, true), None);
+        assert!(names.last_scan.is_some(), "the first miss walks");
+        names.last_scan = None;
+        assert_eq!(names.lookup(u64::MAX, true), None);
+        assert!(names.last_scan.is_none(), "the same miss walked again");
+        std::fs::create_dir(d.path().join("pod")).unwrap();
+        let ino = std::fs::metadata(d.path().join("pod")).unwrap().ino();
+        assert_eq!(names.lookup(ino, true).as_deref(), Some("/pod"));
+    }
+
+    /// On cgroupfs the listing's inode numbers are the cgroup ids a stat gives (kernfs).
+    #[test]
+    fn cgroup_ids_from_the_listing_are_the_directories_inodes() {
+        let layout = CgroupMounts::detect().unwrap();
+        let mut seen = Vec::new();
+        walk(&layout.memory_root, &layout.memory_root, MAX_DEPTH - 1, &mut |id, p| seen.push((id, p)));
+        assert!(seen.len() > 1, "{seen:?}");
+        for (id, rel) in seen {
+            let dir = layout.memory_root.join(rel.trim_start_matches('/'));
+            if let Ok(m) = std::fs::metadata(&dir) {
+                assert_eq!(m.ino(), id, "{}", dir.display());
+            }
+        }
     }
 
     #[test]

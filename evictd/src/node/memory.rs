@@ -5,6 +5,7 @@
 //! benchmarks, `--node-cgroup`), capacity is its limit, capped at MemTotal.
 
 use std::{
+    collections::{HashMap, HashSet},
     fs,
     path::{Path, PathBuf},
 };
@@ -171,6 +172,96 @@ impl MemoryCgroup {
     }
 }
 
+/// Pod cgroups' usage files, kept open between decisions: reading an open cgroup file again
+/// costs ~1.4 µs here, where opening, reading and closing it costs ~15 µs — on a node of 250
+/// pods, a decision's first reads in 0.4 ms rather than 4 ms. A file whose cgroup was
+/// removed answers no more (the kernel says ENODEV) and is opened again, or found gone;
+/// `keep_only` closes the files of cgroups no longer asked for, so the set follows the
+/// node's pods; past `limit` files a read opens and closes its file (the descriptors are
+/// shared with the kill path's pidfds).
+#[derive(Debug)]
+pub struct UsageFiles {
+    open: HashMap<PathBuf, fs::File>,
+    limit: usize,
+}
+
+impl Default for UsageFiles {
+    /// Room for the pods of any node (the kubelet's `--max-pods` is 110 by default).
+    fn default() -> Self {
+        Self::at_most(2048)
+    }
+}
+
+impl UsageFiles {
+    /// Keeping at most `limit` files open.
+    pub fn at_most(limit: usize) -> Self {
+        UsageFiles { open: HashMap::new(), limit }
+    }
+
+    /// `cg`'s usage now (`MemoryCgroup::usage`); `None` when the cgroup is gone.
+    pub fn usage(&mut self, cg: &MemoryCgroup) -> Result<Option<u64>, MemoryError> {
+        let path = match (cg.version, cg.is_root) {
+            (_, true) => return cg.usage().map(Some),
+            (CgroupVersion::V1, false) => cg.dir.join("memory.usage_in_bytes"),
+            (CgroupVersion::V2, false) => cg.dir.join("memory.current"),
+        };
+        if let Some(file) = self.open.get(&cg.dir) {
+            match read_u64_at(file, &path) {
+                Ok(v) => return Ok(Some(v)),
+                Err(_) => drop(self.open.remove(&cg.dir)),
+            }
+        }
+        let file = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !cg.dir.exists() => return Ok(None),
+            Err(source) => return Err(MemoryError::Read { path, source }),
+        };
+        let v = read_u64_at(&file, &path)?;
+        if self.open.len() < self.limit {
+            self.open.insert(cg.dir.clone(), file);
+        }
+        Ok(Some(v))
+    }
+
+    /// Opens the usage files of the cgroups in `cgs` not open yet (a read of each), and
+    /// closes those of cgroups not in it: a node's first decision after pods come then
+    /// opens nothing.
+    pub fn open_only<'a>(&mut self, cgs: impl IntoIterator<Item = &'a MemoryCgroup>) {
+        let mut keep = HashSet::new();
+        for cg in cgs {
+            if !self.open.contains_key(&cg.dir) {
+                let _ = self.usage(cg);
+            }
+            keep.insert(cg.dir.as_path());
+        }
+        self.keep_only(&keep);
+    }
+
+    /// Closes the files of every cgroup `keep` does not name.
+    pub fn keep_only(&mut self, keep: &HashSet<&Path>) {
+        self.open.retain(|dir, _| keep.contains(dir.as_path()));
+    }
+
+    /// How many files are open.
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+}
+
+/// A number read from the start of an open file, read anew.
+fn read_u64_at(file: &fs::File, path: &Path) -> Result<u64, MemoryError> {
+    use std::os::unix::fs::FileExt as _;
+    let mut buf = [0u8; 32];
+    let n =
+        file.read_at(&mut buf, 0).map_err(|source| MemoryError::Read { path: path.to_owned(), source })?;
+    let text = String::from_utf8_lossy(&buf[..n]);
+    parse_u64(path, text.trim())
+}
+
 fn read_trimmed(path: &Path) -> Result<String, MemoryError> {
     fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
@@ -255,6 +346,47 @@ mod tests {
 
     const MEMINFO: &str =
         "MemTotal:       16384000 kB\nMemFree:         8192000 kB\nInactive(file):   1024000 kB\n";
+
+    /// A kept-open usage file reads what the cgroup uses now, is found gone when its cgroup
+    /// is removed (a kept file of a removed cgroup answers nothing: it is not taken for a
+    /// reading), reads the new cgroup made at the same path, and is closed when not kept.
+    /// On this machine's real memory hierarchy: a file's kernel semantics are the point.
+    #[test]
+    fn kept_usage_files_follow_their_cgroups() {
+        let test = "kept_usage_files_follow_their_cgroups";
+        if !nix::unistd::geteuid().is_root() {
+            return crate::skip(test, "needs root to make a memory cgroup");
+        }
+        let layout = match crate::node::cgroups::CgroupMounts::detect() {
+            Ok(l) => l,
+            Err(e) => return crate::skip(test, &format!("no cgroups: {e}")),
+        };
+        let dir = layout.memory_root.join(format!("evictd-test-usage-files-{}", std::process::id()));
+        struct Removed<'a>(&'a Path);
+        impl Drop for Removed<'_> {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir(self.0);
+            }
+        }
+        let _cleanup = Removed(&dir);
+        fs::create_dir(&dir).unwrap();
+        let cg = MemoryCgroup::new(&dir, layout.memory_version, false);
+        let mut files = UsageFiles::default();
+        // An empty cgroup: the kept file and a fresh read agree.
+        assert_eq!(files.usage(&cg).unwrap(), Some(cg.usage().unwrap()));
+        assert_eq!(files.len(), 1);
+        fs::remove_dir(&dir).unwrap();
+        assert_eq!(files.usage(&cg).unwrap(), None, "a removed cgroup is gone, not read from its old file");
+        assert!(files.is_empty());
+        fs::create_dir(&dir).unwrap();
+        assert_eq!(files.usage(&cg).unwrap(), Some(cg.usage().unwrap()));
+        files.keep_only(&HashSet::new());
+        assert!(files.is_empty());
+        files.open_only([&cg]);
+        assert_eq!(files.len(), 1);
+        files.open_only([]);
+        assert!(files.is_empty());
+    }
 
     fn fixture(files: &[(&str, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();

@@ -148,6 +148,34 @@ pub fn pod_stats(
     })
 }
 
+/// Stats that rank a pod as if its working set were `usage`: its working set can be no
+/// larger (the kubelet's working set is usage less inactive file pages), so memory ranking
+/// places the pod no later than this (`rank::read_memory_contenders`).
+pub fn working_set_bound(usage: u64) -> PodStats {
+    PodStats {
+        memory: Some(MemoryStats { working_set_bytes: Some(usage), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// A pod's stats for memory ranking given its `usage` as just read: its working set is that
+/// usage less its inactive file pages (memory.stat), so it never exceeds the bound the
+/// ranking read stopped on (`working_set_bound`).
+pub fn memory_ranking_stats(
+    rec: &PodRecord,
+    cg: &PodCgroups,
+    layout: &CgroupMounts,
+    usage: u64,
+) -> Result<PodStats, UsageError> {
+    let working_set = cg.memory.working_set_after_usage(usage)?;
+    let nothing = Reads { memory: false, processes: false, container_memory: false };
+    let stats = pod_stats(rec, Some(cg), layout, None, nothing)?;
+    Ok(PodStats {
+        memory: Some(MemoryStats { working_set_bytes: Some(working_set), ..Default::default() }),
+        ..stats
+    })
+}
+
 fn fs_stats((bytes, inodes): (u64, u64)) -> FsStats {
     FsStats { used_bytes: Some(bytes), inodes_used: Some(inodes), ..Default::default() }
 }

@@ -1,22 +1,45 @@
 //! One pod evicted for a threshold: the candidates with their usage read off the daemon's
-//! thread, the ranking's first pod that may be taken, its record, and the act step (stop
-//! through the runtime or the fast kill, then the Kubernetes record).
+//! thread (for memory, only the pods that can rank first), the ranking's first pod that may
+//! be taken, its record, and the act step (stop through the runtime or the fast kill, then
+//! the Kubernetes record).
+
+use evictd_policy::rank;
 
 use super::*;
 
 /// Candidates tried in one decision when kills fail.
 const MAX_CANDIDATES: usize = 5;
 
-/// How long a decision waits for the candidates' cgroup reads (~15 ms for 250 pods here).
+/// How long a decision waits for the candidates' cgroup reads (~2 ms for 250 pods here; a
+/// disk or PID ranking reads every pod).
 const CANDIDATES_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long the kill waits for the chosen pod's containers to be read for its record
 /// (a few hundred microseconds here).
 const CHOSEN_READ_TIMEOUT: Duration = Duration::from_millis(20);
 
-/// Each live pod's usage (by index into `pods`): pods evicted already (`gone`), pods the API
-/// says have finished (the kubelet ranks only its active pods: a Failed or Succeeded pod
-/// frees nothing more) and pods whose cgroup is gone are not listed.
+/// The pods a decision ranks (by index into `pods`): pods evicted already (`gone`) and pods
+/// the API says have finished (the kubelet ranks only its active pods: a Failed or Succeeded
+/// pod frees nothing more) are not.
+fn live_pods<'a>(
+    pods: &'a [PodRecord],
+    gone: &'a BTreeMap<String, BTreeSet<String>>,
+) -> impl Iterator<Item = (usize, &'a PodRecord)> {
+    tracing::debug!(
+        listed = pods.len(),
+        evicted = pods.iter().filter(|p| gone.contains_key(&p.sandbox_id)).count(),
+        finished = pods.iter().filter(|p| !p.spec.is_active()).count(),
+        "candidates"
+    );
+    pods.iter().enumerate().filter(|(_, p)| !gone.contains_key(&p.sandbox_id) && p.spec.is_active())
+}
+
+fn cgroup_gone(p: &PodRecord) {
+    tracing::debug!(pod = %format!("{}/{}", p.namespace, p.name), "not a candidate: its cgroup is gone");
+}
+
+/// Each live pod's usage (`live_pods`), what `reads` asks for; pods whose cgroup is gone are
+/// not listed.
 fn read_usage(
     pods: &[PodRecord],
     gone: &BTreeMap<String, BTreeSet<String>>,
@@ -24,24 +47,92 @@ fn read_usage(
     disk: Option<&usage::DiskMeasured>,
     reads: usage::Reads,
 ) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
-    tracing::debug!(
-        listed = pods.len(),
-        evicted = pods.iter().filter(|p| gone.contains_key(&p.sandbox_id)).count(),
-        finished = pods.iter().filter(|p| !p.spec.is_active()).count(),
-        "candidates"
-    );
-    pods.iter()
-        .enumerate()
-        .filter(|(_, p)| !gone.contains_key(&p.sandbox_id) && p.spec.is_active())
+    live_pods(pods, gone)
         .filter_map(|(i, p)| {
             let cg = usage::pod_cgroups(p, cgroups);
             if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
-                tracing::debug!(pod = %format!("{}/{}", p.namespace, p.name), "not a candidate: its cgroup is gone");
+                cgroup_gone(p);
                 return None;
             }
             Some((i, usage::pod_stats(p, cg.as_ref(), cgroups, disk, reads)))
         })
         .collect()
+}
+
+/// For memory ranking, the live pods that can rank first among those not `protected`, with
+/// their working set read, and the pods whose usage could not be read. Each pod's usage (a
+/// kept-open file, `UsageFiles`) bounds its working set from above; only the pods whose
+/// bound could rank them first have their inactive file pages read from memory.stat
+/// (`rank::read_memory_contenders`), and their working set is that usage less them, so it
+/// never exceeds the bound the stop relied on. When no pod may be evicted, those that may
+/// not are read instead, for the decision to say why (critical, protected, opted out)
+/// rather than that there are no pods.
+fn read_memory_candidates(
+    pods: &[PodRecord],
+    gone: &BTreeMap<String, BTreeSet<String>>,
+    cgroups: &CgroupMounts,
+    protected: &[bool],
+    files: &std::sync::Mutex<UsageFiles>,
+    signal: Signal,
+) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
+    let mut out = Vec::new();
+    let mut bounds = Vec::new();
+    with_usage_files(files, |files| {
+        for (i, p) in live_pods(pods, gone) {
+            let Some(cg) = usage::pod_cgroups(p, cgroups) else {
+                out.push((i, Err(usage::UsageError::NoCgroup)));
+                continue;
+            };
+            match files.usage(&cg.memory) {
+                Ok(Some(bytes)) => bounds.push((i, cg, bytes, usage::working_set_bound(bytes))),
+                Ok(None) => cgroup_gone(p),
+                Err(e) => out.push((i, Err(e.into()))),
+            }
+        }
+        files.keep_only(&bounds.iter().map(|(_, cg, ..)| cg.memory.dir.as_path()).collect());
+    });
+    let entries: Vec<PodEntry> = bounds
+        .iter()
+        .map(|(i, _, _, bound)| PodEntry {
+            pod: &pods[*i].spec,
+            stats: Some(bound),
+            protected: protected[*i],
+        })
+        .collect();
+    let mut exact = |b: usize| {
+        let (i, cg, bytes, _) = &bounds[b];
+        match usage::memory_ranking_stats(&pods[*i], cg, cgroups, *bytes) {
+            Ok(stats) => Some(stats),
+            // Removed between its usage and its memory.stat: terminating.
+            Err(_) if !cg.memory.dir.exists() => {
+                cgroup_gone(&pods[*i]);
+                None
+            }
+            Err(e) => {
+                out.push((*i, Err(e)));
+                None
+            }
+        }
+    };
+    let read: Vec<(usize, PodStats)> = if entries.iter().any(rank::evictable) {
+        rank::read_memory_contenders(&entries, 1, signal, &mut exact)
+    } else {
+        (0..entries.len()).filter_map(|b| Some((b, exact(b)?))).collect()
+    };
+    tracing::debug!(bounded = bounds.len(), read = read.len(), "memory candidates");
+    out.extend(read.into_iter().map(|(b, stats)| (bounds[b].0, Ok(stats))));
+    out
+}
+
+/// `f` on the shared usage files; a set of its own when a reader given up on (stuck in a
+/// read) holds them. A panic while they were held left nothing half-done that matters: the
+/// files are taken over.
+fn with_usage_files<T>(files: &std::sync::Mutex<UsageFiles>, f: impl FnOnce(&mut UsageFiles) -> T) -> T {
+    match files.try_lock() {
+        Ok(mut held) => f(&mut held),
+        Err(std::sync::TryLockError::Poisoned(p)) => f(&mut p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => f(&mut UsageFiles::default()),
+    }
 }
 
 impl Pressure {
@@ -95,6 +186,36 @@ impl Pressure {
                 read_usage(&all, &gone, &cgroups, disk.as_deref(), reads)
             })
             .await;
+        self.readable(pods, read)
+    }
+
+    /// `candidates` for a memory signal: only the pods that can rank first among those not
+    /// protected (`protects`, or their kill `failed` in this decision), read as
+    /// `read_memory_candidates` does.
+    pub(super) async fn memory_contenders<'a>(
+        &mut self,
+        pods: &'a Arc<Vec<PodRecord>>,
+        signal: Signal,
+        failed: &BTreeSet<String>,
+    ) -> Vec<(&'a PodRecord, PodStats)> {
+        let protected: Vec<bool> =
+            pods.iter().map(|p| failed.contains(&p.sandbox_id) || self.protects(p)).collect();
+        let (all, gone, cgroups, files) =
+            (pods.clone(), self.gone.clone(), self.cgroups.clone(), self.usage_files.clone());
+        let read = self
+            .read_for_decision(CANDIDATES_READ_TIMEOUT, move || {
+                read_memory_candidates(&all, &gone, &cgroups, &protected, &files, signal)
+            })
+            .await;
+        self.readable(pods, read)
+    }
+
+    /// The pods whose usage was read; the others said why, once in a while.
+    fn readable<'a>(
+        &mut self,
+        pods: &'a [PodRecord],
+        read: Option<Vec<(usize, Result<PodStats, usage::UsageError>)>>,
+    ) -> Vec<(&'a PodRecord, PodStats)> {
         let Some(usage) = read else {
             self.warn_limited("the pods' usage could not be read: no pod is ranked".into());
             return Vec::new();
@@ -117,33 +238,54 @@ impl Pressure {
         out
     }
 
-    /// Evicts the top-ranked pod; when its kill fails, the next candidate, as the kubelet
-    /// does (at most `MAX_CANDIDATES`). Every failed kill is recorded, and the engine's state
-    /// is kept whichever way the decision ends.
+    /// The candidates of one try of a decision for `signal`: for memory, read anew with the
+    /// pods whose kill `failed` set aside (only the pods that can rank first are read); for
+    /// other signals, the first try's read serves every try (`kept`).
+    async fn candidates_for_try<'a>(
+        &mut self,
+        pods: &'a Arc<Vec<PodRecord>>,
+        signal: Signal,
+        disk: bool,
+        failed: &BTreeSet<String>,
+        kept: Option<Vec<(&'a PodRecord, PodStats)>>,
+    ) -> Vec<(&'a PodRecord, PodStats)> {
+        match kept {
+            _ if signal.resource() == Resource::Memory => self.memory_contenders(pods, signal, failed).await,
+            Some(kept) => kept,
+            None => self.candidates(pods, disk, usage::Reads::ranking(signal.resource())).await,
+        }
+    }
+
+    /// Evicts the top-ranked pod for `signal`; when its kill fails, the next candidate, as
+    /// the kubelet does (at most `MAX_CANDIDATES`). Every failed kill is recorded, and the
+    /// engine's state is kept whichever way the decision ends.
     pub(super) async fn evict_one(
         &mut self,
-        candidates: &[(&PodRecord, PodStats)],
+        pods: &Arc<Vec<PodRecord>>,
+        signal: Signal,
+        disk: bool,
         obs: &Observations,
         now: i64,
         t0: Instant,
     ) -> Vec<EvictionRecord> {
         let mut records = Vec::new();
-        let mut failed: BTreeSet<usize> = BTreeSet::new();
+        let mut failed: BTreeSet<String> = BTreeSet::new();
         let mut final_state = None;
-        let guesses_wait = self.guesses_wait(candidates, obs);
+        let mut kept = None;
         for _ in 0..MAX_CANDIDATES {
+            let candidates = self.candidates_for_try(pods, signal, disk, &failed, kept.take()).await;
             let entries: Vec<PodEntry> = candidates
                 .iter()
-                .enumerate()
-                .map(|(i, (p, s))| PodEntry {
+                .map(|(p, s)| PodEntry {
                     pod: &p.spec,
                     stats: Some(s),
-                    protected: failed.contains(&i) || self.protects(p),
+                    protected: failed.contains(&p.sandbox_id) || self.protects(p),
                 })
                 .collect();
             // Every try decides from the state before the decision: a state taken after a failed
             // try would find the same stats "not newer" and decide nothing.
             let (state, d) = engine::decide(&self.input(obs, &entries, now), &self.state);
+            drop(entries);
             final_state = Some(state);
             let Some(mut e) = d.eviction else {
                 self.warn_no_eviction(&d, failed.len());
@@ -151,12 +293,13 @@ impl Pressure {
             };
             let (pod, ranked) = &candidates[e.pod];
             tracing::debug!(
-                pods = candidates.len(),
+                pods = pods.len(),
+                read = candidates.len(),
                 chosen = %format!("{}/{}", pod.namespace, pod.name),
                 working_set = ranked.memory.as_ref().and_then(|m| m.working_set_bytes),
                 "decided among the candidates"
             );
-            if guesses_wait && pod.spec_inferred() {
+            if self.guesses_wait(pod, obs) {
                 self.hold_back_guess(pod);
                 break;
             }
@@ -171,7 +314,8 @@ impl Pressure {
             }
             // Only for this decision: the pod is still there, and the next pass may well
             // succeed where this one failed.
-            failed.insert(e.pod);
+            failed.insert(pod.sandbox_id.clone());
+            kept = Some(candidates);
         }
         if let Some(state) = final_state {
             self.state = state;
@@ -221,9 +365,9 @@ impl Pressure {
     /// memory is below the emergency level, where waiting would let the kernel act. Short of
     /// it, a decision whose top-ranked pod is such a guess evicts nobody: taking the next,
     /// listed pod instead would take a bystander for the guess's pressure.
-    fn guesses_wait(&self, candidates: &[(&PodRecord, PodStats)], obs: &Observations) -> bool {
+    fn guesses_wait(&self, chosen: &PodRecord, obs: &Observations) -> bool {
         self.specs_from_api
-            && candidates.iter().any(|(p, _)| p.spec_inferred())
+            && chosen.spec_inferred()
             && !urgency::emergency_met(&self.thresholds, obs, self.kill.emergency)
     }
 

@@ -313,6 +313,73 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
     assert_eq!(usage, [("stuck", Some(1 << 20))]);
 }
 
+/// A memory decision on a node of many pods reads the working set (memory.stat) only of
+/// the pods whose usage could rank them first: here 119 small pods' memory.stat are FIFOs,
+/// which a read would wait on until the decision gave up, with nobody evicted. The pod
+/// that grew is chosen, and its working set (not its usage) is what it was ranked by.
+#[tokio::test(flavor = "current_thread")]
+async fn a_memory_decision_reads_the_working_set_only_of_pods_that_can_rank_first() {
+    let d = tempfile::tempdir().unwrap();
+    let mut pods = Vec::new();
+    let mut fifos = Vec::new();
+    for i in 0..119 {
+        let dir = d.path().join(format!("kubepods/pod-{i}"));
+        memcg(&dir, 40 << 20);
+        fifo_in_place_of(&dir.join("memory.stat"));
+        fifos.push(dir.join("memory.stat"));
+        pods.push(pod(&format!("small-{i}"), Some(&format!("/kubepods/pod-{i}"))));
+    }
+    let big = d.path().join("kubepods/pod-big");
+    memcg(&big, 900 << 20);
+    std::fs::write(big.join("memory.stat"), format!("total_inactive_file {}\n", 100u64 << 20)).unwrap();
+    pods.insert(60, pod("big", Some("/kubepods/pod-big")));
+    let mut p = under_pressure(d.path(), None);
+    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    let pods = Arc::new(pods);
+    let passed = tokio::time::timeout(Duration::from_secs(5), p.pass(&pods, || 1, None, false)).await;
+    // Whatever happened, no reader is left waiting on a FIFO.
+    for f in &fifos {
+        let _ = feed(f, b"total_inactive_file 0\n");
+    }
+    let (records, _) = passed.expect("the pass did not end");
+    assert_eq!(names(&records), ["big"], "{records:?}");
+    let contenders = p.memory_contenders(&pods, Signal::MemoryAvailable, &BTreeSet::new()).await;
+    let read: Vec<(&str, Option<u64>)> = contenders
+        .iter()
+        .map(|(r, s)| (r.name.as_str(), s.memory.as_ref().and_then(|m| m.working_set_bytes)))
+        .collect();
+    assert_eq!(read, [("big", Some(800 << 20))]);
+    assert_eq!(p.usage_files.lock().unwrap().len(), 120, "each pod's usage file is kept open");
+}
+
+/// The usage files of a new pod list are opened after a pass, before any decision needs
+/// them, and those of pods gone are closed.
+#[tokio::test(flavor = "current_thread")]
+async fn usage_files_are_opened_for_each_new_pod_list_after_the_pass() {
+    let d = tempfile::tempdir().unwrap();
+    for n in ["a", "b"] {
+        memcg(&d.path().join(format!("kubepods/pod-{n}")), 1 << 20);
+    }
+    // A node far from its threshold: no decision reads anything.
+    let mut p = pressure(d.path());
+    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
+        .unwrap();
+    std::fs::write(d.path().join("memory.usage_in_bytes"), "1048576\n").unwrap();
+    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    p.signals.node.meminfo = d.path().join("meminfo");
+    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    let open_after = async |p: &mut Pressure, pods: Vec<PodRecord>| {
+        let (records, _) = p.pass(&Arc::new(pods), || 1, None, false).await;
+        assert!(records.is_empty(), "{records:?}");
+        // Queued on the reader: a read behind it sees it done.
+        p.read_for_decision(Duration::from_secs(2), || ()).await;
+        p.usage_files.lock().unwrap().len()
+    };
+    let both = vec![pod("a", Some("/kubepods/pod-a")), pod("b", Some("/kubepods/pod-b"))];
+    assert_eq!(open_after(&mut p, both).await, 2);
+    assert_eq!(open_after(&mut p, vec![pod("a", Some("/kubepods/pod-a"))]).await, 1);
+}
+
 /// A read stuck past its deadline costs that decision its read, not the next ones: the
 /// reader is replaced, so the next read does not queue behind the stuck one (which ends
 /// when its read returns).
