@@ -1,6 +1,7 @@
 //! Teardown helpers for the private containerd: find what a test started (by its cgroups
-//! and by its socket path on the command line), detach its mounts, remove its cgroup trees.
-//! Nothing here touches what a test did not start.
+//! and by its socket path on the command line), detach its mounts, remove its cgroup trees;
+//! and what a killed test process left (`remove_what_killed_runs_left`), which no teardown
+//! ran for. Nothing here touches what a test did not start.
 
 use std::{path::Path, time::Duration};
 
@@ -73,4 +74,75 @@ fn remove_depth_first(dir: &Path) {
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("warning: could not remove cgroup {}", dir.display());
+}
+
+/// The prefix of every private containerd's name: `evictd-e2e-<pid of the test process>-<n>`.
+pub(crate) const RUN_PREFIX: &str = "evictd-e2e-";
+
+/// Runs of the harness whose test process is gone (killed: a timeout, a SIGKILL, a CI job
+/// cancelled), so that no teardown ran: their processes (in their cgroups, or shims serving
+/// their socket) are killed, their mounts detached, their cgroup trees, `/tmp` and `/run`
+/// directories removed. A run whose process is alive is another test's, and is left alone.
+pub(crate) fn remove_what_killed_runs_left() {
+    let mut names: Vec<String> = ["/tmp", "/run", "/sys/fs/cgroup/memory", "/sys/fs/cgroup"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|entries| entries.flatten().filter_map(|e| e.file_name().into_string().ok()))
+        .filter(|n| run_of_a_dead_process(n))
+        .collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        eprintln!("removing what a killed test run left: {name}");
+        let (tmp, run) = (Path::new("/tmp").join(&name), Path::new("/run").join(&name));
+        thaw_freezer_tree(&Path::new("/sys/fs/cgroup/freezer").join(&name));
+        let in_cgroups = ["memory", "pids", ""]
+            .iter()
+            .flat_map(|h| pids_in_tree(&Path::new("/sys/fs/cgroup").join(h).join(&name)));
+        for pid in in_cgroups.chain(pids_with_cmdline(&format!("{}/", run.display()))) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+        detach_mounts_under(&[&tmp, &run]);
+        remove_cgroup_trees(&name);
+        let _ = std::fs::remove_dir_all(&run);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+}
+
+/// Whether `name` is a run's (`RUN_PREFIX<pid>-<n>`) whose test process no longer exists.
+fn run_of_a_dead_process(name: &str) -> bool {
+    let Some((pid, n)) = name.strip_prefix(RUN_PREFIX).and_then(|rest| rest.split_once('-')) else {
+        return false;
+    };
+    let numbers = pid.parse::<u32>().is_ok() && n.parse::<u32>().is_ok();
+    numbers && !Path::new("/proc").join(pid).exists()
+}
+
+/// A v1 freezer cgroup (and those below it) thawed: a frozen task does not die of SIGKILL
+/// until it is, and its cgroup cannot be removed (evictd's fast kill freezes a pod while it
+/// kills it, and a killed run may have left it so).
+fn thaw_freezer_tree(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            thaw_freezer_tree(&e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_runs_of_processes_that_are_gone_are_stale() {
+        let alive = std::process::id();
+        assert!(!run_of_a_dead_process(&format!("{RUN_PREFIX}{alive}-3")), "this process is alive");
+        // PIDs never exceed 2^22 (pid_max's limit).
+        assert!(run_of_a_dead_process(&format!("{RUN_PREFIX}{}-3", 1u32 << 23)));
+        for other in ["evictd-e2e-x-3", "evictd-e2e-12", "evictd-test-12-3", "kubepods"] {
+            assert!(!run_of_a_dead_process(other), "{other}");
+        }
+    }
 }

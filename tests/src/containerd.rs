@@ -22,7 +22,10 @@ use evictd::{
 };
 
 use crate::{
-    cleanup::{detach_mounts_under, pids_in_tree, pids_with_cmdline, remove_cgroup_trees},
+    cleanup::{
+        RUN_PREFIX, detach_mounts_under, pids_in_tree, pids_with_cmdline, remove_cgroup_trees,
+        remove_what_killed_runs_left,
+    },
     fs_available, mount_tmpfs,
 };
 
@@ -247,8 +250,9 @@ impl Containerd {
         } else if at_root {
             check_no_pods_of_the_machine(&layout.memory_root.join("kubepods"));
         }
+        remove_what_killed_runs_left();
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let name = format!("evictd-e2e-{}-{n}", std::process::id());
+        let name = format!("{RUN_PREFIX}{}-{n}", std::process::id());
         let tmp = std::env::temp_dir().join(&name);
         let run = PathBuf::from("/run").join(&name);
         for d in [tmp.join("net.d"), tmp.join("logs"), tmp.join("ctl"), run.clone()] {

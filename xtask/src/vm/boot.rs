@@ -6,7 +6,7 @@ use std::{
     fs,
     io::{BufRead as _, BufReader, Write as _},
     path::Path,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     sync::mpsc,
     thread,
     time::{Duration, Instant},
@@ -51,7 +51,7 @@ pub(super) fn boot(
     // tracepoint (toolchain notes). -cx16: Debian's 6.12 double-faulted in SLUB's
     // cmpxchg16b fast path during boot in 2 of 8 TCG boots with it, in none of 8 without
     // (SLUB then takes its locked path; nothing evictd does needs the instruction).
-    let mut child = Command::new("qemu-system-x86_64")
+    let child = dies_with_this_thread(&mut Command::new("qemu-system-x86_64"))
         .args(["-accel", "tcg,thread=single", "-cpu", "max,-cx16", "-smp", "2", "-m", "3072"])
         .args(["-display", "none", "-monitor", "none", "-serial", "stdio", "-no-reboot"])
         .arg("-kernel")
@@ -64,7 +64,8 @@ pub(super) fn boot(
         .stderr(Stdio::piped())
         .spawn()
         .context("starting qemu-system-x86_64")?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("qemu stdout"))?;
+    let mut child = KilledOnDrop(child);
+    let stdout = child.0.stdout.take().ok_or_else(|| anyhow!("qemu stdout"))?;
     let (tx, rx) = mpsc::channel();
     let reader = thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -98,18 +99,16 @@ pub(super) fn boot(
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                // Ours, by PID.
-                let _ = child.kill();
-                let _ = child.wait();
+                drop(child);
                 let _ = reader.join();
                 bail!("no power-off within {} minutes (log {})", timeout.as_secs() / 60, log.display());
             }
         }
     }
-    let status = child.wait()?;
+    let status = child.0.wait()?;
     let _ = reader.join();
     let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
+    if let Some(mut e) = child.0.stderr.take() {
         let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -130,6 +129,40 @@ pub(super) fn boot(
     }
     let passed = results.iter().filter(|r| r.starts_with("ok")).count();
     Ok(VmOutcome { summary: format!("kernel {}: {passed} checks passed", image.release), seconds })
+}
+
+/// The VM's QEMU, killed (ours, by PID) and reaped when its run ends any other way than by
+/// the guest powering off: a timeout, an error writing the log.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Makes the child get SIGKILL when the thread that starts it ends, and so when xtask dies
+/// (a cancelled CI job, a SIGTERM): a VM left running would hold 3 GiB and a CPU for up to
+/// its whole timeout. Each VM is booted from a thread that waits for it.
+fn dies_with_this_thread(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    let parent = std::process::id();
+    // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid, _exit.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // xtask may have died before the prctl took effect.
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        })
+    }
 }
 
 /// A failing VM's log, cut to what says why: each panic's message, and the warnings and
@@ -192,7 +225,24 @@ fn without_ansi(line: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::excerpt_of;
+    use super::*;
+
+    /// A child started through `dies_with_this_thread` is killed when that thread ends.
+    #[test]
+    #[expect(clippy::disallowed_methods, reason = "a plain test thread waits for a process")]
+    fn a_vm_process_dies_with_the_thread_that_booted_it() {
+        let child = thread::spawn(|| {
+            dies_with_this_thread(Command::new("sleep").arg("600")).spawn().expect("starting sleep")
+        })
+        .join()
+        .expect("the starting thread");
+        let mut child = KilledOnDrop(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while child.0.try_wait().expect("waiting for sleep").is_none() {
+            assert!(Instant::now() < deadline, "the child outlived the thread that started it");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
 
     #[test]
     fn a_failure_excerpt_keeps_the_panic_message_and_the_runtime_errors() {
