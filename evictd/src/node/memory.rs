@@ -200,23 +200,25 @@ impl UsageFiles {
 
     /// `cg`'s usage now (`MemoryCgroup::usage`); `None` when the cgroup is gone.
     pub fn usage(&mut self, cg: &MemoryCgroup) -> Result<Option<u64>, MemoryError> {
-        let path = match (cg.version, cg.is_root) {
+        let name = match (cg.version, cg.is_root) {
             (_, true) => return cg.usage().map(Some),
-            (CgroupVersion::V1, false) => cg.dir.join("memory.usage_in_bytes"),
-            (CgroupVersion::V2, false) => cg.dir.join("memory.current"),
+            (CgroupVersion::V1, false) => "memory.usage_in_bytes",
+            (CgroupVersion::V2, false) => "memory.current",
         };
+        // The path is made only when the file is opened: a decision reads every pod's.
         if let Some(file) = self.open.get(&cg.dir) {
-            match read_u64_at(file, &path) {
+            match read_u64_at(file, || cg.dir.join(name)) {
                 Ok(v) => return Ok(Some(v)),
                 Err(_) => drop(self.open.remove(&cg.dir)),
             }
         }
+        let path = cg.dir.join(name);
         let file = match fs::File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !cg.dir.exists() => return Ok(None),
             Err(source) => return Err(MemoryError::Read { path, source }),
         };
-        let v = read_u64_at(&file, &path)?;
+        let v = read_u64_at(&file, || path)?;
         if self.open.len() < self.limit {
             self.open.insert(cg.dir.clone(), file);
         }
@@ -252,14 +254,16 @@ impl UsageFiles {
     }
 }
 
-/// A number read from the start of an open file, read anew.
-fn read_u64_at(file: &fs::File, path: &Path) -> Result<u64, MemoryError> {
+/// A number read from the start of an open file, read anew; `path` names it in an error.
+fn read_u64_at(file: &fs::File, path: impl FnOnce() -> PathBuf) -> Result<u64, MemoryError> {
     use std::os::unix::fs::FileExt as _;
     let mut buf = [0u8; 32];
-    let n =
-        file.read_at(&mut buf, 0).map_err(|source| MemoryError::Read { path: path.to_owned(), source })?;
+    let n = match file.read_at(&mut buf, 0) {
+        Ok(n) => n,
+        Err(source) => return Err(MemoryError::Read { path: path(), source }),
+    };
     let text = String::from_utf8_lossy(&buf[..n]);
-    parse_u64(path, text.trim())
+    text.trim().parse().map_err(|_| MemoryError::Parse { path: path(), what: text.trim().to_owned() })
 }
 
 fn read_trimmed(path: &Path) -> Result<String, MemoryError> {

@@ -78,6 +78,9 @@ pub struct Reads {
 }
 
 impl Reads {
+    /// No cgroup file: disk use alone (disk ranking, storage limits), or memory read apart.
+    pub const NONE: Reads = Reads { memory: false, processes: false, container_memory: false };
+
     /// Everything the kubelet's summary has for a pod.
     pub const ALL: Reads = Reads { memory: true, processes: true, container_memory: true };
 
@@ -168,8 +171,7 @@ pub fn memory_ranking_stats(
     usage: u64,
 ) -> Result<PodStats, UsageError> {
     let working_set = cg.memory.working_set_after_usage(usage)?;
-    let nothing = Reads { memory: false, processes: false, container_memory: false };
-    let stats = pod_stats(rec, Some(cg), layout, None, nothing)?;
+    let stats = pod_stats(rec, Some(cg), layout, None, Reads::NONE)?;
     Ok(PodStats {
         memory: Some(MemoryStats { working_set_bytes: Some(working_set), ..Default::default() }),
         ..stats

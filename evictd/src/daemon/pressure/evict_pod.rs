@@ -192,7 +192,7 @@ impl Pressure {
     /// `candidates` for a memory signal: only the pods that can rank first among those not
     /// protected (`protects`, or their kill `failed` in this decision), read as
     /// `read_memory_candidates` does.
-    pub(super) async fn memory_contenders<'a>(
+    pub(super) async fn memory_candidates<'a>(
         &mut self,
         pods: &'a Arc<Vec<PodRecord>>,
         signal: Signal,
@@ -249,8 +249,10 @@ impl Pressure {
         failed: &BTreeSet<String>,
         kept: Option<Vec<(&'a PodRecord, PodStats)>>,
     ) -> Vec<(&'a PodRecord, PodStats)> {
+        if signal.resource() == Resource::Memory {
+            return self.memory_candidates(pods, signal, failed).await;
+        }
         match kept {
-            _ if signal.resource() == Resource::Memory => self.memory_contenders(pods, signal, failed).await,
             Some(kept) => kept,
             None => self.candidates(pods, disk, usage::Reads::ranking(signal.resource())).await,
         }

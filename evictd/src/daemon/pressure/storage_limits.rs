@@ -28,9 +28,7 @@ impl Pressure {
             return Vec::new();
         }
         let t0 = Instant::now();
-        // Disk use alone: no memory or process file is read.
-        let reads = usage::Reads::ranking(Resource::EphemeralStorage);
-        let candidates = self.candidates(pods, true, reads).await;
+        let candidates = self.candidates(pods, true, usage::Reads::NONE).await;
         let entries: Vec<PodEntry> = candidates
             .iter()
             .map(|(p, s)| PodEntry { pod: &p.spec, stats: Some(s), protected: self.protects(p) })

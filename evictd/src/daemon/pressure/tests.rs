@@ -343,7 +343,7 @@ async fn a_memory_decision_reads_the_working_set_only_of_pods_that_can_rank_firs
     }
     let (records, _) = passed.expect("the pass did not end");
     assert_eq!(names(&records), ["big"], "{records:?}");
-    let contenders = p.memory_contenders(&pods, Signal::MemoryAvailable, &BTreeSet::new()).await;
+    let contenders = p.memory_candidates(&pods, Signal::MemoryAvailable, &BTreeSet::new()).await;
     let read: Vec<(&str, Option<u64>)> = contenders
         .iter()
         .map(|(r, s)| (r.name.as_str(), s.memory.as_ref().and_then(|m| m.working_set_bytes)))
