@@ -146,7 +146,9 @@ impl Drop for KilledOnDrop {
 
 /// Makes the child get SIGKILL when the thread that starts it ends, and so when xtask dies
 /// (a cancelled CI job, a SIGTERM): a VM left running would hold 3 GiB and a CPU for up to
-/// its whole timeout. Each VM is booted from a thread that waits for it.
+/// its whole timeout. Each VM is booted from a thread that waits for it. (The test crate's
+/// `dies_with_harness` does the same for the tests' children; xtask builds that crate and
+/// does not link it.)
 fn dies_with_this_thread(cmd: &mut Command) -> &mut Command {
     use std::os::unix::process::CommandExt as _;
     let parent = std::process::id();
