@@ -89,9 +89,6 @@ impl ApiDouble {
 
     /// On `port` (0: any).
     pub fn start_on(port: u16) -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", port)).expect("binding the API double");
-        listener.set_nonblocking(true).expect("non-blocking listener");
-        let addr = listener.local_addr().expect("the double's address");
         let shared = Arc::new(Shared {
             requests: Mutex::new(Vec::new()),
             behaviour: Mutex::new(Behaviour::default()),
@@ -100,16 +97,32 @@ impl ApiDouble {
             pods_rv: watch::channel(0).0,
             nodes: Mutex::new(BTreeMap::new()),
         });
-        let (open, opened) = watch::channel(true);
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let s = shared.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(serve(listener, s, opened, stopped));
-        });
+        let (open, _) = watch::channel(true);
+        let (addr, stop, thread) = serve_on(("127.0.0.1", port), &shared, &open);
         let dir = tempfile::tempdir().expect("a directory for the kubeconfig");
         let kubeconfig = kubeconfig_for(&format!("http://{addr}"), dir.path()).display().to_string();
         ApiDouble { addr, shared, open, stop: Some(stop), thread: Some(thread), dir, kubeconfig }
+    }
+
+    /// Stops serving, as an API server that goes down: its open connections (watches
+    /// included) are closed and new ones refused, until `come_back`. What it holds is kept,
+    /// as etcd keeps it.
+    pub fn go_down(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Serves again on the same address, with what it held.
+    pub fn come_back(&mut self) {
+        if self.thread.is_some() {
+            return;
+        }
+        let (_, stop, thread) = serve_on(self.addr, &self.shared, &self.open);
+        (self.stop, self.thread) = (Some(stop), Some(thread));
     }
 
     pub fn url(&self) -> String {
@@ -219,14 +232,28 @@ impl ApiDouble {
 
 impl Drop for ApiDouble {
     fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
         self.open.send_replace(true);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.go_down();
     }
+}
+
+/// Serves `shared` on `addr` from a thread of its own, until the returned sender fires (or
+/// is dropped); the thread's runtime ends with it, closing every connection it served.
+fn serve_on(
+    addr: impl std::net::ToSocketAddrs,
+    shared: &Arc<Shared>,
+    open: &watch::Sender<bool>,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind(addr).expect("binding the API double");
+    listener.set_nonblocking(true).expect("non-blocking listener");
+    let addr = listener.local_addr().expect("the double's address");
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let (s, opened) = (shared.clone(), open.subscribe());
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(serve(listener, s, opened, stopped));
+    });
+    (addr, stop, thread)
 }
 
 /// evictd's API options for the server `kubeconfig` names, as node `node-a`, with a 2 s

@@ -137,6 +137,10 @@ pub(crate) struct SoakArgs {
     /// Pods running on the node throughout, a few MiB each (110: a full node).
     #[arg(long, default_value_t = 0)]
     pods: usize,
+    /// Know the pods through a stand-in API server, down for one episode in this many
+    /// (0: no API server).
+    #[arg(long, default_value_t = 0)]
+    api_down_every: usize,
     /// The debug build the tests made, instead of release (CI's short run).
     #[arg(long)]
     debug: bool,
@@ -156,6 +160,8 @@ pub(crate) fn soak(env: &BuildEnv, args: &SoakArgs) -> Result<()> {
                 &args.restart_every.to_string(),
                 "--pods",
                 &args.pods.to_string(),
+                "--api-down-every",
+                &args.api_down_every.to_string(),
             ])
             .env("PATH", &env.path)
             .current_dir(workspace_root()),
