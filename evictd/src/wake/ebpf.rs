@@ -20,7 +20,7 @@ use evictd_common::WakeEvent;
 use evictd_policy::{distance::nearest_memory_threshold, observations::Observations, policy::Threshold};
 use tokio::{
     io::{Interest, unix::AsyncFd},
-    sync::mpsc,
+    sync::{mpsc, oneshot},
     task::JoinHandle,
 };
 
@@ -121,6 +121,12 @@ struct EbpfWake {
     band_failing: bool,
     /// When a cgroup plays the node, only its subtree's charge counts.
     scope: Option<PathBuf>,
+    /// The scope's walk of that subtree, on the blocking pool: at 250 pods it lists tens of
+    /// thousands of cgroupfs entries (tens of ms), and on the daemon's thread it held every
+    /// wake behind it. Its ids are put in the map at the next call that finds it done.
+    scope_walk: Option<oneshot::Receiver<Vec<u64>>>,
+    /// Cgroups may have changed since the last walk began.
+    scope_stale: bool,
     /// The batched hook's watched cgroup: its directory, and the id (inode) the hook
     /// compares with, which changes when the directory is made again at the same path.
     watch: Option<(PathBuf, u64)>,
@@ -161,17 +167,20 @@ pub fn start(
             "charge programs attached only near a memory threshold"
         );
     }
-    let mut source = EbpfWake {
+    // The first scope is walked here, before any charge program can count.
+    probes.set_scope(scope.as_deref().map(cgroup_names::subtree_ids).as_deref())?;
+    let source = EbpfWake {
         probes,
         mode: opts.watermark,
         watermark: None,
         band,
         band_failing: false,
         scope,
+        scope_walk: None,
+        scope_stale: false,
         watch,
         task: SourceTask::new("the eBPF wake source's ring-buffer reader", task),
     };
-    source.cgroups_changed()?;
     Ok(Box::new(source))
 }
 
@@ -185,6 +194,7 @@ impl WakeSource for EbpfWake {
         if let Some(band) = self.band {
             self.follow_band(band, distance);
         }
+        self.follow_scope()?;
         let w = watermark_for(self.mode, distance);
         self.probes.rearm(w)?;
         self.watermark = Some(w);
@@ -201,13 +211,11 @@ impl WakeSource for EbpfWake {
         Some(self.probes.charge_tier()).filter(|t| *t != ChargeTier::AdaptivePoll)
     }
 
-    /// New pods mean new cgroups whose charge must count at once; a node cgroup made again
-    /// at the same path is a new cgroup the hook must watch instead of the old one's id.
+    /// New pods mean new cgroups whose charge must count; a node cgroup made again at the
+    /// same path is a new cgroup the hook must watch instead of the old one's id.
     fn cgroups_changed(&mut self) -> Result<(), WakeError> {
-        match &self.scope {
-            Some(dir) => self.probes.set_scope(Some(&cgroup_names::subtree_ids(dir)))?,
-            None => self.probes.set_scope(None)?,
-        }
+        self.scope_stale = self.scope.is_some();
+        self.follow_scope()?;
         self.follow_watched_cgroup()
     }
 
@@ -227,6 +235,37 @@ impl WakeSource for EbpfWake {
 }
 
 impl EbpfWake {
+    /// Puts a finished walk's ids in the scope, and starts a walk when cgroups changed since
+    /// the last one began — only while the charge programs are attached, the one time the
+    /// scope is read: far from every threshold evictd walks nothing. Until a walk ends, a
+    /// new pod's charge is not counted, and the poll still sees it.
+    fn follow_scope(&mut self) -> Result<(), WakeError> {
+        if let Some(rx) = &mut self.scope_walk {
+            match rx.try_recv() {
+                Ok(ids) => {
+                    self.scope_walk = None;
+                    self.probes.set_scope(Some(&ids))?;
+                }
+                Err(oneshot::error::TryRecvError::Empty) => return Ok(()),
+                // The walk panicked: walk again.
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    self.scope_walk = None;
+                    self.scope_stale = true;
+                }
+            }
+        }
+        let Some(dir) = self.scope.as_ref().filter(|_| self.scope_stale && self.probes.charge_attached())
+        else {
+            return Ok(());
+        };
+        let (tx, rx) = oneshot::channel();
+        let dir = dir.clone();
+        drop(tokio::task::spawn_blocking(move || tx.send(cgroup_names::subtree_ids(&dir))));
+        self.scope_walk = Some(rx);
+        self.scope_stale = false;
+        Ok(())
+    }
+
     /// While the node cgroup is gone there is nothing to watch (the poll says it cannot read
     /// it); once it is back, under a new id, the hook watches that.
     fn follow_watched_cgroup(&mut self) -> Result<(), WakeError> {
