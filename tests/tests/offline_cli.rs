@@ -255,9 +255,9 @@ fn replay_prints_one_object_per_step_with_its_time() {
 
 #[test]
 fn bad_input_files_are_named() {
-    let dir = std::env::temp_dir().join(format!("evictd-offline-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let garbage = dir.join("garbage.json");
+    // Removed on drop, also when an assertion fails.
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.json");
     std::fs::write(&garbage, "{\"node\": [").unwrap();
     let g = garbage.display().to_string();
     for (args, needle) in [
@@ -275,7 +275,6 @@ fn bad_input_files_are_named() {
         assert!(err.contains(&needle), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `simulate` ranks and reclaims by the disk layout it is told. imagefs short of space: with
