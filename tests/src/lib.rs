@@ -260,51 +260,6 @@ pub fn try_http_get(addr: &str, path: &str) -> std::io::Result<String> {
     Ok(out)
 }
 
-/// The names (the kernel keeps 15 characters) of evictd's eBPF programs: the charge
-/// programs on the memcg stat tracepoints first, then the rest.
-pub const EVICTD_BPF_PROGRAMS: [&str; 7] = [
-    "mod_memcg_lruve",
-    "mod_memcg_state",
-    "page_counter_tr",
-    "page_counter_ch",
-    "direct_reclaim_",
-    "memcg_reclaim_b",
-    "mark_victim",
-];
-
-/// The charge programs on the memcg stat tracepoints, which fire on every page charged and
-/// uncharged.
-pub const EVICTD_CHARGE_PROGRAMS: &[&str] = EVICTD_BPF_PROGRAMS.split_at(2).0;
-
-/// Total run time and run count of every loaded BPF program whose name starts with one of
-/// `names` (counted only while BPF statistics are on: `aya::sys::enable_stats`).
-pub fn bpf_program_totals(names: &[&str]) -> (u128, u64) {
-    bpf_totals_where(names, |_| true)
-}
-
-/// `bpf_program_totals` of the programs process `pid` holds open: one evictd's, when others
-/// run on the machine too.
-pub fn bpf_program_totals_of(pid: u32, names: &[&str]) -> (u128, u64) {
-    let ids: std::collections::BTreeSet<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .into_iter()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .flat_map(|info| {
-            info.lines().filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok()).collect::<Vec<_>>()
-        })
-        .collect();
-    bpf_totals_where(names, |id| ids.contains(&id))
-}
-
-fn bpf_totals_where(names: &[&str], id_wanted: impl Fn(u32) -> bool) -> (u128, u64) {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter(|p| {
-            id_wanted(p.id()) && p.name_as_str().is_some_and(|n| names.iter().any(|o| n.starts_with(o)))
-        })
-        .fold((0, 0), |(t, c), p| (t + p.run_time().as_nanos(), c + p.run_count()))
-}
-
 /// A tmpfs of the test's own at a fresh directory: a small filesystem a test or benchmark
 /// fills on purpose. Unmounted and removed on drop, also when the test panics.
 pub struct TestTmpfs {

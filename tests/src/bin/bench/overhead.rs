@@ -282,7 +282,20 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// Our programs' total run time and count, summed over the evictd programs loaded now.
 fn bpf_totals() -> (u128, u64) {
-    evictd_tests::bpf_program_totals(&evictd_tests::EVICTD_BPF_PROGRAMS)
+    // The kernel keeps the first 15 characters of a program's name.
+    let ours = [
+        "mod_memcg_lruve",
+        "mod_memcg_state",
+        "page_counter_tr",
+        "page_counter_ch",
+        "direct_reclaim_",
+        "memcg_reclaim_b",
+        "mark_victim",
+    ];
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str().is_some_and(|n| ours.iter().any(|o| n.starts_with(o))))
+        .fold((0, 0), |(t, c), p| (t + p.run_time().as_nanos(), c + p.run_count()))
 }
 
 pub fn overhead(o: &Opts) -> anyhow::Result<()> {
