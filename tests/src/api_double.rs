@@ -244,7 +244,17 @@ fn serve_on(
     shared: &Arc<Shared>,
     open: &watch::Sender<bool>,
 ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
-    let listener = TcpListener::bind(addr).expect("binding the API double");
+    // Coming back on its old port, which a client's outgoing socket may hold for a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listener = loop {
+        match TcpListener::bind(&addr) {
+            Ok(l) => break l,
+            Err(e) if Instant::now() < deadline && e.kind() == std::io::ErrorKind::AddrInUse => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("binding the API double: {e}"),
+        }
+    };
     listener.set_nonblocking(true).expect("non-blocking listener");
     let addr = listener.local_addr().expect("the double's address");
     let (stop, stopped) = tokio::sync::oneshot::channel();

@@ -526,8 +526,10 @@ impl Daemon {
     /// node far from any threshold there may be no wake for a long time.
     fn each_second(&mut self) -> anyhow::Result<()> {
         self.health.beat();
-        self.cgroups_changed();
         self.decide_again();
+        self.sources.retain_mut(|s| {
+            s.each_second().inspect_err(|e| tracing::warn!("{e}; disabling this wake source")).is_ok()
+        });
         self.sources.retain_mut(|s| {
             s.supervise().inspect_err(|e| tracing::error!("{e}; disabling this wake source")).is_ok()
         });

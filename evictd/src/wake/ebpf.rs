@@ -33,6 +33,11 @@ use crate::{
     vocab::ChargeTier,
 };
 
+/// How often the charge programs' scope is walked again without the pod list changing.
+const SCOPE_BACKSTOP: Duration = Duration::from_secs(30);
+/// A scope walk still running after this is warned about.
+const SLOW_WALK: Duration = Duration::from_secs(10);
+
 /// How far ahead the kernel should wake evictd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Watermark {
@@ -121,12 +126,17 @@ struct EbpfWake {
     band_failing: bool,
     /// When a cgroup plays the node, only its subtree's charge counts.
     scope: Option<PathBuf>,
-    /// The scope's walk of that subtree, on the blocking pool: at 250 pods it lists tens of
-    /// thousands of cgroupfs entries (tens of ms), and on the daemon's thread it held every
-    /// wake behind it. Its ids are put in the map at the next call that finds it done.
-    scope_walk: Option<oneshot::Receiver<Vec<u64>>>,
+    /// The scope's walk of that subtree, on the blocking pool, and when it began: at 110
+    /// pods it lists thousands of cgroupfs entries (tens of ms), and on the daemon's thread
+    /// it held every wake behind it. Its ids are put in the map at the next pass or second
+    /// that finds it done.
+    scope_walk: Option<(oneshot::Receiver<Vec<u64>>, Instant)>,
     /// Cgroups may have changed since the last walk began.
     scope_stale: bool,
+    /// When the last walk began.
+    scope_walked: Instant,
+    /// A walk ran longer than `SLOW_WALK` (warned once per walk).
+    slow_walk_warned: bool,
     /// The batched hook's watched cgroup: its directory, and the id (inode) the hook
     /// compares with, which changes when the directory is made again at the same path.
     watch: Option<(PathBuf, u64)>,
@@ -178,6 +188,8 @@ pub fn start(
         scope,
         scope_walk: None,
         scope_stale: false,
+        scope_walked: Instant::now(),
+        slow_walk_warned: false,
         watch,
         task: SourceTask::new("the eBPF wake source's ring-buffer reader", task),
     };
@@ -219,6 +231,16 @@ impl WakeSource for EbpfWake {
         self.follow_watched_cgroup()
     }
 
+    /// A cgroup made below the node without the pod list changing (by hand, or a runtime's
+    /// own) is in the scope within `SCOPE_BACKSTOP`.
+    fn each_second(&mut self) -> Result<(), WakeError> {
+        if self.scope.is_some() && self.scope_walked.elapsed() >= SCOPE_BACKSTOP {
+            self.scope_stale = true;
+        }
+        self.follow_scope()?;
+        self.follow_watched_cgroup()
+    }
+
     /// The ring-buffer reader ends only on an error of the ring buffer's fd; without it no
     /// kernel event arrives, so the source is gone (and the others carry on).
     fn supervise(&mut self) -> Result<(), WakeError> {
@@ -235,18 +257,27 @@ impl WakeSource for EbpfWake {
 }
 
 impl EbpfWake {
-    /// Puts a finished walk's ids in the scope, and starts a walk when cgroups changed since
-    /// the last one began — only while the charge programs are attached, the one time the
-    /// scope is read: far from every threshold evictd walks nothing. Until a walk ends, a
-    /// new pod's charge is not counted, and the poll still sees it.
+    /// Puts a finished walk's ids in the scope, and starts a walk when the pod list changed
+    /// since the last one began — only while the charge programs are attached, the one time
+    /// the scope is read: far from every threshold evictd walks nothing. A new pod's charge
+    /// counts once its walk is done and the next pass or second puts it in place (within
+    /// ~2 s); the poll, where it runs, sees the pod's growth meanwhile.
     fn follow_scope(&mut self) -> Result<(), WakeError> {
-        if let Some(rx) = &mut self.scope_walk {
+        if let Some((rx, began)) = &mut self.scope_walk {
             match rx.try_recv() {
                 Ok(ids) => {
                     self.scope_walk = None;
                     self.probes.set_scope(Some(&ids))?;
                 }
-                Err(oneshot::error::TryRecvError::Empty) => return Ok(()),
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    if began.elapsed() > SLOW_WALK && !self.slow_walk_warned {
+                        self.slow_walk_warned = true;
+                        tracing::warn!(
+                            "the walk of the node cgroup's subtree for the charge programs' scope has run for over {SLOW_WALK:?}: pods started since the last walk are seen by the poll only"
+                        );
+                    }
+                    return Ok(());
+                }
                 // The walk panicked: walk again.
                 Err(oneshot::error::TryRecvError::Closed) => {
                     self.scope_walk = None;
@@ -261,8 +292,8 @@ impl EbpfWake {
         let (tx, rx) = oneshot::channel();
         let dir = dir.clone();
         drop(tokio::task::spawn_blocking(move || tx.send(cgroup_names::subtree_ids(&dir))));
-        self.scope_walk = Some(rx);
-        self.scope_stale = false;
+        self.scope_walk = Some((rx, Instant::now()));
+        (self.scope_stale, self.scope_walked, self.slow_walk_warned) = (false, Instant::now(), false);
         Ok(())
     }
 

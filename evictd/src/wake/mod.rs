@@ -120,8 +120,13 @@ pub trait WakeSource {
     fn rearm(&mut self, _node: &NodeNow) -> Result<(), WakeError> {
         Ok(())
     }
-    /// Pods (and so cgroups) may have come or gone.
+    /// The pod list changed: pods (and so cgroups) came or went.
     fn cgroups_changed(&mut self) -> Result<(), WakeError> {
+        Ok(())
+    }
+    /// Once a second: follow what changes without the pod list saying so (a node cgroup made
+    /// again at the same path).
+    fn each_second(&mut self) -> Result<(), WakeError> {
         Ok(())
     }
     /// Once a second: check that the source's tasks still run; an error drops the source.
