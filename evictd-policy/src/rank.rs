@@ -151,18 +151,46 @@ fn disk_nanos(e: &PodEntry, signal: Signal, layout: FsLayout) -> (i128, i128) {
     (i128::from(bytes) * 1_000_000_000, i128::from(inodes) * 1_000_000_000)
 }
 
-fn by_priority(a: &PodEntry, b: &PodEntry) -> Ordering {
-    a.pod.priority().cmp(&b.pod.priority())
+/// What the comparator reads of a pod's spec, worked out once per ranking: a sort compares
+/// each pod ~log₂ n times, and each comparison would sum the containers' requests and parse
+/// an annotation again.
+#[derive(Clone, Copy)]
+struct SpecKeys {
+    priority: i32,
+    daemonset: bool,
+    order: i64,
+    memory_request: i128,
+    storage_request: i128,
+}
+
+impl SpecKeys {
+    fn of(e: &PodEntry) -> Self {
+        SpecKeys {
+            priority: e.pod.priority(),
+            daemonset: e.pod.is_daemonset_pod(),
+            order: e.pod.eviction_order(),
+            memory_request: e.pod.request_nanos("memory"),
+            storage_request: e.pod.request_nanos("ephemeral-storage"),
+        }
+    }
+}
+
+/// A pod as the comparator sees it.
+#[derive(Clone, Copy)]
+struct Keyed<'e, 'a> {
+    e: &'e PodEntry<'a>,
+    k: &'e SpecKeys,
+}
+
+fn by_priority(a: Keyed, b: Keyed) -> Ordering {
+    a.k.priority.cmp(&b.k.priority)
 }
 
 /// evictd's keys after the kubelet's class keys (exceeding requests, priority) and before
 /// usage: DaemonSet pods last in their class (their controller brings them back on this node,
 /// so evicting one frees nothing for long), then the pods' own `evictd.io/eviction-order`.
-fn by_evictd_order(a: &PodEntry, b: &PodEntry) -> Ordering {
-    a.pod
-        .is_daemonset_pod()
-        .cmp(&b.pod.is_daemonset_pod())
-        .then_with(|| a.pod.eviction_order().cmp(&b.pod.eviction_order()))
+fn by_evictd_order(a: Keyed, b: Keyed) -> Ordering {
+    a.k.daemonset.cmp(&b.k.daemonset).then_with(|| a.k.order.cmp(&b.k.order))
 }
 
 /// The kubelet's `orderedBy(exceedRequests, priority, usage)`, the chain memory and disk
@@ -170,46 +198,48 @@ fn by_evictd_order(a: &PodEntry, b: &PodEntry) -> Ordering {
 /// may, then lower priority, then (evictd) `by_evictd_order`, then the most `above` their
 /// request.
 fn exceeds_then_priority_then_usage(
-    a: &PodEntry,
-    b: &PodEntry,
-    exceeds: impl Fn(&PodEntry) -> bool,
-    above: impl Fn(&PodEntry) -> i128,
+    a: Keyed,
+    b: Keyed,
+    exceeds: impl Fn(Keyed) -> bool,
+    above: impl Fn(Keyed) -> i128,
 ) -> Ordering {
-    without_stats_first(a, b)
+    without_stats_first(a.e, b.e)
         .unwrap_or_else(|| true_first(exceeds(a), exceeds(b)))
         .then_with(|| by_priority(a, b))
         .then_with(|| by_evictd_order(a, b))
-        .then_with(|| without_stats_first(a, b).unwrap_or_else(|| above(b).cmp(&above(a))))
+        .then_with(|| without_stats_first(a.e, b.e).unwrap_or_else(|| above(b).cmp(&above(a))))
 }
 
-fn compare(a: &PodEntry, b: &PodEntry, signal: Signal, layout: FsLayout) -> Ordering {
+fn compare(a: Keyed, b: Keyed, signal: Signal, layout: FsLayout) -> Ordering {
     match signal.resource() {
         Resource::Memory => {
-            let above = |e: &PodEntry| memory_nanos(e) - e.pod.request_nanos("memory");
-            exceeds_then_priority_then_usage(a, b, |e| above(e) > 0, above)
+            let above = |p: Keyed| memory_nanos(p.e) - p.k.memory_request;
+            exceeds_then_priority_then_usage(a, b, |p| above(p) > 0, above)
         }
-        Resource::Pids => by_priority(a, b)
-            .then_with(|| by_evictd_order(a, b))
-            .then_with(|| without_stats_first(a, b).unwrap_or_else(|| processes(b).cmp(&processes(a)))),
+        Resource::Pids => by_priority(a, b).then_with(|| by_evictd_order(a, b)).then_with(|| {
+            without_stats_first(a.e, b.e).unwrap_or_else(|| processes(b.e).cmp(&processes(a.e)))
+        }),
         Resource::EphemeralStorage | Resource::Inodes => {
             let inodes = signal.resource() == Resource::Inodes;
-            let usage = |e: &PodEntry| {
-                let (bytes, ino) = disk_nanos(e, signal, layout);
+            let usage = |p: Keyed| {
+                let (bytes, ino) = disk_nanos(p.e, signal, layout);
                 if inodes { ino } else { bytes }
             };
             // No pod requests inodes, so any inode use "exceeds".
-            let request = |e: &PodEntry| if inodes { 0 } else { e.pod.request_nanos("ephemeral-storage") };
+            let request = |p: Keyed| if inodes { 0 } else { p.k.storage_request };
             // The kubelet subtracts the ephemeral-storage byte request even when ranking inodes.
-            let above = |e: &PodEntry| usage(e) - e.pod.request_nanos("ephemeral-storage");
-            exceeds_then_priority_then_usage(a, b, |e| usage(e) > request(e), above)
+            let above = |p: Keyed| usage(p) - p.k.storage_request;
+            exceeds_then_priority_then_usage(a, b, |p| usage(p) > request(p), above)
         }
     }
 }
 
 /// Indices of `pods`, first to evict first.
 pub fn rank(pods: &[PodEntry], signal: Signal, layout: FsLayout) -> Vec<usize> {
+    let keys: Vec<SpecKeys> = pods.iter().map(SpecKeys::of).collect();
+    let keyed = |i: usize| Keyed { e: &pods[i], k: &keys[i] };
     let mut order: Vec<usize> = (0..pods.len()).collect();
-    order.sort_by(|&i, &j| compare(&pods[i], &pods[j], signal, layout));
+    order.sort_by(|&i, &j| compare(keyed(i), keyed(j), signal, layout));
     order
 }
 
@@ -239,8 +269,10 @@ pub fn read_memory_contenders(
 ) -> Vec<(usize, PodStats)> {
     debug_assert_eq!(signal.resource(), Resource::Memory, "the stop holds for memory ranking only");
     let layout = FsLayout::SingleFs;
+    let keys: Vec<SpecKeys> = bounds.iter().map(SpecKeys::of).collect();
+    let bound = |i: usize| Keyed { e: &bounds[i], k: &keys[i] };
     let mut by_bound: Vec<usize> = (0..bounds.len()).filter(|&i| evictable(&bounds[i])).collect();
-    by_bound.sort_by(|&i, &j| compare(&bounds[i], &bounds[j], signal, layout));
+    by_bound.sort_by(|&i, &j| compare(bound(i), bound(j), signal, layout));
     let mut read: Vec<(usize, PodStats)> = Vec::new();
     // The `k` first of those read, by their real working set, in rank order.
     let mut first: Vec<usize> = Vec::with_capacity(k.min(bounds.len()) + 1);
@@ -252,8 +284,8 @@ pub fn read_memory_contenders(
             && let Some(&last) = first.last()
         {
             // Ties keep the input order: a tie with an earlier pod still ranks before it.
-            let after =
-                compare(&bounds[i], &entry(bounds, &read, last), signal, layout).then(i.cmp(&read[last].0));
+            let last_read = Keyed { e: &entry(bounds, &read, last), k: &keys[read[last].0] };
+            let after = compare(bound(i), last_read, signal, layout).then(i.cmp(&read[last].0));
             if after == Ordering::Greater {
                 break;
             }
@@ -262,7 +294,9 @@ pub fn read_memory_contenders(
         read.push((i, stats));
         let new = read.len() - 1;
         let at = first.partition_point(|&r| {
-            let ord = compare(&entry(bounds, &read, r), &entry(bounds, &read, new), signal, layout);
+            let (a, b) = (entry(bounds, &read, r), entry(bounds, &read, new));
+            let ord =
+                compare(Keyed { e: &a, k: &keys[read[r].0] }, Keyed { e: &b, k: &keys[i] }, signal, layout);
             ord.then(read[r].0.cmp(&i)) == Ordering::Less
         });
         first.insert(at, new);

@@ -62,10 +62,6 @@ pub(crate) fn fuzz(env: &BuildEnv, args: &FuzzArgs) -> Result<()> {
 fn fuzz_cmd(env: &BuildEnv) -> Command {
     let mut c = env.nightly_cargo();
     c.arg("fuzz").current_dir(workspace_root().join("fuzz"));
-    // The daemon's build script builds the eBPF object in the main workspace, whose release
-    // profile is one fat-LTO unit for the shipped binary; a fuzz build needs sanitizer
-    // coverage, not that, and takes minutes less without it.
-    c.env("CARGO_PROFILE_RELEASE_LTO", "false").env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16");
     c
 }
 

@@ -47,7 +47,7 @@ use crate::{
     runtime::{
         cri::CriClient,
         disk_usage::DiskWalker,
-        inventory::{self, ApiPodsReceiver, Inventory, PodRecord},
+        inventory::{self, ApiPodsReceiver, Inventory, PodRecord, same_cgroups},
     },
     vocab::{EvictionRecord, Urgency, WakeCause, monotonic_ns},
     wake::{self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats},
@@ -226,6 +226,8 @@ struct Daemon {
     decide_after_inventory: Option<Instant>,
     /// The pod list the last pass ranked.
     last_pass_pods: Option<Arc<Vec<PodRecord>>>,
+    /// The pod list whose cgroups the wake sources last followed.
+    sources_pods: Option<Arc<Vec<PodRecord>>>,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
@@ -510,7 +512,12 @@ impl Daemon {
             Some(p) => p.inventory_updated(&pods),
             None => self.inventory_dirty = true,
         }
-        self.cgroups_changed();
+        // A list that only changed specs, states or disk usage (most refreshes that change
+        // anything, on a node whose pods write logs) has no cgroup for a source to follow.
+        if !self.sources_pods.as_ref().is_some_and(|last| same_cgroups(last, &pods)) {
+            self.cgroups_changed();
+        }
+        self.sources_pods = Some(pods);
         self.decide_again();
     }
 

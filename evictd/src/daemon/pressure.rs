@@ -36,11 +36,11 @@ use crate::{
         cri::CriClient,
         disk_usage::DiskWalker,
         evict::{self, StopPlan},
-        inventory::PodRecord,
+        inventory::{PodRecord, same_cgroups},
         kill::KillTarget,
         reclaim, usage,
     },
-    vocab::{EvictionCause, EvictionRecord, Urgency, monotonic_ns},
+    vocab::{EvictionCause, EvictionRecord, OnKilled, Urgency, monotonic_ns},
     wake::Wake,
 };
 
@@ -99,6 +99,8 @@ pub struct Pressure {
     pub conditions: Vec<NodeCondition>,
     /// Raised by the daemon while a stop runs (see `urgency`).
     pub escalate: watch::Receiver<Urgency>,
+    /// What a wake source does while a killed pod exits (`WakeSource::on_killed`).
+    pub on_killed: Option<OnKilled>,
     state: EngineState,
     /// When each image was first seen, kept current by a task of its own: node-level
     /// reclaim keeps young ones.
@@ -151,6 +153,7 @@ impl Pressure {
             api: None,
             conditions: Vec::new(),
             escalate,
+            on_killed: None,
             state: EngineState::default(),
             gone: BTreeMap::new(),
             image_ages: Default::default(),
@@ -250,7 +253,9 @@ impl Pressure {
     /// 250 pods ~4 ms of opens (115 ms measured with the CPUs busy).
     fn open_usage_files(&mut self, pods: &Arc<Vec<PodRecord>>) {
         let memory = self.thresholds.iter().any(|t| t.signal.is_memory());
-        if !memory || self.usage_files_for.as_ref().is_some_and(|p| Arc::ptr_eq(p, pods)) {
+        let opened =
+            self.usage_files_for.as_ref().is_some_and(|p| Arc::ptr_eq(p, pods) || same_cgroups(p, pods));
+        if !memory || opened {
             return;
         }
         let Some(reader) = &self.reader else { return };

@@ -203,6 +203,7 @@ impl Daemon {
         pressure.api = api.as_ref().map(|a| a.reporter.clone());
         pressure.specs_from_api = specs_from_api;
         pressure.reader = realtime::Reader::spawn(opts.realtime_priority);
+        pressure.on_killed = sources.iter().find_map(|s| s.on_killed());
         pressure.disk_walker = DiskWalker::spawn(
             pods.clone(),
             pressure.signals.nodefs.clone(),
@@ -240,6 +241,7 @@ impl Daemon {
             reread_policy: false,
             decide_after_inventory: None,
             last_pass_pods: None,
+            sources_pods: None,
             pending_policy: None,
             reread_pods_file,
             cleanup_recheck: None,

@@ -5,7 +5,12 @@
 //! attached again while loaded: far from every threshold, the wake source detaches them,
 //! because even a program that returns at once costs page faults ~8 %.
 
-use std::{collections::HashSet, path::PathBuf, time::Duration};
+use std::{
+    collections::HashSet,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -165,7 +170,8 @@ pub struct KernelProbes {
     page_size: u64,
     ncpus: u64,
     scope: HashSet<u64>,
-    charge: Vec<ChargeLink>,
+    /// Shared, weakly, with the act step (`charge_switch`).
+    charge: Arc<Mutex<Vec<ChargeLink>>>,
     /// The batched charge hook is attached (it then replaces the memcg stat tracepoints).
     batch: bool,
     pub programs: Vec<ProgramStatus>,
@@ -230,7 +236,7 @@ impl KernelProbes {
             page_size,
             ncpus: ncpus.max(1),
             scope: HashSet::new(),
-            charge,
+            charge: Arc::new(Mutex::new(charge)),
             batch: batch.is_some(),
             programs,
             items,
@@ -255,7 +261,7 @@ impl KernelProbes {
 
     /// The charge tier these programs give (the adaptive poll when neither attached).
     pub fn charge_tier(&self) -> ChargeTier {
-        charge_tier_of(None, self.batch, !self.charge.is_empty()).unwrap_or(ChargeTier::AdaptivePoll)
+        charge_tier_of(None, self.batch, self.has_charge_programs()).unwrap_or(ChargeTier::AdaptivePoll)
     }
 
     /// Whether the batched charge hook is attached (kernels with BPF trampolines).
@@ -273,32 +279,34 @@ impl KernelProbes {
     /// Whether any charge program attached at load (kernels without the memcg stat
     /// tracepoints have none).
     pub fn has_charge_programs(&self) -> bool {
-        !self.charge.is_empty()
+        !lock(&self.charge).is_empty()
     }
 
     /// Whether any charge program is attached now.
     pub fn charge_attached(&self) -> bool {
-        self.charge.iter().any(|c| c.link.is_some())
+        lock(&self.charge).iter().any(|c| c.link.is_some())
     }
 
     /// Attaches again every charge program that attached at load and is detached now.
     pub fn attach_charge(&mut self) -> Result<(), EbpfError> {
-        for c in self.charge.iter_mut().filter(|c| c.link.is_none()) {
+        let mut charge = lock(&self.charge);
+        for c in charge.iter_mut().filter(|c| c.link.is_none()) {
             let prog = charge_program(&mut self.ebpf, c.spec.program)?;
-            let link = prog.attach(c.spec.name).map_err(charge_err("attaching", c.spec.program))?;
-            c.link = Some(link);
+            let id = prog.attach(c.spec.name).map_err(charge_err("attaching", c.spec.program))?;
+            c.link = Some(prog.take_link(id).map_err(charge_err("taking the link of", c.spec.program))?);
         }
         Ok(())
     }
 
     /// Detaches every attached charge program; it stays loaded, with its maps.
-    pub fn detach_charge(&mut self) -> Result<(), EbpfError> {
-        for c in self.charge.iter_mut() {
-            let Some(link) = c.link.take() else { continue };
-            let prog = charge_program(&mut self.ebpf, c.spec.program)?;
-            prog.detach(link).map_err(charge_err("detaching", c.spec.program))?;
-        }
-        Ok(())
+    pub fn detach_charge(&self) {
+        detach(&self.charge);
+    }
+
+    /// A handle that detaches the charge programs from another task (the act step's), for
+    /// as long as these probes live.
+    pub fn charge_switch(&self) -> ChargeSwitch {
+        ChargeSwitch(Arc::downgrade(&self.charge))
     }
 
     /// Counts charge only in these memory cgroups (`None`: everywhere, i.e. the whole node).
@@ -351,6 +359,29 @@ impl KernelProbes {
                 .map_err(map_err(MAP_CONFIG))?;
         map.set(0, self.config, 0).map_err(map_err(MAP_CONFIG))
     }
+}
+
+/// The charge programs' links as the act step holds them: it detaches them while a killed
+/// pod exits, and the wake source attaches them again near a threshold. Weak, so that a wake
+/// source that is dropped takes its programs off the kernel with it.
+#[derive(Clone)]
+pub struct ChargeSwitch(Weak<Mutex<Vec<ChargeLink>>>);
+
+impl ChargeSwitch {
+    /// Detaches every attached charge program. Returns how many were attached.
+    pub fn detach(&self) -> usize {
+        self.0.upgrade().map_or(0, |links| detach(&links))
+    }
+}
+
+/// A program's link, once dropped, detaches it.
+fn detach(links: &Mutex<Vec<ChargeLink>>) -> usize {
+    lock(links).iter_mut().filter_map(|c| c.link.take()).count()
+}
+
+/// The links stay consistent whatever a panicking holder did: each is attached or not.
+fn lock(links: &Mutex<Vec<ChargeLink>>) -> MutexGuard<'_, Vec<ChargeLink>> {
+    links.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The smallest per-CPU watermark of the stat tracepoints' tier, in bytes, unless the

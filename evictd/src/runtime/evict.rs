@@ -27,7 +27,7 @@ use crate::{
         kill::{self, KillTarget},
         usage::cgroup_tree_empty,
     },
-    vocab::{FastKill, Phases, Urgency, monotonic_ns},
+    vocab::{FastKill, OnKilled, Phases, Urgency, monotonic_ns},
 };
 
 /// How one pod is stopped.
@@ -42,6 +42,8 @@ pub struct StopPlan {
     /// taken).
     pub cgroup: Option<PathBuf>,
     pub release_timeout: Duration,
+    /// Called once the stop cannot be cut shorter (see `OnKilled`).
+    pub on_killed: Option<OnKilled>,
 }
 
 fn ms(t: Instant) -> f64 {
@@ -166,7 +168,7 @@ impl Stop<'_> {
             return;
         }
         let started_ns = monotonic_ns();
-        match kill::fast_kill(target).await {
+        match kill::fast_kill(target, self.plan.on_killed.as_ref()).await {
             Ok(report) => {
                 tracing::info!(
                     pod = %self.name, ?urgency, method = ?report.method, processes = report.processes,
@@ -189,6 +191,9 @@ impl Stop<'_> {
         let grace = if self.fast_kill.is_some() { 0 } else { self.plan.grace_seconds };
         self.spawn_stops(&mut stops, grace);
         let mut reached = if grace <= self.plan.hard_grace_seconds { Urgency::Hard } else { Urgency::Normal };
+        if reached == Urgency::Hard {
+            self.killed();
+        }
         if self.fast_kill.is_some() {
             // Killed already: nothing more an emergency could do.
             reached = Urgency::Emergency;
@@ -224,6 +229,14 @@ impl Stop<'_> {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// The stop is at the hard grace period or killed: only an emergency can still cut it
+    /// shorter. Says so to whoever asked (`OnKilled`).
+    fn killed(&self) {
+        if let Some(f) = &self.plan.on_killed {
+            f.call();
+        }
+    }
+
     /// Once the pod is killed without the runtime, the runtime's stops are bookkeeping:
     /// waited for at most the CRI timeout, not the runtime request timeout, so that a
     /// struggling runtime never holds the next decision for minutes.
@@ -250,6 +263,7 @@ impl Stop<'_> {
                     "a hard threshold is met during the {grace} s grace period: stopping with {hard} s"
                 );
                 self.spawn_stops(stops, hard);
+                self.killed();
             }
             Urgency::Emergency => {
                 tracing::warn!(
@@ -321,6 +335,7 @@ mod tests {
             fast: None,
             cgroup: None,
             release_timeout: Duration::from_secs(1),
+            on_killed: None,
         }
     }
 
@@ -338,6 +353,43 @@ mod tests {
         let phases = stop(&client, &pod, &plan(), None).await.expect("the containers are dead: an eviction");
         assert_eq!(phases.warnings.len(), 1, "{:?}", phases.warnings);
         assert!(phases.warnings[0].contains("StopPodSandbox"), "{:?}", phases.warnings);
+    }
+
+    /// Whoever asked hears when a stop can no longer be cut shorter: at once for a stop at
+    /// the hard grace period, and for a longer one only once a hard threshold cuts it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_act_step_says_when_a_stop_is_at_the_hard_grace_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        let script =
+            Script { running_polls: Some(0), stop_delay: Duration::from_millis(300), ..Script::default() };
+        scripted_runtime(&sock, script);
+        let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(5)).unwrap();
+        let pod = record("/kubepods/podu", vec![container(None, None)]);
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = calls.clone();
+        let on_killed = OnKilled::new(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let count = || calls.load(std::sync::atomic::Ordering::SeqCst);
+
+        let at_hard = StopPlan { on_killed: Some(on_killed.clone()), ..plan() };
+        stop(&client, &pod, &at_hard, None).await.expect("stopped");
+        assert_eq!(count(), 1, "a stop at the hard grace period is said at once");
+
+        let soft = StopPlan { grace_seconds: 30, on_killed: Some(on_killed), ..plan() };
+        let (raise, urgency) = watch::channel(Urgency::Normal);
+        let stopping = stop(&client, &pod, &soft, Some(urgency));
+        let raised = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let before = count();
+            raise.send_replace(Urgency::Hard);
+            before
+        };
+        let (stopped, before) = tokio::join!(stopping, raised);
+        stopped.expect("stopped");
+        assert_eq!(before, 1, "a soft stop was said before a hard threshold cut it");
+        assert_eq!(count(), 2, "the cut to the hard grace period is said");
     }
 
     /// Containers the runtime could not stop are a failed eviction.

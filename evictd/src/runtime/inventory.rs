@@ -37,7 +37,7 @@ pub type ApiPodsReceiver = watch::Receiver<Option<ApiPods>>;
 /// specs are inferred: a list still on its way is not a reason to call them so.
 const API_LIST_GRACE: Duration = Duration::from_secs(10);
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ContainerRecord {
     pub id: String,
     pub name: String,
@@ -52,7 +52,7 @@ pub struct ContainerRecord {
     pub rootfs: Option<(u64, u64)>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PodRecord {
     pub sandbox_id: String,
     pub uid: String,
@@ -76,6 +76,20 @@ impl PodRecord {
     pub fn spec_inferred(&self) -> bool {
         self.spec_source == SpecSource::Inferred
     }
+}
+
+/// Whether two pod lists name the same pods with the same containers, i.e. the same cgroups:
+/// a list that differs only in specs, states or disk usage needs no cgroup opened or walked.
+pub fn same_cgroups(a: &[PodRecord], b: &[PodRecord]) -> bool {
+    fn containers(p: &PodRecord) -> impl Iterator<Item = &String> {
+        p.containers.iter().map(|c| &c.id)
+    }
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.sandbox_id == y.sandbox_id
+                && x.cgroup_parent == y.cgroup_parent
+                && containers(x).eq(containers(y))
+        })
 }
 
 pub struct Inventory {
@@ -430,7 +444,8 @@ const API_COALESCE: Duration = Duration::from_millis(100);
 
 /// Keeps the inventory current off the pressure path: refreshes every `every`, or at once
 /// when `kick` is notified (after an eviction), applies new specs from the API server as
-/// they come, and publishes each snapshot. The pressure path only ever reads the latest one.
+/// they come, and publishes each snapshot that differs from the last. The pressure path only
+/// ever reads the latest one.
 pub fn spawn_refresh(
     client: CriClient,
     mut inventory: Inventory,
@@ -440,6 +455,10 @@ pub fn spawn_refresh(
     let (tx, rx) = watch::channel(Arc::new(Vec::new()));
     tokio::spawn(async move {
         let mut up: Option<bool> = None;
+        // The first list, and the one asked for after an eviction, are published even when
+        // unchanged: the daemon is ready once it has one, and decides again on one read
+        // after the eviction.
+        let mut must_publish = true;
         loop {
             let next = tokio::time::Instant::now() + every;
             match inventory.refresh(&client).await {
@@ -454,11 +473,11 @@ pub fn spawn_refresh(
                     // The pod list first: a pod just started — maybe the one whose growth
                     // is the pressure — must not wait for the runtime's stats of every
                     // container to become a candidate. The disk stats follow.
-                    if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
+                    if !publish(&tx, &inventory, std::mem::take(&mut must_publish)) {
                         return;
                     }
                     inventory.refresh_writable_layers(&client).await;
-                    if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
+                    if !publish(&tx, &inventory, false) {
                         return;
                     }
                 }
@@ -474,11 +493,14 @@ pub fn spawn_refresh(
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(next) => break,
-                    _ = kick.notified() => break,
+                    _ = kick.notified() => {
+                        must_publish = true;
+                        break;
+                    }
                     _ = inventory.api_changed() => {
                         tokio::time::sleep(API_COALESCE).await;
                         inventory.apply_api_specs();
-                        if tx.send(Arc::new(inventory.pods().cloned().collect())).is_err() {
+                        if !publish(&tx, &inventory, false) {
                             return;
                         }
                     }
@@ -487,6 +509,21 @@ pub fn spawn_refresh(
         }
     });
     rx
+}
+
+/// Sends the inventory's pods when they differ from the last list sent (or `always`): each
+/// new list costs the daemon work per pod (usage files opened, the charge programs' scope
+/// walked), and most refreshes of a steady node change nothing. False once nobody listens.
+fn publish(tx: &watch::Sender<Arc<Vec<PodRecord>>>, inventory: &Inventory, always: bool) -> bool {
+    let pods: Vec<PodRecord> = inventory.pods().cloned().collect();
+    tx.send_if_modified(|last| {
+        let send = always || **last != pods;
+        if send {
+            *last = Arc::new(pods);
+        }
+        send
+    });
+    !tx.is_closed()
 }
 
 #[cfg(test)]
@@ -579,6 +616,40 @@ pub(crate) mod tests {
         assert_eq!(pod("u3").spec_source, SpecSource::Inferred);
         assert!(!pod("u3").spec.opts_out(), "an inferred spec carries the node's annotations: ignored too");
         assert_eq!(inv.named_untrusted.len(), 2, "u1 and u3 named once each");
+    }
+
+    /// Only a list with other pods or containers names other cgroups; a new state, spec or
+    /// disk usage does not.
+    #[test]
+    fn the_same_cgroups_are_the_same_pods_and_containers() {
+        let list = vec![record("/kubepods/poda", vec![container(None, None)])];
+        let mut restated = list.clone();
+        restated[0].containers[0].running = false;
+        restated[0].containers[0].rootfs = Some((1, 2));
+        restated[0].spec_source = SpecSource::Api;
+        assert!(same_cgroups(&list, &restated));
+        let mut other_container = list.clone();
+        other_container[0].containers[0].id = "c2".into();
+        assert!(!same_cgroups(&list, &other_container));
+        let mut more = list.clone();
+        more.push(PodRecord { sandbox_id: "sb2".into(), ..list[0].clone() });
+        assert!(!same_cgroups(&list, &more));
+        assert!(!same_cgroups(&list, &[]));
+    }
+
+    /// A refresh that changes nothing is not sent (the daemon does work per pod on each new
+    /// list), unless it must be: the first one, and the one after an eviction.
+    #[test]
+    fn an_unchanged_list_is_sent_only_when_it_must_be() {
+        let inventory = Inventory::new(None, 1 << 30);
+        let (tx, mut rx) = watch::channel(Arc::new(Vec::new()));
+        assert!(publish(&tx, &inventory, false));
+        assert!(!rx.has_changed().unwrap(), "an unchanged list was sent");
+        assert!(publish(&tx, &inventory, true));
+        assert!(rx.has_changed().unwrap(), "a list that must be sent was not");
+        rx.borrow_and_update();
+        drop(rx);
+        assert!(!publish(&tx, &inventory, true), "nobody listens any more");
     }
 
     pub(crate) fn record(parent: &str, containers: Vec<ContainerRecord>) -> PodRecord {

@@ -33,7 +33,7 @@ use crate::{
         cgroup_names::pid_in_cgroup,
         cgroups::{CgroupMounts, CgroupVersion},
     },
-    vocab::{KillMethod, KillReport},
+    vocab::{KillMethod, KillReport, OnKilled},
 };
 
 /// A v1 freezer may sit in FREEZING while a task is in an uninterruptible sleep; runc
@@ -124,9 +124,9 @@ struct Victim {
 }
 
 /// Kills every process of the pod, then frees the largest victims' memory in parallel with
-/// their own exit. Returns once every reap has ended; the caller waits for the cgroup to
-/// empty as for any stop.
-pub async fn fast_kill(target: &KillTarget) -> Result<KillReport, KillError> {
+/// their own exit. `on_killed` runs between the two, once the pod is signalled. Returns once
+/// every reap has ended; the caller waits for the cgroup to empty as for any stop.
+pub async fn fast_kill(target: &KillTarget, on_killed: Option<&OnKilled>) -> Result<KillReport, KillError> {
     let t = Instant::now();
     let (method, victims) = match target.method() {
         // Waiting for the freezer may take a while: on the blocking pool.
@@ -139,6 +139,9 @@ pub async fn fast_kill(target: &KillTarget) -> Result<KillReport, KillError> {
         KillMethod::CgroupKill | KillMethod::Signals => kill(target)?,
     };
     let signalled_ms = ms(t);
+    if let Some(f) = on_killed {
+        f.call();
+    }
     let processes = victims.len();
     let reaped = reap(victims).await;
     Ok(KillReport { method, processes, signalled_ms, reaped, reaped_ms: ms(t) })
@@ -427,7 +430,10 @@ pub(crate) mod tests {
     use std::{
         os::unix::process::ExitStatusExt as _,
         process::{Child, Command},
-        sync::atomic::{AtomicUsize, Ordering},
+        sync::{
+            Arc,
+            atomic::{AtomicUsize, Ordering},
+        },
     };
 
     use super::*;
@@ -541,13 +547,19 @@ pub(crate) mod tests {
     /// SIGKILL while a process outside it (a bystander started the same way) lives on.
     async fn kills_the_pod_and_nothing_else(pod: &mut TestPod, target: &KillTarget, method: KillMethod) {
         let mut bystander = pod.spawn_sleep();
-        let report = fast_kill(target).await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let on_killed = OnKilled::new(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+        });
+        let report = fast_kill(target, Some(&on_killed)).await;
         let bystander_lived = bystander.try_wait().unwrap().is_none();
         // Ended before any assertion: a failing one must not leave it running.
         let _ = bystander.kill();
         let _ = bystander.wait();
         let report = report.unwrap();
         assert_eq!(report.method, method);
+        assert_eq!(calls.load(Ordering::Relaxed), 1, "on_killed runs once per kill");
         match method {
             // Pinned after the kill: the ones still dying then.
             KillMethod::CgroupKill => assert!(report.processes <= pod.children.len(), "{report:?}"),
@@ -675,7 +687,8 @@ pub(crate) mod tests {
         let mut pod = TestPod::new(&layout, 2);
         // The first process plays evictd.
         let target = KillTarget { spare: pod.children[0].id() as i32, ..KillTarget::at(&pod.rel, &layout) };
-        let err = fast_kill(&target).await.expect_err("must refuse");
+        let on_killed = OnKilled::new(|| panic!("on_killed ran for a pod that was not killed"));
+        let err = fast_kill(&target, Some(&on_killed)).await.expect_err("must refuse");
         assert!(matches!(err, KillError::HoldsEvictd { .. }), "{err}");
         for c in &mut pod.children {
             assert!(c.try_wait().unwrap().is_none(), "a process of the pod was killed");

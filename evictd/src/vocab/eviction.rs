@@ -2,7 +2,7 @@
 //! `--trace --json`, metrics, the Kubernetes record), why it was evicted, and how long each
 //! phase of stopping it took.
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use evictd_policy::{local_storage::LimitKind, policy::Signal, signal::Resource};
 use serde::Serialize;
@@ -85,6 +85,30 @@ pub enum Urgency {
     /// The kernel is about to act (memory.available below the emergency level, reclaim or an
     /// OOM kill in the node): kill now.
     Emergency,
+}
+
+/// What the act step calls the moment a stop can no longer be cut shorter: SIGKILL written
+/// by evictd, or the runtime asked to stop at the hard eviction grace period. From then on
+/// the victim frees every page it held, and whatever the kernel runs on each free (evictd's
+/// memcg stat programs) slows the release the next decision waits for. Called once or more
+/// per stop; it must be quick, since it runs between the kill and the reaps.
+#[derive(Clone)]
+pub struct OnKilled(Arc<dyn Fn() + Send + Sync>);
+
+impl OnKilled {
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Self {
+        OnKilled(Arc::new(f))
+    }
+
+    pub fn call(&self) {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for OnKilled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OnKilled")
+    }
 }
 
 /// How long each phase of an eviction took, in milliseconds.

@@ -11,6 +11,8 @@ pub mod metrics;
 pub mod spec;
 pub mod wake;
 
-pub use eviction::{EvictionCause, EvictionRecord, FastKill, KillMethod, KillReport, Phases, Urgency};
+pub use eviction::{
+    EvictionCause, EvictionRecord, FastKill, KillMethod, KillReport, OnKilled, Phases, Urgency,
+};
 pub use spec::SpecSource;
 pub use wake::{ChargeTier, WakeCause, monotonic_ns};

@@ -30,7 +30,7 @@ use super::{
 use crate::{
     kernel::ebpf::{Counters, KernelProbes},
     node::{cgroup_names, signals::NodeSignalSources},
-    vocab::ChargeTier,
+    vocab::{ChargeTier, OnKilled},
 };
 
 /// How often the charge programs' scope is walked again without the pod list changing.
@@ -254,6 +254,22 @@ impl WakeSource for EbpfWake {
     fn watermark(&self) -> Option<u64> {
         self.watermark
     }
+
+    /// A killed pod's exit uncharges every page it held, and each uncharge runs the memcg
+    /// stat programs (a 1 GiB exit took ~25 % longer with them attached): they come off for
+    /// the exit, and the next pass attaches them again if a threshold is still near. Only
+    /// where the band already detaches them (the poll runs): the poll and the reclaim and
+    /// OOM programs then still see an emergency during the stop. The batched hook runs on
+    /// charges only, never on an exit.
+    fn on_killed(&self) -> Option<OnKilled> {
+        self.band?;
+        let switch = self.probes.charge_switch();
+        Some(OnKilled::new(move || {
+            if switch.detach() > 0 {
+                tracing::info!("charge programs detached while an evicted pod exits");
+            }
+        }))
+    }
 }
 
 impl EbpfWake {
@@ -324,7 +340,12 @@ impl EbpfWake {
             return;
         }
         let t = Instant::now();
-        let done = if wanted { self.probes.attach_charge() } else { self.probes.detach_charge() };
+        let done = if wanted {
+            self.probes.attach_charge()
+        } else {
+            self.probes.detach_charge();
+            Ok(())
+        };
         if let Err(e) = done {
             if !self.band_failing {
                 tracing::warn!("{e}; tried again at every pass");

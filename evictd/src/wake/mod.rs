@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::{
     kernel::ebpf::{Counters, LoadOptions},
     node::signals::NodeSignalSources,
-    vocab::{ChargeTier, WakeCause, monotonic_ns},
+    vocab::{ChargeTier, OnKilled, WakeCause, monotonic_ns},
 };
 
 pub mod disk;
@@ -147,6 +147,11 @@ pub trait WakeSource {
     }
     /// Whether the charge programs are attached now (the eBPF source).
     fn charge_probes_attached(&self) -> Option<bool> {
+        None
+    }
+    /// What the act step should call once a pod it stops is being killed (the eBPF source:
+    /// take its charge programs off the victim's exit).
+    fn on_killed(&self) -> Option<OnKilled> {
         None
     }
 }

@@ -545,6 +545,7 @@ impl Pressure {
             fast,
             cgroup: self.cgroups_of(pod).map(|c| c.memory.dir),
             release_timeout: self.release_timeout,
+            on_killed: self.on_killed.clone(),
         }
     }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    programs::{FExit, RawTracePoint, TracePoint, raw_trace_point::RawTracePointLinkId},
+    programs::{FExit, RawTracePoint, TracePoint, raw_trace_point::RawTracePointLink},
 };
 use evictd_common::tracepoints::{BATCH_PROGRAMS, PROG_PAGE_COUNTER_TRY_CHARGE};
 
@@ -19,10 +19,11 @@ use crate::{
     vocab::ChargeTier,
 };
 
-/// A charge program that attached at load, and its link while attached.
+/// A charge program that attached at load, and its link while attached (owned here, not by
+/// the program: dropping it detaches the program, from whichever task holds it).
 pub(super) struct ChargeLink {
     pub(super) spec: &'static TracepointSpec,
-    pub(super) link: Option<RawTracePointLinkId>,
+    pub(super) link: Option<RawTracePointLink>,
 }
 
 /// What `attach_all` attached.
@@ -197,8 +198,8 @@ fn load_error(program: &'static str) -> impl Fn(aya::programs::ProgramError) -> 
     }
 }
 
-/// Loads and attaches one program; a charge program (raw tracepoint) returns its link, which
-/// `detach_charge` needs. A program reading a located field needs it where the programs
+/// Loads and attaches one program; a charge program (raw tracepoint) returns its link, whose
+/// drop detaches it. A program reading a located field needs it where the programs
 /// before it found it (`located_off`: there is one slot in the config).
 fn attach(
     ebpf: &mut Ebpf,
@@ -206,7 +207,7 @@ fn attach(
     btf: &KernelBtf,
     tp: &TracepointSpec,
     located_off: &mut Option<u32>,
-) -> Result<Option<RawTracePointLinkId>, AttachError> {
+) -> Result<Option<RawTracePointLink>, AttachError> {
     let program = tp.program;
     let load_err = load_error(program);
     let as_kind = |error| AttachError::Program { what: "program", program, error };
@@ -216,7 +217,12 @@ fn attach(
         btf.check_memcg_tracepoint(tp.name)?;
         let prog: &mut RawTracePoint = prog.try_into().map_err(as_kind)?;
         prog.load().map_err(load_err)?;
-        return Ok(Some(prog.attach(tp.name).map_err(attach_err)?));
+        let id = prog.attach(tp.name).map_err(attach_err)?;
+        return Ok(Some(prog.take_link(id).map_err(|error| AttachError::Program {
+            what: "taking the link of",
+            program,
+            error,
+        })?));
     }
     tracefs::check_record_format(tracefs, tp.group, tp.name, tp.fields)?;
     if let Some(field) = tp.located {

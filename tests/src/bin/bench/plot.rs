@@ -69,6 +69,22 @@ fn time_range(series: &[Series]) -> (f64, f64) {
     }
 }
 
+/// Ticks at 1, 2 and 5 of each decade within `lo..hi`, or at every integer step of the
+/// decade when that leaves fewer than four: a log axis ticks only at powers of ten, and a
+/// span inside one decade (300–560 ms, say) then has no labelled tick at all.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let decades = lo.log10().floor() as i32..=hi.log10().ceil() as i32;
+    let within = |steps: &[f64]| -> Vec<f64> {
+        decades
+            .clone()
+            .flat_map(|d| steps.iter().map(move |m| m * 10f64.powi(d)))
+            .filter(|v| (lo..=hi).contains(v))
+            .collect()
+    };
+    let ticks = within(&[1.0, 2.0, 5.0]);
+    if ticks.len() >= 4 { ticks } else { within(&[1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]) }
+}
+
 fn draw_cdf<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     series: &[Series],
@@ -85,7 +101,7 @@ where
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(50)
-        .build_cartesian_2d((lo..hi).log_scale(), 0f64..1.0)
+        .build_cartesian_2d((lo..hi).log_scale().with_key_points(log_ticks(lo, hi)), 0f64..1.0)
         .map_err(e)?;
     chart
         .configure_mesh()
@@ -321,6 +337,12 @@ mod tests {
             .skip(1)
             .filter_map(|t| Some(t.split_once('>')?.1.split('<').next()?.trim().to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn a_time_axis_inside_one_decade_still_has_labelled_ticks() {
+        assert_eq!(log_ticks(300.0, 560.0), vec![300.0, 400.0, 500.0]);
+        assert_eq!(log_ticks(0.3, 70.0), vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0]);
     }
 
     /// A CDF per series, as SVG and PNG, on an axis that spans the data (not a fixed 100 s):

@@ -46,6 +46,10 @@ const MI: u64 = 1 << 20;
 pub enum Mode {
     /// evictd's default wake sources, all at once.
     All,
+    /// The defaults with the charge programs attached always (`--charge-probes always`):
+    /// also while a killed pod exits, which `all` takes them off for.
+    #[value(name = "all-attached")]
+    AllAttached,
     Ebpf,
     Eventfd,
     Psi,
@@ -61,6 +65,7 @@ impl Mode {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::All => "all",
+            Mode::AllAttached => "all-attached",
             Mode::Ebpf => "ebpf",
             Mode::Eventfd => "eventfd",
             Mode::Psi => "psi",
@@ -74,6 +79,7 @@ impl Mode {
     fn args(self) -> Vec<&'static str> {
         match self {
             Mode::All => vec![],
+            Mode::AllAttached => vec!["--charge-probes", "always"],
             Mode::Ebpf => vec!["--wake-sources", "ebpf"],
             Mode::Eventfd => vec!["--wake-sources", "eventfd"],
             Mode::Psi => vec!["--wake-sources", "psi"],
@@ -407,28 +413,42 @@ pub(crate) struct Timed {
     freed: Option<f64>,
 }
 
-/// CDFs of detection by wake mode, and of stop and freed by kill path (every rate pooled):
+/// CDFs of detection by wake mode, and of stop and freed by kill path — by mode and kill path
+/// when several modes ran, which may differ there too (every rate pooled):
 /// `<stem>-{detection,stop,freed}.{svg,png}` under `out`.
 pub(crate) fn plot_distributions(out: &Path, stem: &str, runs: &[Timed]) -> anyhow::Result<()> {
-    let by = |key: fn(&Timed) -> &str, value: fn(&Timed) -> Option<f64>| {
+    let by = |key: &dyn Fn(&Timed) -> String, value: fn(&Timed) -> Option<f64>| {
         let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for r in runs {
-            groups.entry(key(r).to_owned()).or_default().extend(value(r));
+            groups.entry(key(r)).or_default().extend(value(r));
         }
         groups.into_iter().map(|(label, ms)| plot::Series { label, ms }).collect::<Vec<_>>()
     };
-    let mode: fn(&Timed) -> &str = |r| &r.mode;
-    let path: fn(&Timed) -> &str = |r| &r.kill_path;
+    let modes: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.mode.as_str()).collect();
+    let mode = |r: &Timed| r.mode.clone();
+    let (path, by_path): (&dyn Fn(&Timed) -> String, &str) = if modes.len() > 1 {
+        (&|r: &Timed| format!("{} {}", r.mode, r.kill_path), "by wake mode and kill path")
+    } else {
+        (&|r: &Timed| r.kill_path.clone(), "by kill path")
+    };
     for (name, title, series) in [
-        ("detection", "detection: the crossing to the decision, by wake mode", by(mode, |r| r.detection)),
-        ("stop", "stop: the crossing to the victim's last allocation, by kill path", by(path, |r| r.stop)),
+        (
+            "detection",
+            "detection: the crossing to the decision, by wake mode".to_owned(),
+            by(&mode, |r| r.detection),
+        ),
+        (
+            "stop",
+            format!("stop: the crossing to the victim's last allocation, {by_path}"),
+            by(path, |r| r.stop),
+        ),
         (
             "freed",
-            "freed: the crossing to 90 % of the victim's memory back, by kill path",
+            format!("freed: the crossing to 90 % of the victim's memory back, {by_path}"),
             by(path, |r| r.freed),
         ),
     ] {
-        for written in plot::cdf(&series, title, &out.join(format!("{stem}-{name}")))? {
+        for written in plot::cdf(&series, &title, &out.join(format!("{stem}-{name}")))? {
             eprintln!("[bench] wrote {}", written.display());
         }
     }
