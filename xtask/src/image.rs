@@ -93,10 +93,11 @@ fn assert_static(bin: &Path) -> Result<()> {
 pub(crate) fn image(env: &BuildEnv, args: &ImageArgs) -> Result<PathBuf> {
     let bin = build_static(env, args.for_tests)?;
     let version = env!("CARGO_PKG_VERSION");
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| workspace_root().join(format!("target/image/evictd-{version}.oci.tar")));
+    let out = args.out.clone().unwrap_or_else(|| {
+        // Never in the place of the image to ship, which `cargo xtask image` writes.
+        let suffix = if args.for_tests { "-tests" } else { "" };
+        workspace_root().join(format!("target/image/evictd-{version}{suffix}.oci.tar"))
+    });
     step(&format!("writing the image {NAME}:{version} to {}", out.display()));
     let binary = std::fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?;
     let archive = oci_archive(&binary, version)?;

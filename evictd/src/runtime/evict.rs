@@ -42,7 +42,7 @@ pub struct StopPlan {
     /// taken).
     pub cgroup: Option<PathBuf>,
     pub release_timeout: Duration,
-    /// Called once the stop cannot be cut shorter (see `OnKilled`).
+    /// Called once evictd's fast kill has signalled the pod (see `OnKilled`).
     pub on_killed: Option<OnKilled>,
 }
 
@@ -191,9 +191,6 @@ impl Stop<'_> {
         let grace = if self.fast_kill.is_some() { 0 } else { self.plan.grace_seconds };
         self.spawn_stops(&mut stops, grace);
         let mut reached = if grace <= self.plan.hard_grace_seconds { Urgency::Hard } else { Urgency::Normal };
-        if reached == Urgency::Hard {
-            self.killed();
-        }
         if self.fast_kill.is_some() {
             // Killed already: nothing more an emergency could do.
             reached = Urgency::Emergency;
@@ -229,14 +226,6 @@ impl Stop<'_> {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// The stop is at the hard grace period or killed: only an emergency can still cut it
-    /// shorter. Says so to whoever asked (`OnKilled`).
-    fn killed(&self) {
-        if let Some(f) = &self.plan.on_killed {
-            f.call();
-        }
-    }
-
     /// Once the pod is killed without the runtime, the runtime's stops are bookkeeping:
     /// waited for at most the CRI timeout, not the runtime request timeout, so that a
     /// struggling runtime never holds the next decision for minutes.
@@ -263,7 +252,6 @@ impl Stop<'_> {
                     "a hard threshold is met during the {grace} s grace period: stopping with {hard} s"
                 );
                 self.spawn_stops(stops, hard);
-                self.killed();
             }
             Urgency::Emergency => {
                 tracing::warn!(
@@ -355,41 +343,19 @@ mod tests {
         assert!(phases.warnings[0].contains("StopPodSandbox"), "{:?}", phases.warnings);
     }
 
-    /// Whoever asked hears when a stop can no longer be cut shorter: at once for a stop at
-    /// the hard grace period, and for a longer one only once a hard threshold cuts it.
+    /// A stop through the runtime, even at the hard grace period, does not say the pod is
+    /// killed: its processes may still allocate for that second, and the charge programs
+    /// are what wakes evictd to make it an emergency kill.
     #[tokio::test(flavor = "current_thread")]
-    async fn the_act_step_says_when_a_stop_is_at_the_hard_grace_period() {
+    async fn a_stop_through_the_runtime_is_not_a_kill() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("cri.sock");
-        let script =
-            Script { running_polls: Some(0), stop_delay: Duration::from_millis(300), ..Script::default() };
-        scripted_runtime(&sock, script);
+        scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
         let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(5)).unwrap();
         let pod = record("/kubepods/podu", vec![container(None, None)]);
-        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = calls.clone();
-        let on_killed = OnKilled::new(move || {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        });
-        let count = || calls.load(std::sync::atomic::Ordering::SeqCst);
-
-        let at_hard = StopPlan { on_killed: Some(on_killed.clone()), ..plan() };
+        let on_killed = OnKilled::new(|| panic!("a stop through the runtime was said to be a kill"));
+        let at_hard = StopPlan { on_killed: Some(on_killed), ..plan() };
         stop(&client, &pod, &at_hard, None).await.expect("stopped");
-        assert_eq!(count(), 1, "a stop at the hard grace period is said at once");
-
-        let soft = StopPlan { grace_seconds: 30, on_killed: Some(on_killed), ..plan() };
-        let (raise, urgency) = watch::channel(Urgency::Normal);
-        let stopping = stop(&client, &pod, &soft, Some(urgency));
-        let raised = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let before = count();
-            raise.send_replace(Urgency::Hard);
-            before
-        };
-        let (stopped, before) = tokio::join!(stopping, raised);
-        stopped.expect("stopped");
-        assert_eq!(before, 1, "a soft stop was said before a hard threshold cut it");
-        assert_eq!(count(), 2, "the cut to the hard grace period is said");
     }
 
     /// Containers the runtime could not stop are a failed eviction.
@@ -421,10 +387,15 @@ mod tests {
         scripted_runtime(&sock, Script { running_polls: Some(0), stop_delay: slow, ..Script::default() });
         let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap();
         let pod = record("/kubepods/podu", vec![container(None, None)]);
+        let killed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = killed.clone();
         let plan = StopPlan {
             grace_seconds: 30,
             fast: Some(KillTarget::at(&cgroup.rel, &layout)),
             cgroup: Some(layout.memory_root.join(&cgroup.rel)),
+            on_killed: Some(OnKilled::new(move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })),
             ..plan()
         };
         let (raise, urgency) = watch::channel(Urgency::Normal);
@@ -435,6 +406,12 @@ mod tests {
         let t = Instant::now();
         let phases = stop(&client, &pod, &plan, Some(urgency)).await.expect("killed: an eviction");
         assert!(phases.fast_kill.is_some(), "the emergency killed the pod");
+        // The kill runs the hook on the blocking pool, beside the reaps.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while killed.load(std::sync::atomic::Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(killed.load(std::sync::atomic::Ordering::SeqCst), 1, "the kill was said once");
         // Waiting for the runtime would take the 30 s its stops take here.
         assert!(t.elapsed() < slow / 2, "the pass was held {:?}", t.elapsed());
     }

@@ -124,7 +124,7 @@ struct Victim {
 }
 
 /// Kills every process of the pod, then frees the largest victims' memory in parallel with
-/// their own exit. `on_killed` runs between the two, once the pod is signalled. Returns once
+/// their own exit; `on_killed` runs beside the reaps, on the blocking pool. Returns once
 /// every reap has ended; the caller waits for the cgroup to empty as for any stop.
 pub async fn fast_kill(target: &KillTarget, on_killed: Option<&OnKilled>) -> Result<KillReport, KillError> {
     let t = Instant::now();
@@ -139,8 +139,10 @@ pub async fn fast_kill(target: &KillTarget, on_killed: Option<&OnKilled>) -> Res
         KillMethod::CgroupKill | KillMethod::Signals => kill(target)?,
     };
     let signalled_ms = ms(t);
-    if let Some(f) = on_killed {
-        f.call();
+    // Beside the reaps, off the daemon's thread: what it does (detaching programs) may wait
+    // on a kernel lock another BPF user holds, and neither the reaps nor a wake should.
+    if let Some(f) = on_killed.cloned() {
+        drop(tokio::task::spawn_blocking(move || f.call()));
     }
     let processes = victims.len();
     let reaped = reap(victims).await;
@@ -559,6 +561,10 @@ pub(crate) mod tests {
         let _ = bystander.wait();
         let report = report.unwrap();
         assert_eq!(report.method, method);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while calls.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(calls.load(Ordering::Relaxed), 1, "on_killed runs once per kill");
         match method {
             // Pinned after the kill: the ones still dying then.
@@ -687,8 +693,14 @@ pub(crate) mod tests {
         let mut pod = TestPod::new(&layout, 2);
         // The first process plays evictd.
         let target = KillTarget { spare: pod.children[0].id() as i32, ..KillTarget::at(&pod.rel, &layout) };
-        let on_killed = OnKilled::new(|| panic!("on_killed ran for a pod that was not killed"));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let on_killed = OnKilled::new(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+        });
         let err = fast_kill(&target, Some(&on_killed)).await.expect_err("must refuse");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(calls.load(Ordering::Relaxed), 0, "on_killed ran for a pod that was not killed");
         assert!(matches!(err, KillError::HoldsEvictd { .. }), "{err}");
         for c in &mut pod.children {
             assert!(c.try_wait().unwrap().is_none(), "a process of the pod was killed");

@@ -87,11 +87,12 @@ pub enum Urgency {
     Emergency,
 }
 
-/// What the act step calls the moment a stop can no longer be cut shorter: SIGKILL written
-/// by evictd, or the runtime asked to stop at the hard eviction grace period. From then on
-/// the victim frees every page it held, and whatever the kernel runs on each free (evictd's
-/// memcg stat programs) slows the release the next decision waits for. Called once or more
-/// per stop; it must be quick, since it runs between the kill and the reaps.
+/// What the act step calls once evictd's fast kill has signalled the pod (SIGKILL to every
+/// process: nothing can escalate the stop any more). From then on the victim frees every
+/// page it held, and whatever the kernel runs on each free (evictd's memcg stat programs)
+/// slows the release the next decision waits for. Called once per kill, on the blocking
+/// pool, beside the reaps. A stop through the runtime never calls it: the pod may still
+/// allocate during its grace period, and a charge wake is what makes that an emergency.
 #[derive(Clone)]
 pub struct OnKilled(Arc<dyn Fn() + Send + Sync>);
 

@@ -256,11 +256,11 @@ impl WakeSource for EbpfWake {
     }
 
     /// A killed pod's exit uncharges every page it held, and each uncharge runs the memcg
-    /// stat programs (a 1 GiB exit took ~25 % longer with them attached): they come off for
-    /// the exit, and the next pass attaches them again if a threshold is still near. Only
-    /// where the band already detaches them (the poll runs): the poll and the reclaim and
-    /// OOM programs then still see an emergency during the stop. The batched hook runs on
-    /// charges only, never on an exit.
+    /// stat programs (freed per GiB ~25 % slower with them attached): they come off once
+    /// evictd's fast kill has signalled the pod, when nothing is left for a charge wake to
+    /// escalate, and the pass after the eviction attaches them again if a threshold is still
+    /// within the band. Only where the band detaches them anyway (the poll runs, and watches
+    /// again from that pass on). The batched hook runs on charges only, never on an exit.
     fn on_killed(&self) -> Option<OnKilled> {
         self.band?;
         let switch = self.probes.charge_switch();

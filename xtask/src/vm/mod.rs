@@ -253,8 +253,9 @@ pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
     };
     setup::ensure_debian_packages(&["qemu-system-x86", "systemd"])?;
     let dir = workspace_root().join("target/vm");
-    // The image users run, for the DaemonSet's test (built already by `cargo xtask test`).
-    let image = crate::image::image(env, &crate::image::ImageArgs::default())?;
+    // The image users run, for the DaemonSet's test (built already by `cargo xtask test`):
+    // without LTO, as the test suite's.
+    let image = crate::image::image(env, &crate::image::ImageArgs { for_tests: true, ..Default::default() })?;
     let initramfs = build_initramfs(env, &dir, &image)?;
     let mut images = Vec::new();
     for k in &kernels {

@@ -77,7 +77,8 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     let within = |steps: &[f64]| -> Vec<f64> {
         decades
             .clone()
-            .flat_map(|d| steps.iter().map(move |m| m * 10f64.powi(d)))
+            // Rounded: 3 × 0.1 is 0.30000000000000004, and the label would say so.
+            .flat_map(|d| steps.iter().map(move |m| (m * 10f64.powi(d) * 1e9).round() / 1e9))
             .filter(|v| (lo..=hi).contains(v))
             .collect()
     };
@@ -343,6 +344,7 @@ mod tests {
     fn a_time_axis_inside_one_decade_still_has_labelled_ticks() {
         assert_eq!(log_ticks(300.0, 560.0), vec![300.0, 400.0, 500.0]);
         assert_eq!(log_ticks(0.3, 70.0), vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0]);
+        assert_eq!(log_ticks(0.25, 0.65), vec![0.3, 0.4, 0.5, 0.6]);
     }
 
     /// A CDF per series, as SVG and PNG, on an axis that spans the data (not a fixed 100 s):
