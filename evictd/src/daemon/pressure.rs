@@ -261,6 +261,11 @@ impl Pressure {
         }
         let opened =
             self.usage_files_for.as_ref().is_some_and(|p| Arc::ptr_eq(p, pods) || same_cgroups(p, pods));
+        if opened {
+            // Taken as the list opened for: the passes after it compare one pointer, not
+            // every pod's ids again.
+            self.usage_files_for = Some(pods.clone());
+        }
         if !memory || opened {
             return;
         }
