@@ -154,3 +154,57 @@ impl Drop for Evictd {
         let _ = self.child.wait();
     }
 }
+
+/// The CPU seconds process `pid` has used, all threads.
+pub fn process_cpu_s(pid: u32) -> f64 {
+    stat_cpu_s(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+}
+
+/// The CPU seconds of `pid`'s live threads named `comm` (evictd's own is `evictd`), to the
+/// nanosecond where the kernel keeps schedstat (a thread's time in clock ticks rounds a
+/// few milliseconds of work to nothing), else in ticks.
+pub fn thread_cpu_s(pid: u32, comm: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    let on_cpu_s = |task: &Path| -> f64 {
+        let schedstat = std::fs::read_to_string(task.join("schedstat")).ok();
+        let ns = schedstat.as_deref().and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        match ns {
+            Some(ns) => ns as f64 / 1e9,
+            None => stat_cpu_s(&std::fs::read_to_string(task.join("stat")).unwrap_or_default()),
+        }
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
+        .map(|t| on_cpu_s(&t.path()))
+        .sum()
+}
+
+/// A /proc stat line's utime + stime, seconds (fields 14 and 15; the command, field 2, may
+/// hold spaces and ends at the last ')').
+pub fn stat_cpu_s(stat: &str) -> f64 {
+    let ticks = |s: &str| -> u64 {
+        s.rsplit_once(')')
+            .map(|(_, rest)| {
+                rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum()
+            })
+            .unwrap_or(0)
+    };
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks(stat) as f64 / hz
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_of_a_stat_line_with_spaces_in_its_command() {
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let line = "42 (evictd disk) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 100 0 0";
+        assert!((stat_cpu_s(line) - 300.0 / hz).abs() < 1e-9, "{}", stat_cpu_s(line));
+        assert_eq!(stat_cpu_s("garbage"), 0.0);
+    }
+}

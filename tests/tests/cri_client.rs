@@ -210,3 +210,41 @@ async fn a_list_pod_sandbox_response_over_4_mib_is_read() {
     inv.refresh(&c).await.expect("an inventory refresh over 4 MiB");
     assert!(inv.pods().any(|r| r.sandbox_id == p.sandbox_id), "the annotated pod is in the inventory");
 }
+
+/// After an eviction the daemon holds the next decision until the inventory sends a list
+/// read after it (one eviction per list), and asks for one at once. The inventory sends only
+/// lists that changed — except that one: were it held back for being unchanged (the evicted
+/// pod still listed while it stops), the next decision would wait for the hold's end (2 s)
+/// instead of one refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_asked_for_after_an_eviction_is_sent_even_when_unchanged() {
+    if !containerd::available("the_list_asked_for_after_an_eviction_is_sent_even_when_unchanged") {
+        return;
+    }
+    use evictd::runtime::inventory::{Inventory, spawn_refresh};
+    let mut ctd = Containerd::start(1 << 30);
+    let p = ctd.run_pod(pod("steady")).await;
+    let kick = std::sync::Arc::new(tokio::sync::Notify::new());
+    // No refresh of its own within the test: only the kick asks for one.
+    let mut rx =
+        spawn_refresh(ctd.client(), Inventory::new(None, 1 << 30), Duration::from_secs(3600), kick.clone());
+    // The borrow `wait_for` returns is let go at once: held, it would block the sender.
+    let listed = tokio::time::timeout(
+        Duration::from_secs(20),
+        rx.wait_for(|pods| pods.iter().any(|r| r.sandbox_id == p.sandbox_id)),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    assert!(listed, "the first list names the pod");
+    // The writable layers' sizes follow the first list; then nothing changes.
+    while matches!(tokio::time::timeout(Duration::from_secs(2), rx.changed()).await, Ok(Ok(()))) {}
+    let before = rx.borrow_and_update().clone();
+    kick.notify_one();
+    let sent = tokio::time::timeout(Duration::from_secs(10), rx.changed()).await;
+    assert!(matches!(sent, Ok(Ok(()))), "no list sent after the kick");
+    let after = rx.borrow_and_update().clone();
+    // The writable layers' sizes, refreshed after the list, may well have changed since:
+    // only the pod list read at once, sent for the kick, equals the one before.
+    assert_eq!(*after, *before, "the first list sent after the kick is not the unchanged one read for it");
+    assert!(!std::sync::Arc::ptr_eq(&after, &before), "a list read after the kick, not the old one");
+}

@@ -781,3 +781,37 @@ async fn the_pod_that_forks_past_pid_pressure_is_evicted() {
     assert_eq!(evictd.evictions().len(), 1, "{:?}", evictd.evictions());
     assert!(ctd.sandbox_ready(&quiet.sandbox_id).await);
 }
+
+/// The inventory's CRI lists, their decoding and its connection run on evictd's background
+/// thread (`evictd-io`, an ordinary priority), not on the daemon's real-time thread, where
+/// they would sit between a wake and its decision. With a list every 50 ms of a node's pods
+/// and no pressure, the background thread works and the daemon's own thread, which then only
+/// answers the timer, uses less than it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_runs_off_the_daemon_thread() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("the_inventory_runs_off_the_daemon_thread") {
+        return;
+    }
+    use evictd_tests::evictd_proc::thread_cpu_s;
+    let mut ctd = Containerd::start(1024 * MI);
+    let names = ["p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11"];
+    let defs: Vec<PodDef> = names.iter().map(|n| PodDef::new(n, "besteffort")).collect();
+    let (_pods, file) = make_pods(&mut ctd, &defs).await;
+    let evictd = Evictd::start(&ctd, Some(&file), &["--inventory-interval", "50ms"]);
+    evictd.wait_for_log("the runtime reached", Duration::from_secs(10), |log| {
+        log.contains("container runtime reachable")
+    });
+    let pid = evictd.pid();
+    let cpu = || (thread_cpu_s(pid, "evictd"), thread_cpu_s(pid, "evictd-io"));
+    let (daemon0, background0) = cpu();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (daemon, background) = cpu();
+    let (daemon, background) = (daemon - daemon0, background - background0);
+    println!("CPU over 4 s: daemon thread {daemon:.2} s, evictd-io {background:.2} s");
+    assert!(background > 0.0, "no CPU on an evictd-io thread: the inventory does not run there");
+    assert!(
+        daemon < background,
+        "the daemon's thread used {daemon:.2} s against evictd-io's {background:.2} s: the inventory runs on it"
+    );
+}

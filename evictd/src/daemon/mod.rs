@@ -5,7 +5,9 @@
 //! be met — so the kernel wakes evictd again just in time rather than on every page.
 //!
 //! The pod inventory is kept current by a task of its own (`runtime::inventory`), so a wake
-//! never waits on the CRI.
+//! never waits on the CRI; it and the Kubernetes API run on a thread of their own at an
+//! ordinary priority (`background`), so their decoding never runs between a wake and its
+//! decision.
 
 use std::{
     path::PathBuf,
@@ -53,6 +55,7 @@ use crate::{
     wake::{self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats},
 };
 
+mod background;
 pub mod pressure;
 pub mod protect;
 pub mod realtime;
@@ -252,7 +255,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         .context("installing the SIGHUP handler")?;
     let (tx, mut rx) = mpsc::channel::<Wake>(WAKE_CHANNEL);
     let duration = opts.duration;
-    let mut daemon = Daemon::start(opts, tx).await?;
+    let background = background::Background::start();
+    let mut daemon = Daemon::start(opts, tx, background.handle()).await?;
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let served = serve(&mut daemon, &mut rx, deadline, &mut sigterm, &mut sighup).await;
     // Also after an error: the record of what was decided, and evictd's taints taken off
@@ -262,6 +266,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     if let Some(api) = daemon.api.take() {
         tokio::join!(api.reporter_task.flush(API_FLUSH), api.taint_task.remove_and_stop(API_FLUSH));
     }
+    drop(background);
     served.and(flushed.map_err(Into::into))
 }
 

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use super::{KillOptions, PressureOptions, urgency};
 use crate::{
     cluster::reporter::Reporter,
-    node::{cgroups::CgroupMounts, memory::UsageFiles, signals::NodeSignalSources},
+    node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     runtime::{
         cri::CriClient,
         disk_usage::DiskWalker,
@@ -84,7 +84,7 @@ pub struct Pressure {
     pub reader: Option<super::realtime::Reader>,
     /// The pods' usage files, kept open for memory decisions; shared with the reader, which
     /// holds them only while it reads.
-    usage_files: Arc<std::sync::Mutex<UsageFiles>>,
+    usage_files: Arc<std::sync::Mutex<usage::PodUsageFiles>>,
     /// The pod list the usage files were last opened for, and whether that opening was
     /// skipped (the files held by a reader given up on): then the next pass opens them again.
     usage_files_for: Option<Arc<Vec<PodRecord>>>,
@@ -273,18 +273,13 @@ impl Pressure {
         self.usage_files_for = Some(pods.clone());
         let (pods, cgroups, files) = (pods.clone(), self.cgroups.clone(), self.usage_files.clone());
         let skipped = self.usage_files_skipped.clone();
-        reader.submit(move || {
-            let mut files = match files.try_lock() {
-                Ok(held) => held,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                // Held by a reader given up on: the next pass tries again.
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    skipped.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return;
-                }
-            };
-            let cgs: Vec<_> = pods.iter().filter_map(|p| usage::pod_cgroups(p, &cgroups)).collect();
-            files.open_only(cgs.iter().map(|c| &c.memory));
+        reader.submit(move || match files.try_lock() {
+            Ok(mut held) => held.follow(&pods, &cgroups),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().follow(&pods, &cgroups),
+            // Held by a reader given up on: the next pass tries again.
+            Err(std::sync::TryLockError::WouldBlock) => {
+                skipped.store(true, std::sync::atomic::Ordering::Relaxed)
+            }
         });
     }
 

@@ -1,17 +1,20 @@
 //! Building the daemon from its options: the runtime client, the metrics port, the API
 //! link, the inventory task, the node's layout, and the wake sources, each said in the log
-//! as it starts.
+//! as it starts. The inventory and the API run on the background runtime (`background`),
+//! with clients of their own; the act step's runtime client stays on the daemon's.
+
+use tokio::runtime::Handle;
 
 use super::*;
 
 /// The Kubernetes API: the reporter and the taints (`None`, said once, without an API or in
 /// a dry run) and the watch on this node's pods (read-only, so also in a dry run).
 async fn start_api(
-    opts: Option<&ApiOptions>,
+    opts: Option<ApiOptions>,
     dry_run: bool,
-    metrics: &Arc<Metrics>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<(Option<ApiWriters>, Option<ApiPodsReceiver>)> {
-    let Some(opts) = opts else {
+    let Some(opts) = &opts else {
         tracing::warn!(
             "no Kubernetes API (neither --kubeconfig nor a pod's service account): pod specs come \
              from --pods-file or the node, evictions are not recorded, and the kubelet will \
@@ -45,13 +48,23 @@ async fn start_api(
 
 /// /readyz waits for the API's first list of the node's pods: before it, every spec is a
 /// guess.
-fn ready_after_the_first_list(mut pods: ApiPodsReceiver, health: Arc<Health>) {
+fn ready_after_the_first_list(mut pods: ApiPodsReceiver, health: Arc<Health>, background: &Handle) {
     health.await_api_list();
-    tokio::spawn(async move {
+    background.spawn(async move {
         if pods.wait_for(Option::is_some).await.is_ok() {
             health.api_listed();
         }
     });
+}
+
+/// The background thread's heartbeat: /healthz fails when it stops (`Health::alive`), as
+/// it does for the daemon's loop.
+async fn beat_background(health: Arc<Health>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        health.background_beat();
+    }
 }
 
 /// The runtime's client (`None`: `--cri-endpoint none`), counting its failures in `metrics`.
@@ -82,7 +95,8 @@ fn serve_endpoints(opts: &RunOptions, metrics: &Arc<Metrics>, health: &Arc<Healt
 
 /// The inventory task, or, without a runtime, a snapshot that stays empty. The node's
 /// capacity turns oom_score_adj back into requests: without it, inferred requests would be
-/// zero and every burstable pod would look over its request.
+/// zero and every burstable pod would look over its request. Called in the background
+/// runtime's context, with a client made there.
 pub(super) fn spawn_inventory(
     client: Option<&CriClient>,
     opts: &PressureOptions,
@@ -161,7 +175,11 @@ fn log_sources(opts: &PressureOptions) {
 impl Daemon {
     /// Starts the wake sources, metrics, the runtime client and the inventory, then
     /// observes the node once and arms every source on it.
-    pub(super) async fn start(mut opts: RunOptions, tx: mpsc::Sender<Wake>) -> anyhow::Result<Self> {
+    pub(super) async fn start(
+        mut opts: RunOptions,
+        tx: mpsc::Sender<Wake>,
+        background: &Handle,
+    ) -> anyhow::Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let client = runtime_client(&opts.pressure, &metrics)?;
         // Before the sources start: the disk poll watches the filesystems the layout names.
@@ -173,21 +191,28 @@ impl Daemon {
         drop(tx);
         let health = Arc::new(Health::new(endpoint::DEFAULT_STALL));
         health.beat();
+        background.spawn(beat_background(health.clone()));
         serve_endpoints(&opts, &metrics, &health)?;
-        let (api, api_pods) = start_api(opts.api.as_ref(), opts.pressure.dry_run, &metrics).await?;
+        let (api, api_pods) =
+            background.spawn(start_api(opts.api.clone(), opts.pressure.dry_run, metrics.clone())).await??;
         if let Some(rx) = &api_pods {
-            ready_after_the_first_list(rx.clone(), health.clone());
+            ready_after_the_first_list(rx.clone(), health.clone(), background);
         }
         let specs_from_api = api_pods.is_some();
         let kick = Arc::new(Notify::new());
         let reread_pods_file = Arc::new(AtomicBool::new(false));
-        let pods = spawn_inventory(
-            client.as_ref(),
-            &opts.pressure,
-            api_pods,
-            kick.clone(),
-            reread_pods_file.clone(),
-        )?;
+        let (pods, inventory_client) = {
+            let _on_background = background.enter();
+            let client = runtime_client(&opts.pressure, &metrics)?;
+            let pods = spawn_inventory(
+                client.as_ref(),
+                &opts.pressure,
+                api_pods,
+                kick.clone(),
+                reread_pods_file.clone(),
+            )?;
+            (pods, client)
+        };
         log_sources(&opts.pressure);
         if client.is_none() {
             // No runtime: the inventory stays empty, and there is nothing to wait for.
@@ -211,9 +236,10 @@ impl Daemon {
             pressure.thresholds.iter().any(|t| t.signal.resource().is_disk()),
             walker_wakes,
         );
-        if let Some(client) = &pressure.client {
+        if let Some(client) = inventory_client {
             // Detached: it lists images every few minutes for as long as the daemon runs.
-            drop(crate::runtime::reclaim::detect_images(client.clone(), pressure.image_ages.clone()));
+            let _on_background = background.enter();
+            drop(crate::runtime::reclaim::detect_images(client, pressure.image_ages.clone()));
         }
         let thresholds = pressure.thresholds.clone();
         let growth = GrowthTracker::new(signals.node.dir.clone(), signals.node.version);

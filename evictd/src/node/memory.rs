@@ -176,7 +176,7 @@ impl MemoryCgroup {
 /// costs ~1.4 µs here, where opening, reading and closing it costs ~15 µs — on a node of 250
 /// pods, a decision's first reads in 0.4 ms rather than 4 ms. A file whose cgroup was
 /// removed answers no more (the kernel says ENODEV) and is opened again, or found gone;
-/// `keep_only` closes the files of cgroups no longer asked for, so the set follows the
+/// `open_only` closes the files of cgroups no longer asked for, so the set follows the
 /// node's pods; past `limit` files a read opens and closes its file (the descriptors are
 /// shared with the kill path's pidfds).
 #[derive(Debug)]
@@ -240,7 +240,7 @@ impl UsageFiles {
     }
 
     /// Closes the files of every cgroup `keep` does not name.
-    pub fn keep_only(&mut self, keep: &HashSet<&Path>) {
+    fn keep_only(&mut self, keep: &HashSet<&Path>) {
         self.open.retain(|dir, _| keep.contains(dir.as_path()));
     }
 

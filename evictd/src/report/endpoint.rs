@@ -23,8 +23,11 @@ use super::metrics::Metrics;
 /// What the probes answer from: the loop's heartbeat and whether the daemon is ready.
 pub struct Health {
     start: Instant,
-    /// ms since `start` of the loop's last beat (once a second).
+    /// ms since `start` of the loop's last beat (once a second), and of the background
+    /// thread's (`daemon::background`: the inventory and the API; a stuck one leaves
+    /// every pod list and record stale).
     last_beat_ms: AtomicU64,
+    last_background_beat_ms: AtomicU64,
     ready: AtomicBool,
     /// False while an API is configured and its first list of the node's pods has not come:
     /// until then specs are guesses, and a pod is not ready on guesses.
@@ -42,6 +45,7 @@ impl Health {
         Health {
             start: Instant::now(),
             last_beat_ms: AtomicU64::new(0),
+            last_background_beat_ms: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             api_listed: AtomicBool::new(true),
             stall,
@@ -51,6 +55,11 @@ impl Health {
     /// The daemon's loop is alive.
     pub fn beat(&self) {
         self.last_beat_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The background thread is alive.
+    pub fn background_beat(&self) {
+        self.last_background_beat_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// The node has been observed and the pods listed once.
@@ -69,12 +78,17 @@ impl Health {
     }
 
     pub fn alive(&self) -> Result<(), String> {
-        let since = self
-            .start
-            .elapsed()
-            .saturating_sub(Duration::from_millis(self.last_beat_ms.load(Ordering::Relaxed)));
-        if since > self.stall {
-            return Err(format!("the daemon's loop has not run for {} ms", since.as_millis()));
+        let since = |beat: &AtomicU64| {
+            self.start.elapsed().saturating_sub(Duration::from_millis(beat.load(Ordering::Relaxed)))
+        };
+        for (beat, what) in [
+            (&self.last_beat_ms, "the daemon's loop"),
+            (&self.last_background_beat_ms, "the inventory and API thread (evictd-io)"),
+        ] {
+            let since = since(beat);
+            if since > self.stall {
+                return Err(format!("{what} has not run for {} ms", since.as_millis()));
+            }
         }
         Ok(())
     }
@@ -349,6 +363,7 @@ mod tests {
         )
         .unwrap();
         health.beat();
+        health.background_beat();
         assert!(get_path(addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
         let not_ready = get_path(addr, "/readyz").unwrap();
         assert!(
@@ -367,8 +382,15 @@ mod tests {
         assert!(dead.starts_with("HTTP/1.1 503") && dead.contains("has not run for"), "{dead}");
         assert!(get_path(addr, "/readyz").unwrap().starts_with("HTTP/1.1 503"));
         health.beat();
+        health.background_beat();
         assert!(get_path(addr, "/healthz").unwrap().starts_with("HTTP/1.1 200"));
         assert!(get_path(addr, "/nothing").unwrap().starts_with("HTTP/1.1 404"));
+        // The loop beats, the background thread does not: its pod lists and records go
+        // stale, and that is not alive either.
+        std::thread::sleep(Duration::from_millis(500));
+        health.beat();
+        let stuck = get_path(addr, "/healthz").unwrap();
+        assert!(stuck.starts_with("HTTP/1.1 503") && stuck.contains("evictd-io"), "{stuck}");
     }
 
     /// A client holding every connection of the metrics port (any pod can reach it) makes

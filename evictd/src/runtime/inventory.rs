@@ -513,16 +513,16 @@ pub fn spawn_refresh(
 
 /// Sends the inventory's pods when they differ from the last list sent (or `always`): each
 /// new list costs the daemon work per pod (usage files opened, the charge programs' scope
-/// walked), and most refreshes of a steady node change nothing. False once nobody listens.
+/// walked), and most refreshes of a steady node change nothing. The lists are compared under
+/// the channel's read lock; its write lock, which the daemon's real-time thread would wait
+/// for, is held only to swap the list (this task is the only sender). False once nobody
+/// listens.
 fn publish(tx: &watch::Sender<Arc<Vec<PodRecord>>>, inventory: &Inventory, always: bool) -> bool {
     let pods: Vec<PodRecord> = inventory.pods().cloned().collect();
-    tx.send_if_modified(|last| {
-        let send = always || **last != pods;
-        if send {
-            *last = Arc::new(pods);
-        }
-        send
-    });
+    let changed = always || **tx.borrow() != pods;
+    if changed {
+        tx.send_replace(Arc::new(pods));
+    }
     !tx.is_closed()
 }
 

@@ -4,7 +4,10 @@
 //! writable layers from the inventory's last refresh, logs and volumes from the disk
 //! walker's last walk (`disk_usage`): walking directories is never done in a pass.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use evictd_policy::{
     policy::Resource,
@@ -12,10 +15,10 @@ use evictd_policy::{
 };
 
 pub use super::disk_usage::{DiskMeasured, PodDisk};
-use super::inventory::PodRecord;
+use super::inventory::{PodRecord, same_cgroups};
 use crate::node::{
     cgroups::{CgroupMounts, CgroupVersion},
-    memory::{MemoryCgroup, MemoryError},
+    memory::{MemoryCgroup, MemoryError, UsageFiles},
 };
 
 /// The directory of a pod cgroup relative to a hierarchy root. cgroupfs parents are paths
@@ -52,6 +55,53 @@ pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupMounts) -> Option<PodCgroups>
         CgroupVersion::V1 => layout.memory_root.parent().map(|p| p.join("pids").join(&rel)),
     };
     Some(PodCgroups { memory, pids })
+}
+
+/// The pods' usage files for one pod list, in the list's order: each pod's cgroups found
+/// once per list rather than on every decision, and its usage file kept open
+/// (`UsageFiles`). A memory decision on a node of 250 pods then costs a read per pod, not
+/// each pod's paths made again and the set of open files rebuilt.
+#[derive(Debug, Default)]
+pub struct PodUsageFiles {
+    list: Option<Arc<Vec<PodRecord>>>,
+    cgroups: Vec<Option<PodCgroups>>,
+    files: UsageFiles,
+}
+
+impl PodUsageFiles {
+    /// Follows `pods`: a list naming the cgroups of the one followed takes its place (nothing
+    /// opened); another has its pods' cgroups found, its new pods' usage files opened and
+    /// the files of pods gone closed.
+    pub fn follow(&mut self, pods: &Arc<Vec<PodRecord>>, layout: &CgroupMounts) {
+        match &self.list {
+            Some(list) if Arc::ptr_eq(list, pods) => return,
+            Some(list) if same_cgroups(list, pods) => {}
+            _ => {
+                // Forgotten first: a panic below must not leave the old list naming new cgroups.
+                self.list = None;
+                self.cgroups = pods.iter().map(|p| pod_cgroups(p, layout)).collect();
+                self.files.open_only(self.cgroups.iter().flatten().map(|c| &c.memory));
+            }
+        }
+        self.list = Some(pods.clone());
+    }
+
+    /// The cgroups of pod `i` of the list followed (`None`: the runtime gave no parent).
+    pub fn cgroups(&self, i: usize) -> Option<&PodCgroups> {
+        self.cgroups.get(i)?.as_ref()
+    }
+
+    /// The usage of pod `i` of the list followed now: `None` without cgroups, `Ok(None)`
+    /// when its cgroup is gone.
+    pub fn usage(&mut self, i: usize) -> Option<Result<Option<u64>, MemoryError>> {
+        let cg = self.cgroups.get(i)?.as_ref()?;
+        Some(self.files.usage(&cg.memory))
+    }
+
+    /// How many usage files are open.
+    pub fn open(&self) -> usize {
+        self.files.len()
+    }
 }
 
 /// Why a pod's usage could not be read.
@@ -247,6 +297,50 @@ mod tests {
             PathBuf::from("kubepods.slice/kubepods-pod9.slice")
         );
         assert_eq!(cgroup_rel_dir("/kubepods/burstable/pod1"), PathBuf::from("kubepods/burstable/pod1"));
+    }
+
+    /// The usage files follow the pod list by position: a list with the same pods' cgroups
+    /// keeps what is open, a reordered list reads each pod's own file at its new place, and
+    /// a pod the runtime gave no cgroup parent has neither cgroups nor usage.
+    #[test]
+    fn pod_usage_files_follow_the_list_by_position() {
+        use crate::runtime::inventory::tests::record;
+        let d = tempfile::tempdir().unwrap();
+        let layout = CgroupMounts {
+            memory_root: d.path().join("memory"),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
+        for (pod, bytes) in [("a", 1u64 << 20), ("b", 2 << 20)] {
+            let dir = d.path().join(format!("memory/kubepods/pod{pod}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("memory.usage_in_bytes"), format!("{bytes}\n")).unwrap();
+        }
+        let list = |pods: &[&str]| {
+            let records = pods.iter().map(|p| {
+                let mut r = record(&format!("/kubepods/pod{p}"), Vec::new());
+                r.sandbox_id = format!("sb-{p}");
+                r.cgroup_parent = r.cgroup_parent.filter(|_| *p != "none");
+                r
+            });
+            Arc::new(records.collect::<Vec<_>>())
+        };
+        let usage = |files: &mut PodUsageFiles, i| files.usage(i).map(|u| u.unwrap());
+        let mut files = PodUsageFiles::default();
+        files.follow(&list(&["a", "b"]), &layout);
+        assert_eq!(
+            (usage(&mut files, 0), usage(&mut files, 1), files.open()),
+            (Some(Some(1 << 20)), Some(Some(2 << 20)), 2)
+        );
+        let mut restated = (*list(&["a", "b"])).clone();
+        restated[0].namespace = "changed".into();
+        files.follow(&Arc::new(restated), &layout);
+        assert_eq!((usage(&mut files, 0), files.open()), (Some(Some(1 << 20)), 2));
+        files.follow(&list(&["b", "a"]), &layout);
+        assert_eq!((usage(&mut files, 0), usage(&mut files, 1)), (Some(Some(2 << 20)), Some(Some(1 << 20))));
+        files.follow(&list(&["a", "none"]), &layout);
+        assert_eq!((usage(&mut files, 1), files.cgroups(1).is_none(), files.open()), (None, true, 1));
+        assert_eq!(usage(&mut files, 2), None, "past the list");
     }
 
     #[test]

@@ -349,7 +349,7 @@ async fn a_memory_decision_reads_the_working_set_only_of_pods_that_can_rank_firs
         .map(|(r, s)| (r.name.as_str(), s.memory.as_ref().and_then(|m| m.working_set_bytes)))
         .collect();
     assert_eq!(read, [("big", Some(800 << 20))]);
-    assert_eq!(p.usage_files.lock().unwrap().len(), 120, "each pod's usage file is kept open");
+    assert_eq!(p.usage_files.lock().unwrap().open(), 120, "each pod's usage file is kept open");
 }
 
 /// The usage files of a new pod list are opened after a pass, before any decision needs
@@ -373,7 +373,7 @@ async fn usage_files_are_opened_for_each_new_pod_list_after_the_pass() {
         assert!(records.is_empty(), "{records:?}");
         // Queued on the reader: a read behind it sees it done.
         p.read_for_decision(Duration::from_secs(2), || ()).await;
-        p.usage_files.lock().unwrap().len()
+        p.usage_files.lock().unwrap().open()
     };
     let both = vec![pod("a", Some("/kubepods/pod-a")), pod("b", Some("/kubepods/pod-b"))];
     assert_eq!(open_after(&mut p, both).await, 2);

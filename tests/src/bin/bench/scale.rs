@@ -24,7 +24,7 @@ use std::{
 use evictd::node::{cgroups::CgroupMounts, memory::MemoryCgroup};
 use evictd_tests::{
     containerd::{Containerd, PodSpec, TestPod},
-    evictd_proc::Evictd,
+    evictd_proc::{Evictd, process_cpu_s, thread_cpu_s},
 };
 
 use crate::{
@@ -82,9 +82,11 @@ impl Opts {
 #[derive(Clone, Debug, Default)]
 struct Step {
     pods: usize,
-    /// evictd idle with its defaults: CPU % of one CPU without the walker thread, and the
-    /// walker's CPU seconds over the same window (one walk of everything).
+    /// evictd idle with its defaults: CPU % of one CPU without the walker thread, the part
+    /// of it on the daemon's (real-time) thread, and the walker's CPU seconds over the same
+    /// window (one walk of everything).
     idle_cpu_pct: f64,
+    daemon_cpu_pct: f64,
     walk_cpu_s: f64,
     /// Resident memory (KiB): idle, and after the runs with the walker busy.
     idle_rss_kib: u64,
@@ -305,52 +307,27 @@ fn write_pods_file(path: &Path, pods: &[TestPod]) -> anyhow::Result<()> {
 async fn idle(ctd: &Containerd, pods: &Path, kubelet: &Path, threshold_mib: u64, n: usize) -> Step {
     let mut evictd = start_evictd(ctd, pods, kubelet, threshold_mib, Walker::Periodic);
     let pid = evictd.pid();
-    let (all0, walk0, t0) = (process_cpu_s(pid), thread_cpu_s(pid, "evictd-disk"), Instant::now());
+    let cpu = || (process_cpu_s(pid), thread_cpu_s(pid, "evictd-disk"), thread_cpu_s(pid, "evictd"));
+    let ((all0, walk0, daemon0), t0) = (cpu(), Instant::now());
     tokio::time::sleep(IDLE).await;
     let wall = t0.elapsed().as_secs_f64();
-    let walk = thread_cpu_s(pid, "evictd-disk") - walk0;
+    let (all, walk, daemon) = cpu();
+    let walk = walk - walk0;
     let step = Step {
         pods: n,
-        idle_cpu_pct: 100.0 * (process_cpu_s(pid) - all0 - walk) / wall,
+        idle_cpu_pct: 100.0 * (all - all0 - walk) / wall,
+        daemon_cpu_pct: 100.0 * (daemon - daemon0) / wall,
         walk_cpu_s: walk,
         idle_rss_kib: rss_kib(pid),
         ..Step::default()
     };
     evictd.terminate(Duration::from_secs(5));
     eprintln!(
-        "[bench] {n} pods idle: {:.2} % CPU without the walker, walker {:.2} CPU s, RSS {} KiB",
-        step.idle_cpu_pct, step.walk_cpu_s, step.idle_rss_kib
+        "[bench] {n} pods idle: {:.2} % CPU without the walker ({:.2} % on the daemon's thread), walker {:.2} CPU \
+         s, RSS {} KiB",
+        step.idle_cpu_pct, step.daemon_cpu_pct, step.walk_cpu_s, step.idle_rss_kib
     );
     step
-}
-
-/// A /proc stat line's utime + stime, seconds (fields 14 and 15; the command, field 2, may
-/// hold spaces and ends at the last ')').
-fn stat_cpu_s(stat: &str) -> f64 {
-    let ticks = |s: &str| -> u64 {
-        s.rsplit_once(')')
-            .map(|(_, rest)| {
-                rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum()
-            })
-            .unwrap_or(0)
-    };
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    ticks(stat) as f64 / hz
-}
-
-fn process_cpu_s(pid: u32) -> f64 {
-    stat_cpu_s(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
-}
-
-/// The CPU seconds of `pid`'s threads named `comm`.
-fn thread_cpu_s(pid: u32, comm: &str) -> f64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
-        .map(|t| stat_cpu_s(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default()))
-        .sum()
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -381,12 +358,20 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
         );
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
-    let mut csv = String::from("pods,idle_cpu_pct,walk_cpu_s,idle_rss_kib,busy_rss_kib,walker_busy_pct\n");
+    let mut csv = String::from(
+        "pods,idle_cpu_pct,daemon_thread_cpu_pct,walk_cpu_s,idle_rss_kib,busy_rss_kib,walker_busy_pct\n",
+    );
     for s in steps {
         let _ = writeln!(
             csv,
-            "{},{:.3},{:.3},{},{},{:.1}",
-            s.pods, s.idle_cpu_pct, s.walk_cpu_s, s.idle_rss_kib, s.busy_rss_kib, s.walker_busy_pct
+            "{},{:.3},{:.3},{:.3},{},{},{:.1}",
+            s.pods,
+            s.idle_cpu_pct,
+            s.daemon_cpu_pct,
+            s.walk_cpu_s,
+            s.idle_rss_kib,
+            s.busy_rss_kib,
+            s.walker_busy_pct
         );
     }
     std::fs::write(o.out.join("scale-steps.csv"), csv)?;
@@ -422,7 +407,7 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
         groups.entry((r.pods, r.walking)).or_default().push(&r.sample);
     }
     println!(
-        "{:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6} {:>7} | {:>9}",
+        "{:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6} {:>6} {:>7} | {:>9}",
         "pods",
         "walker",
         "det p50",
@@ -436,6 +421,7 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
         "RSS idle",
         "RSS busy",
         "CPU%",
+        "thr%",
         "walk s",
         "OOM first"
     );
@@ -446,7 +432,7 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
             (p(|s| s.detection_ms), p(|s| s.decide_ms), p(|s| s.stop_ms), p(|s| s.freed_ms));
         let step = steps.iter().find(|s| s.pods == *pods).cloned().unwrap_or_default();
         println!(
-            "{pods:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6.2} {:>7.2} | {:>5}/{:<3}",
+            "{pods:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6.2} {:>6.2} {:>7.2} | {:>5}/{:<3}",
             walker_state(*walking),
             f(det, |p| p.p50, 2),
             f(det, |p| p.p99, 2),
@@ -459,6 +445,7 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
             format!("{}K", step.idle_rss_kib),
             if *walking { format!("{}K", step.busy_rss_kib) } else { "-".into() },
             step.idle_cpu_pct,
+            step.daemon_cpu_pct,
             step.walk_cpu_s,
             ss.iter().filter(|s| s.oom_first).count(),
             ss.len()
@@ -469,8 +456,8 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
         "(ms from the node crossing the threshold: det = evictd's decision, stop = the victim's last allocation + \
          one MiB's period, freed = the node back down by 90 % of the victim's memory; dec = evictd's decision time \
          (the pods' usage read and ranked); busy% = the disk walker's share of a CPU during the walking runs; RSS \
-         idle / CPU% / walk s = evictd with its defaults for {} s: resident set, CPU without the walker, the \
-         walker's CPU seconds (one walk of every pod); RSS busy = after the walking runs)",
+         idle / CPU% / walk s = evictd with its defaults for {} s: resident set, CPU without the walker (thr%: on the \
+         daemon's real-time thread), the walker's CPU seconds (one walk of every pod); RSS busy = after the walking runs)",
         IDLE.as_secs()
     );
     cells
@@ -510,18 +497,4 @@ fn plot_cost_curve(out: &Path, cells: &[CellStats]) -> anyhow::Result<()> {
         eprintln!("[bench] wrote {}", written.display());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_time_of_a_stat_line_with_spaces_in_its_command() {
-        // SAFETY: sysconf has no memory effects.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        let line = "42 (evictd disk) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 100 0 0";
-        assert!((stat_cpu_s(line) - 300.0 / hz).abs() < 1e-9, "{}", stat_cpu_s(line));
-        assert_eq!(stat_cpu_s("garbage"), 0.0);
-    }
 }
