@@ -783,7 +783,7 @@ async fn the_pod_that_forks_past_pid_pressure_is_evicted() {
 }
 
 /// The inventory's CRI lists, their decoding and its connection run on evictd's background
-/// thread (`evictd-io`, an ordinary priority), not on the daemon's real-time thread, where
+/// thread (`evictd-io`, not real-time), not on the daemon's real-time thread, where
 /// they would sit between a wake and its decision. With a list every 50 ms of a node's pods
 /// and no pressure, the background thread works and the daemon's own thread, which then only
 /// answers the timer, uses less than it.

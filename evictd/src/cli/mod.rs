@@ -126,8 +126,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn run_daemon(args: RunArgs) -> anyhow::Result<()> {
     let opts = args.into_options()?;
-    // Before the runtime exists: every task of the daemon runs on this thread, and every
-    // page it maps from here on is locked as it is touched.
+    // Before the runtime exists: the daemon's loop, its passes and its kills run on this
+    // thread (and the threads it starts reset to an ordinary policy), and every page mapped
+    // from here on is locked as it is touched.
     daemon::realtime::enter(opts.realtime_priority);
     daemon::protect::protect(opts.protection);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -8,7 +8,10 @@
 //! The thread is not real-time (it would then compete with the decision it serves), but it
 //! runs at nice `NICE` where permitted: the list read after an eviction, which the next
 //! decision waits for, and the record of the eviction, which races the kubelet's restart of
-//! the pod, should not queue behind every busy task of the node.
+//! the pod, should not queue behind evictd's own disk walk (nice 10). A nice value weighs
+//! only against the tasks of evictd's own CPU cgroup: across the node, the thread gets the
+//! share of the pod's CPU request (the DaemonSet's `cpu` request), and the decision itself
+//! never waits for it longer than the post-eviction hold (`INVENTORY_HOLD`).
 
 use std::sync::mpsc;
 
@@ -17,7 +20,7 @@ use tokio::{
     sync::oneshot,
 };
 
-/// The thread's nice value: ahead of the node's ordinary tasks, behind the real-time ones.
+/// The thread's nice value: ahead of evictd's other ordinary threads (the disk walker's 10).
 const NICE: i32 = -10;
 
 pub struct Background {
@@ -79,6 +82,6 @@ fn lower_nice() {
     let tid = unsafe { libc::gettid() };
     // SAFETY: setpriority reads only its arguments.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE) } != 0 {
-        tracing::debug!("evictd-io runs at the default nice value: {}", std::io::Error::last_os_error());
+        tracing::info!("evictd-io runs at the default nice value: {}", std::io::Error::last_os_error());
     }
 }

@@ -5,9 +5,8 @@
 //! be met — so the kernel wakes evictd again just in time rather than on every page.
 //!
 //! The pod inventory is kept current by a task of its own (`runtime::inventory`), so a wake
-//! never waits on the CRI; it and the Kubernetes API run on a thread of their own at an
-//! ordinary priority (`background`), so their decoding never runs between a wake and its
-//! decision.
+//! never waits on the CRI; it and the Kubernetes API run on a thread of their own, not
+//! real-time (`background`), so their decoding never runs between a wake and its decision.
 
 use std::{
     path::PathBuf,
@@ -353,9 +352,17 @@ impl Daemon {
     fn held_for_inventory(&mut self) -> bool {
         let Some(since) = self.decide_after_inventory else { return false };
         let newer = !self.last_pass_pods.as_ref().is_some_and(|last| Arc::ptr_eq(last, &self.pods.borrow()));
-        let held = !newer && since.elapsed() < INVENTORY_HOLD && !self.emergency_now();
+        let late = since.elapsed() >= INVENTORY_HOLD;
+        let held = !newer && !late && !self.emergency_now();
         if !held {
             self.decide_after_inventory = None;
+            if !newer && late {
+                // The inventory runs on evictd-io, not real-time: on a node whose tenants
+                // hold every CPU it waits the pod's CPU share.
+                tracing::warn!(
+                    "no pod list read since the last eviction after {INVENTORY_HOLD:?}: this decision ranks                      the pods listed before it (the runtime or evictd-io is slow)"
+                );
+            }
         }
         held
     }

@@ -119,7 +119,10 @@ fn read_memory_candidates(
             (0..entries.len()).filter_map(|b| Some((b, exact(b)?))).collect()
         };
         let read = read.into_iter().map(|(b, stats)| (bounds[b].0, stats)).collect();
-        // A read already slow leaves the record's read to its own, shorter, deadline.
+        // Read within the decision's deadline, not the record's: a container's memory.stat
+        // is a part of what its pod's, just read, sums (the same hierarchy and locks), so
+        // one stuck where the pod's was not is not expected. A read already slow leaves the
+        // record's read to its own, shorter, deadline.
         let read = if started.elapsed() < CHOSEN_READ_TIMEOUT {
             with_first_pods_containers(read, pods, protected, files, cgroups, signal)
         } else {
