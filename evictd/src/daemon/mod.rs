@@ -279,6 +279,10 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let mut summary_tick = tokio::time::interval(Duration::from_secs(1));
     summary_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first summary before any wake is served, whatever the sources sent while the
+    // daemon started: `--trace`'s first line says evictd is loaded and armed.
+    summary_tick.tick().await;
+    daemon.each_second()?;
     let mut batch = Vec::with_capacity(1024);
     loop {
         tokio::select! {

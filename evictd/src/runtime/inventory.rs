@@ -515,13 +515,14 @@ pub fn spawn_refresh(
 /// new list costs the daemon work per pod (usage files opened, the charge programs' scope
 /// walked), and most refreshes of a steady node change nothing. The lists are compared under
 /// the channel's read lock; its write lock, which the daemon's real-time thread would wait
-/// for, is held only to swap the list (this task is the only sender). False once nobody
+/// for, is held only to swap the list (this task is the only sender). The list is copied
+/// only when it is sent: on a steady node of 250 pods a copy per refresh would be half a
+/// megabyte allocated (and, with every page locked, kept) for nothing. False once nobody
 /// listens.
 fn publish(tx: &watch::Sender<Arc<Vec<PodRecord>>>, inventory: &Inventory, always: bool) -> bool {
-    let pods: Vec<PodRecord> = inventory.pods().cloned().collect();
-    let changed = always || **tx.borrow() != pods;
+    let changed = always || !inventory.pods().eq(tx.borrow().iter());
     if changed {
-        tx.send_replace(Arc::new(pods));
+        tx.send_replace(Arc::new(inventory.pods().cloned().collect()));
     }
     !tx.is_closed()
 }
