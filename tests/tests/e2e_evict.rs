@@ -485,7 +485,9 @@ async fn a_stubborn_pod_is_killed_at_once_by_its_cgroup(mut ctd: Containerd) {
     assert!(fast["processes"].as_u64().is_some(), "{e}");
     assert!(e["phases"]["memory_released_ms"].is_number(), "the pod's cgroup must empty: {e}");
     let stop_ms = e["phases"]["stop_containers_ms"].as_f64().expect("phase timings");
-    assert!(stop_ms < 10_000.0, "a pod ignoring SIGTERM must not get its 30 s: took {stop_ms} ms");
+    // Killed at once; a runtime whose own stop runs on (containerd under the VMs' TCG) is
+    // waited for at most the CRI timeout (10 s) after the kill: either way, not the 30 s.
+    assert!(stop_ms < 20_000.0, "a pod ignoring SIGTERM must not get its 30 s: took {stop_ms} ms");
     assert!(ctd.sandbox_ready(&bystander.sandbox_id).await, "the bystander must not be touched");
     assert_eq!(evictd.evictions().len(), 1, "one pod per decision: {:?}", evictd.evictions());
     // Where the charge programs follow the band (the memcg stat tracepoints' tier: this
