@@ -364,7 +364,8 @@ impl Daemon {
                 // The inventory runs on evictd-io, not real-time: on a node whose tenants
                 // hold every CPU it waits the pod's CPU share.
                 tracing::warn!(
-                    "no pod list read since the last eviction after {INVENTORY_HOLD:?}: this decision ranks                      the pods listed before it (the runtime or evictd-io is slow)"
+                    "no pod list read since the last eviction after {INVENTORY_HOLD:?}: the next pass ranks the pods \
+                     listed before it (the runtime or evictd-io is slow)"
                 );
             }
         }

@@ -516,8 +516,9 @@ pub fn spawn_refresh(
 /// walked), and most refreshes of a steady node change nothing. The lists are compared under
 /// the channel's read lock; its write lock, which the daemon's real-time thread would wait
 /// for, is held only to swap the list (this task is the only sender). The list is copied
-/// only when it is sent: on a steady node of 250 pods a copy per refresh would be half a
-/// megabyte allocated (and, with every page locked, kept) for nothing. False once nobody
+/// only when it is sent: on a steady node of 250 pods a copy per refresh would be some
+/// hundreds of KiB allocated and compared for nothing, and would raise the thread's peak
+/// heap (locked, as every page of evictd). False once nobody
 /// listens.
 fn publish(tx: &watch::Sender<Arc<Vec<PodRecord>>>, inventory: &Inventory, always: bool) -> bool {
     let changed = always || !inventory.pods().eq(tx.borrow().iter());
