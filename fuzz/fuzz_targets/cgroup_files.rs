@@ -1,7 +1,12 @@
 //! memory.stat and /proc/meminfo text, any text: a value or an error naming what is wrong.
 #![no_main]
 
-use evictd::node::memory::parse::{meminfo_bytes, stat_value};
+// The daemon's own parser file, compiled here alone: the fuzz build stays off the daemon's
+// dependencies (kube, tonic, aya and the eBPF build).
+#[path = "../../evictd/src/node/memory/parse.rs"]
+mod parse;
+
+use parse::{meminfo_bytes, stat_value};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|s: &str| {

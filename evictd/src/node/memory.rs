@@ -297,50 +297,14 @@ fn meminfo_bytes(path: &Path, key: &'static str) -> Result<u64, MemoryError> {
     parse::meminfo_bytes(&text, key).map_err(|e| e.at(path, key))
 }
 
-/// The text of memory.stat and /proc/meminfo, apart from reading the files (and fuzzed).
-pub mod parse {
-    use std::path::Path;
+pub mod parse;
 
-    use super::MemoryError;
-
-    /// What is wrong with a file's text.
-    #[derive(Debug, PartialEq, Eq)]
-    pub enum FieldError {
-        Missing,
-        NotANumber(String),
-    }
-
-    impl FieldError {
-        pub(super) fn at(self, path: &Path, key: &'static str) -> MemoryError {
-            match self {
-                FieldError::Missing => MemoryError::MissingKey { path: path.to_owned(), key },
-                FieldError::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
-            }
+impl parse::FieldError {
+    fn at(self, path: &Path, key: &'static str) -> MemoryError {
+        match self {
+            parse::FieldError::Missing => MemoryError::MissingKey { path: path.to_owned(), key },
+            parse::FieldError::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
         }
-    }
-
-    fn number(s: &str) -> Result<u64, FieldError> {
-        s.parse().map_err(|_| FieldError::NotANumber(s.to_owned()))
-    }
-
-    /// The value of the `key value` line of memory.stat.
-    pub fn stat_value(text: &str, key: &str) -> Result<u64, FieldError> {
-        let value = text
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(' ')))
-            .ok_or(FieldError::Missing)?;
-        number(value.trim())
-    }
-
-    /// The `Key:   N kB` line of /proc/meminfo, in bytes; a value that does not fit in bytes
-    /// is not a number either.
-    pub fn meminfo_bytes(text: &str, key: &str) -> Result<u64, FieldError> {
-        let value = text
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')))
-            .ok_or(FieldError::Missing)?;
-        let kb = value.trim().trim_end_matches("kB").trim();
-        number(kb)?.checked_mul(1024).ok_or_else(|| FieldError::NotANumber(kb.to_owned()))
     }
 }
 

@@ -1,0 +1,35 @@
+//! The text of memory.stat and /proc/meminfo, apart from reading the files.
+//!
+//! Self-contained (std alone, no `crate::` or `super::`): the fuzz targets compile this file
+//! on its own, so fuzzing the parsers does not build the daemon and its dependencies.
+
+/// What is wrong with a file's text.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FieldError {
+    Missing,
+    NotANumber(String),
+}
+
+fn number(s: &str) -> Result<u64, FieldError> {
+    s.parse().map_err(|_| FieldError::NotANumber(s.to_owned()))
+}
+
+/// The value of the `key value` line of memory.stat.
+pub fn stat_value(text: &str, key: &str) -> Result<u64, FieldError> {
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(' ')))
+        .ok_or(FieldError::Missing)?;
+    number(value.trim())
+}
+
+/// The `Key:   N kB` line of /proc/meminfo, in bytes; a value that does not fit in bytes is
+/// not a number either.
+pub fn meminfo_bytes(text: &str, key: &str) -> Result<u64, FieldError> {
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')))
+        .ok_or(FieldError::Missing)?;
+    let kb = value.trim().trim_end_matches("kB").trim();
+    number(kb)?.checked_mul(1024).ok_or_else(|| FieldError::NotANumber(kb.to_owned()))
+}
