@@ -180,6 +180,24 @@ pub fn thread_cpu_s(pid: u32, comm: &str) -> f64 {
         .sum()
 }
 
+/// The page faults (minor and major) of `pid`'s live threads named `comm`: a thread whose
+/// memory is all resident and locked faults for none.
+pub fn thread_faults(pid: u32, comm: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
+        .map(|t| stat_faults(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default()))
+        .sum()
+}
+
+/// A /proc stat line's minflt + majflt (fields 10 and 12).
+fn stat_faults(stat: &str) -> u64 {
+    let Some((_, rest)) = stat.rsplit_once(')') else { return 0 };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    [7, 9].iter().filter_map(|&i| fields.get(i)?.parse::<u64>().ok()).sum()
+}
+
 /// A /proc stat line's utime + stime, seconds (fields 14 and 15; the command, field 2, may
 /// hold spaces and ends at the last ')').
 pub fn stat_cpu_s(stat: &str) -> f64 {
@@ -206,5 +224,12 @@ mod tests {
         let line = "42 (evictd disk) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 100 0 0";
         assert!((stat_cpu_s(line) - 300.0 / hz).abs() < 1e-9, "{}", stat_cpu_s(line));
         assert_eq!(stat_cpu_s("garbage"), 0.0);
+    }
+
+    #[test]
+    fn faults_of_a_stat_line_are_minor_and_major() {
+        let line = "42 (evictd (x) reads) S 1 42 42 0 -1 4194560 100 7 3 1 250 50 0 0 20 0 3 0 100 0 0";
+        assert_eq!(stat_faults(line), 103);
+        assert_eq!(stat_faults("garbage"), 0);
     }
 }

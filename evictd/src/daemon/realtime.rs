@@ -38,6 +38,16 @@ type Job = Box<dyn FnOnce() + Send>;
 /// the blocking pool instead: each stuck one ends when its read returns.
 const MAX_READERS: usize = 4;
 
+/// The reader thread's stack (std's default).
+const READER_STACK: usize = 2 << 20;
+
+/// Whether a new reader thread faults its arena and stack in before its first read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prefault {
+    Yes,
+    No,
+}
+
 /// A thread of its own for the decision's reads (the pods' cgroup files), at the daemon
 /// thread's priority. On tokio's blocking pool, ordinary threads, these reads waited behind
 /// the node's busy tasks and the disk walk: tens to hundreds of milliseconds on a node of
@@ -56,7 +66,7 @@ impl Reader {
     /// Starts the reader at `priority` (0: an ordinary thread). `None` (said why) when the
     /// thread cannot be started: the reads then go to the blocking pool.
     pub fn spawn(priority: u8) -> Option<Reader> {
-        Self::spawn_counted(priority, Arc::default())
+        Self::spawn_counted(priority, Arc::default(), Prefault::Yes)
     }
 
     /// A fresh reader in place of this one, stuck in a read (this one's thread ends when
@@ -69,25 +79,34 @@ impl Reader {
             );
             return None;
         }
-        Self::spawn_counted(self.priority, self.alive.clone())
+        // Not faulted in: a replacement starts while the node may be starved, and its first
+        // read must not wait for ~150 pages of reclaim before it even begins.
+        Self::spawn_counted(self.priority, self.alive.clone(), Prefault::No)
     }
 
-    fn spawn_counted(priority: u8, alive: Arc<AtomicUsize>) -> Option<Reader> {
+    fn spawn_counted(priority: u8, alive: Arc<AtomicUsize>, prefault: Prefault) -> Option<Reader> {
         let (jobs, queue) = mpsc::channel::<Job>();
         alive.fetch_add(1, Ordering::Relaxed);
         let count = alive.clone();
-        let spawned = std::thread::Builder::new().name("evictd-reads".into()).spawn(move || {
-            if priority > 0
-                && let Err(e) = set_fifo(priority)
-            {
-                tracing::warn!(priority, "the decision's reads run at an ordinary priority: {e}");
-            }
-            while let Ok(job) = queue.recv() {
-                // A panicking job drops its answer's sender: its caller sees no answer.
-                let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
-            }
-            count.fetch_sub(1, Ordering::Relaxed);
-        });
+        let spawned = std::thread::Builder::new()
+            .name("evictd-reads".into())
+            // Fixed, so the stack the thread faults in is within it whatever RUST_MIN_STACK says.
+            .stack_size(READER_STACK)
+            .spawn(move || {
+                if priority > 0
+                    && let Err(e) = set_fifo(priority)
+                {
+                    tracing::warn!(priority, "the decision's reads run at an ordinary priority: {e}");
+                }
+                if prefault == Prefault::Yes {
+                    super::protect::prefault_reader_thread();
+                }
+                while let Ok(job) = queue.recv() {
+                    // A panicking job drops its answer's sender: its caller sees no answer.
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
+                }
+                count.fetch_sub(1, Ordering::Relaxed);
+            });
         match spawned {
             Ok(_) => Some(Reader { jobs, priority, alive }),
             Err(e) => {
@@ -154,6 +173,30 @@ mod tests {
         assert_eq!(panicked, None);
         let name = reader.read(|| std::thread::current().name().map(String::from)).await;
         assert_eq!(name.flatten().as_deref(), Some("evictd-reads"), "the thread goes on after a panic");
+    }
+
+    /// A started reader's first reads allocate within the arena it faulted in: far fewer
+    /// faults than pages (the same allocations on a thread that faulted nothing in take one
+    /// a page: `protect`'s own test shows it).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_started_readers_first_allocations_do_not_fault() {
+        use crate::daemon::protect::tests::{allocate, faults};
+        // The daemon's malloc tunables, as at start: the freed reserve stays in the arena.
+        crate::daemon::protect::reserve_heap(crate::daemon::protect::HEAP_RESERVE);
+        let reader = Reader::spawn(0).expect("a thread");
+        let bytes = crate::daemon::protect::READER_HEAP_RESERVE / 2;
+        let in_reserve = reader
+            .read(move || {
+                let before = faults();
+                let held = allocate(bytes);
+                let n = faults() - before;
+                drop(held);
+                n
+            })
+            .await
+            .expect("an answer");
+        let pages = (bytes / 4096) as i64;
+        assert!(in_reserve < pages / 8, "{in_reserve} faults for {pages} pages within the reader's reserve");
     }
 
     /// On a thread of its own, so that the test harness's threads stay as they are.

@@ -302,8 +302,8 @@ pub mod parse;
 impl parse::FieldError {
     fn at(self, path: &Path, key: &'static str) -> MemoryError {
         match self {
-            parse::FieldError::Missing => MemoryError::MissingKey { path: path.to_owned(), key },
-            parse::FieldError::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
+            Self::Missing => MemoryError::MissingKey { path: path.to_owned(), key },
+            Self::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
         }
     }
 }

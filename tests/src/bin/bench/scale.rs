@@ -24,7 +24,7 @@ use std::{
 use evictd::node::{cgroups::CgroupMounts, memory::MemoryCgroup};
 use evictd_tests::{
     containerd::{Containerd, PodSpec, TestPod},
-    evictd_proc::{Evictd, process_cpu_s, thread_cpu_s},
+    evictd_proc::{Evictd, process_cpu_s, thread_cpu_s, thread_faults},
 };
 
 use crate::{
@@ -100,6 +100,14 @@ struct Run {
     pods: usize,
     walking: bool,
     sample: Sample,
+    /// Page faults of evictd's real-time threads (the daemon's and the reader's) over the
+    /// run: the heap reserve and the locked pages are meant to leave none after the first.
+    rt_faults: u64,
+}
+
+/// The page faults of evictd's real-time threads so far.
+fn rt_faults(pid: u32) -> u64 {
+    thread_faults(pid, "evictd") + thread_faults(pid, "evictd-reads")
 }
 
 pub async fn scale(o: &Opts) -> anyhow::Result<()> {
@@ -144,14 +152,17 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
                 let victim = reaction::start_victim(&mut ctd, work, cell, run).await;
                 // evictd's inventory (every 2 s by default) must list the victim first.
                 tokio::time::sleep(Duration::from_millis(2200)).await;
+                let faults0 = rt_faults(pid);
                 let sample = reaction::one_run(&mut ctd, &running, &node, work, cell, run, victim).await?;
+                // A stuck reader that ends mid-run takes its count with it: never below zero.
+                let faults = rt_faults(pid).saturating_sub(faults0);
                 eprintln!(
-                    "[bench] {n} pods, walker {}: {} decide {}",
+                    "[bench] {n} pods, walker {}: {} decide {}, {faults} page faults on the real-time threads",
                     walker_state(walking),
                     reaction::describe(&sample),
                     sample.decide_ms.map_or("-".into(), |d| format!("{d:.2} ms"))
                 );
-                runs.push(Run { pods: n, walking, sample });
+                runs.push(Run { pods: n, walking, sample, rt_faults: faults });
             }
             if walking {
                 let (cpu0, t0) = walker0;
@@ -339,13 +350,14 @@ fn rss_kib(pid: u32) -> u64 {
 fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     std::fs::create_dir_all(&o.out)?;
     let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
-    let mut csv =
-        String::from("pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first\n");
+    let mut csv = String::from(
+        "pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first,rt_faults\n",
+    );
     for r in runs {
         let s = &r.sample;
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{:.2},{}",
+            "{},{},{},{},{},{},{},{:.2},{},{}",
             r.pods,
             walker_state(r.walking),
             s.run,
@@ -354,7 +366,8 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             f(s.freed_ms),
             f(s.decide_ms),
             s.victim_gib,
-            s.oom_first
+            s.oom_first,
+            r.rt_faults
         );
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
@@ -402,12 +415,12 @@ struct CellStats {
 
 /// Prints one row per N and walker state; returns their percentiles for the plot.
 fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
-    let mut groups: BTreeMap<(usize, bool), Vec<&Sample>> = BTreeMap::new();
+    let mut groups: BTreeMap<(usize, bool), Vec<&Run>> = BTreeMap::new();
     for r in runs {
-        groups.entry((r.pods, r.walking)).or_default().push(&r.sample);
+        groups.entry((r.pods, r.walking)).or_default().push(r);
     }
     println!(
-        "{:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6} {:>6} {:>7} | {:>9}",
+        "{:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6} {:>6} {:>7} | {:>9} | {:>9}",
         "pods",
         "walker",
         "det p50",
@@ -423,16 +436,21 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
         "CPU%",
         "thr%",
         "walk s",
-        "OOM first"
+        "OOM first",
+        "rt faults"
     );
     let mut cells = Vec::new();
-    for ((pods, walking), ss) in &groups {
+    for ((pods, walking), rs) in &groups {
+        let ss: Vec<&Sample> = rs.iter().map(|r| &r.sample).collect();
         let p = |pick: fn(&Sample) -> Option<f64>| reaction::percentiles(ss.iter().filter_map(|s| pick(s)));
+        // The first run of an evictd faults its kill path's code in; the later ones should not.
+        let first_faults = rs.first().map_or(0, |r| r.rt_faults);
+        let later_faults = rs.iter().skip(1).map(|r| r.rt_faults).max().unwrap_or(0);
         let (det, dec, stop, freed) =
             (p(|s| s.detection_ms), p(|s| s.decide_ms), p(|s| s.stop_ms), p(|s| s.freed_ms));
         let step = steps.iter().find(|s| s.pods == *pods).cloned().unwrap_or_default();
         println!(
-            "{pods:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6.2} {:>6.2} {:>7.2} | {:>5}/{:<3}",
+            "{pods:>5} {:<7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7} | {:>7} | {:>5} | {:>8} {:>8} {:>6.2} {:>6.2} {:>7.2} | {:>5}/{:<3} | {:>4}/{:<4}",
             walker_state(*walking),
             f(det, |p| p.p50, 2),
             f(det, |p| p.p99, 2),
@@ -448,7 +466,9 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
             step.daemon_cpu_pct,
             step.walk_cpu_s,
             ss.iter().filter(|s| s.oom_first).count(),
-            ss.len()
+            ss.len(),
+            first_faults,
+            later_faults
         );
         cells.push(CellStats { pods: *pods, walking: *walking, detection: det, decide: dec });
     }
@@ -457,7 +477,9 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
          one MiB's period, freed = the node back down by 90 % of the victim's memory; dec = evictd's decision time \
          (the pods' usage read and ranked); busy% = the disk walker's share of a CPU during the walking runs; RSS \
          idle / CPU% / walk s = evictd with its defaults for {} s: resident set, CPU without the walker (thr%: on the \
-         daemon's real-time thread), the walker's CPU seconds (one walk of every pod); RSS busy = after the walking runs)",
+         daemon's real-time thread), the walker's CPU seconds (one walk of every pod); RSS busy = after the walking runs; \
+         rt faults = page faults of evictd's real-time threads, the daemon's and the reader's, in the first run / the \
+         most in any later run)",
         IDLE.as_secs()
     );
     cells
