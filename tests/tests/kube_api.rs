@@ -301,6 +301,16 @@ async fn wait_taints(api: &ApiDouble, what: &str, want: &[(&str, &str)]) {
     }
 }
 
+/// Waits for the taint gauge to read `want`: evictd sets it once the API server has answered
+/// the patch, a moment after the double shows the taints.
+async fn wait_gauge(metrics: &Metrics, gauge: &str, want: f64) {
+    let until = std::time::Instant::now() + evictd_tests::patience::patience(WITHIN);
+    while counter(&metrics.encode(), gauge) != want {
+        assert!(std::time::Instant::now() < until, "{gauge} is not {want}:\n{}", metrics.encode());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// While evictd's condition is true the Node carries evictd's taint, written with the list
 /// read as the write's precondition (it cannot drop a taint written meanwhile); every
 /// other taint stays, in its place; the taint comes off with the condition. The gauge says
@@ -324,14 +334,14 @@ async fn evictds_taint_follows_its_condition_and_keeps_every_other_taint() {
     assert_eq!(patch.content_type, "application/json-patch+json");
     assert_eq!(patch.body[0]["op"], "test", "the list read is the precondition: {}", patch.body);
     assert_eq!(patch.body[0]["value"], json!([{"key": "dedicated", "effect": "NoSchedule"}]));
-    assert_eq!(counter(&metrics.encode(), gauge), 1.0);
+    wait_gauge(&metrics, gauge, 1.0).await;
     // Another controller adds a taint while evictd's is on.
     let mut node = api.node("node-a").unwrap();
     node["spec"]["taints"].as_array_mut().unwrap().push(json!({"key": "later", "effect": "NoExecute"}));
     api.put_node(node);
     t.want(&[]);
     wait_taints(&api, "out of pressure", &[("dedicated", "NoSchedule"), ("later", "NoExecute")]).await;
-    assert_eq!(counter(&metrics.encode(), gauge), 0.0);
+    wait_gauge(&metrics, gauge, 0.0).await;
     task.remove_and_stop(Duration::from_secs(2)).await;
 }
 

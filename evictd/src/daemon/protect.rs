@@ -24,8 +24,8 @@ pub const HEAP_RESERVE: usize = 4 << 20;
 const STACK_RESERVE: usize = 256 << 10;
 /// The decision's reader thread: its own malloc arena (glibc gives a new thread one of its
 /// own while there are fewer than eight per CPU) and its stack, faulted in before its first
-/// read. Without them, `bench scale`'s first eviction at 250 pods took 93 page faults on
-/// the real-time threads and later ones up to 47 (the reader's buffers for 250 usage files
+/// read. Without them, `bench scale`'s first eviction at 250 pods took 38–65 page faults on
+/// the real-time threads and later ones up to 19 (the reader's buffers for 250 usage files
 /// and the contenders' memory.stat growing its arena); with them, 0–1.
 pub(crate) const READER_HEAP_RESERVE: usize = 512 << 10;
 const READER_STACK_RESERVE: usize = 64 << 10;
