@@ -88,6 +88,8 @@ impl Reader {
         let (jobs, queue) = mpsc::channel::<Job>();
         alive.fetch_add(1, Ordering::Relaxed);
         let count = alive.clone();
+        // Answered once the thread has faulted its reserves in, so that no read waits behind it.
+        let (ready, started) = mpsc::sync_channel::<()>(1);
         let spawned = std::thread::Builder::new()
             .name("evictd-reads".into())
             // Fixed, so the stack the thread faults in is within it whatever RUST_MIN_STACK says.
@@ -101,6 +103,7 @@ impl Reader {
                 if prefault == Prefault::Yes {
                     super::protect::prefault_reader_thread();
                 }
+                let _ = ready.send(());
                 while let Ok(job) = queue.recv() {
                     // A panicking job drops its answer's sender: its caller sees no answer.
                     let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
@@ -108,7 +111,15 @@ impl Reader {
                 count.fetch_sub(1, Ordering::Relaxed);
             });
         match spawned {
-            Ok(_) => Some(Reader { jobs, priority, alive }),
+            Ok(_) => {
+                // Only at start (below a millisecond on a real machine). A replacement is not
+                // waited for: the decision waiting on a thread not yet real-time would be
+                // waiting on the node's load.
+                if prefault == Prefault::Yes {
+                    let _ = started.recv();
+                }
+                Some(Reader { jobs, priority, alive })
+            }
             Err(e) => {
                 alive.fetch_sub(1, Ordering::Relaxed);
                 tracing::error!(

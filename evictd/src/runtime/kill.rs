@@ -598,7 +598,8 @@ pub(crate) mod tests {
         while private_resident_bytes(big_pid) < 15_000_000
             || !std::fs::read_to_string(&children).unwrap_or_default().trim().is_empty()
         {
-            assert!(t.elapsed() < Duration::from_secs(10), "the shell never held its 16 MB");
+            // The test's set-up, not its subject: generous for an emulated VM on a busy host.
+            assert!(t.elapsed() < Duration::from_secs(60), "the shell never held its 16 MB");
             std::thread::sleep(Duration::from_millis(10));
         }
         let target = KillTarget::at(&pod.rel, &layout);
