@@ -7,6 +7,10 @@ use anyhow::{Context as _, anyhow};
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=PATH");
+    // Relative relocations packed (DT_RELR: binutils ≥ 2.38 links it, glibc ≥ 2.36 loads it):
+    // ~20 000 of them took 0.5 MiB of the binary as RELA entries, which the loader reads at
+    // start and which then stay in evictd's locked memory.
+    println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     let has_linker = Command::new("bpf-linker").arg("--version").output().is_ok_and(|o| o.status.success());
     if !has_linker {
         return Err(anyhow!(
@@ -20,6 +24,7 @@ fn main() -> anyhow::Result<()> {
         .context("evictd crate has no parent directory")?
         .join("evictd-ebpf");
     let root = root.to_str().context("non-UTF-8 path to evictd-ebpf")?;
+    keep_profile_overrides_from_the_ebpf_build();
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "evictd-ebpf",
@@ -29,4 +34,20 @@ fn main() -> anyhow::Result<()> {
         aya_build::Toolchain::default(),
     )
     .context("building the eBPF programs (evictd-ebpf) failed; `cargo xtask setup` installs the nightly rust-src and bpf-linker they need")
+}
+
+/// The eBPF object is built by a cargo of its own, which inherits this script's environment.
+/// The profile a daemon build sets there (the test image's `CARGO_PROFILE_RELEASE_*`: a lower
+/// opt-level, no LTO) is for the daemon: the object the verifier checks stays the one the
+/// workspace's profile gives, whatever binary embeds it. (No rerun is asked for when they
+/// change: the object does not depend on them.)
+fn keep_profile_overrides_from_the_ebpf_build() {
+    let overrides: Vec<_> = std::env::vars_os()
+        .map(|(key, _)| key)
+        .filter(|key| key.to_str().is_some_and(|k| k.starts_with("CARGO_PROFILE_")))
+        .collect();
+    for key in overrides {
+        // SAFETY: a build script is one thread; nothing reads the environment concurrently.
+        unsafe { std::env::remove_var(key) };
+    }
 }

@@ -159,6 +159,8 @@ fn set_fifo(priority: u8) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use rusty_fork::rusty_fork_test;
+
     use super::*;
 
     /// Jobs queued together run one after the other, in order, off the caller's thread; a
@@ -186,28 +188,31 @@ mod tests {
         assert_eq!(name.flatten().as_deref(), Some("evictd-reads"), "the thread goes on after a panic");
     }
 
-    /// A started reader's first reads allocate within the arena it faulted in: far fewer
-    /// faults than pages (the same allocations on a thread that faulted nothing in take one
-    /// a page: `protect`'s own test shows it).
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_started_readers_first_allocations_do_not_fault() {
-        use crate::daemon::protect::tests::{allocate, faults};
-        // The daemon's malloc tunables, as at start: the freed reserve stays in the arena.
-        crate::daemon::protect::reserve_heap(crate::daemon::protect::HEAP_RESERVE);
-        let reader = Reader::spawn(0).expect("a thread");
-        let bytes = crate::daemon::protect::READER_HEAP_RESERVE / 2;
-        let in_reserve = reader
-            .read(move || {
-                let before = faults();
-                let held = allocate(bytes);
-                let n = faults() - before;
-                drop(held);
-                n
-            })
-            .await
-            .expect("an answer");
-        let pages = (bytes / 4096) as i64;
-        assert!(in_reserve < pages / 8, "{in_reserve} faults for {pages} pages within the reader's reserve");
+    rusty_fork_test! {
+        /// A started reader's first reads allocate within the arena it faulted in: far fewer
+        /// faults than pages (the same allocations on a thread that faulted nothing in take
+        /// one a page: `protect`'s own test shows it). In a process of its own: no other
+        /// test's thread shares the reader's arena.
+        #[test]
+        fn a_started_readers_first_allocations_do_not_fault() {
+            use crate::daemon::protect::tests::{allocate, faults};
+            // The daemon's malloc tunables, as at start: the freed reserve stays in the arena.
+            crate::daemon::protect::reserve_heap(crate::daemon::protect::HEAP_RESERVE);
+            let reader = Reader::spawn(0).expect("a thread");
+            let bytes = crate::daemon::protect::READER_HEAP_RESERVE / 2;
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+            let in_reserve = rt
+                .block_on(reader.read(move || {
+                    let before = faults();
+                    let held = allocate(bytes);
+                    let n = faults() - before;
+                    drop(held);
+                    n
+                }))
+                .expect("an answer");
+            let pages = (bytes / 4096) as i64;
+            assert!(in_reserve < pages / 8, "{in_reserve} faults for {pages} pages within the reader's reserve");
+        }
     }
 
     /// On a thread of its own, so that the test harness's threads stay as they are.

@@ -227,6 +227,7 @@ impl Daemon {
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         pressure.api = api.as_ref().map(|a| a.reporter.clone());
         pressure.specs_from_api = specs_from_api;
+        protect::settle_heap();
         pressure.reader = realtime::Reader::spawn(opts.realtime_priority);
         pressure.on_killed = sources.iter().find_map(|s| s.on_killed());
         pressure.disk_walker = DiskWalker::spawn(
