@@ -92,11 +92,14 @@ fn build_bench(env: &BuildEnv, smoke: bool) -> Result<std::path::PathBuf> {
     let profile = if smoke { "debug" } else { "release" };
     step(&format!("building evictd and evictd-bench ({profile})"));
     let mut cmd = env.cargo();
-    cmd.args(["build", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd", "--bin", "evictd-bench"]);
-    // The earlyoom comparison's ballast.
-    cmd.args(["--bin", "evictd-memhog"]);
-    if !smoke {
-        cmd.arg("--release");
+    if smoke {
+        // The workspace's build, which the tests made: a package selection would unify other
+        // features and build again.
+        cmd.args(["build", "--workspace", "--bins"]);
+    } else {
+        cmd.args(["build", "--release", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd"]);
+        // The earlyoom comparison's ballast.
+        cmd.args(["--bin", "evictd-bench", "--bin", "evictd-memhog"]);
     }
     cargo_status(&mut cmd, "building the benchmark")?;
     Ok(workspace_root().join("target").join(profile).join("evictd-bench"))

@@ -12,7 +12,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context as _, Result, anyhow, ensure};
+use anyhow::{Context as _, Result, anyhow, bail};
 
 use super::{MAIN_PLAN, SYSTEMD_PLAN};
 use crate::{BuildEnv, cargo_status, output, run_status, step, workspace_root};
@@ -68,7 +68,8 @@ const IMAGE_BIN: &str = "/vm/image-bin";
 /// initramfs: the same for every kernel.
 pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path, image: &Path) -> Result<PathBuf> {
     step("building evictd, the VM init and the test binaries (debug)");
-    cargo_status(env.cargo().args(["build", "-p", "evictd", "-p", "evictd-tests", "--bins"]), "cargo build")?;
+    // The workspace's, as `cargo xtask test` built it: a package selection would build again.
+    cargo_status(env.cargo().args(["build", "--workspace", "--bins"]), "cargo build --workspace --bins")?;
     let bin_dir = workspace_root().join("target/debug");
     let stage = dir.join("stage");
     if stage.exists() {
@@ -92,13 +93,14 @@ pub(super) fn build_initramfs(env: &BuildEnv, dir: &Path, image: &Path) -> Resul
     // One line per test binary: its path, its flags, then the tests to run (`--exact`
     // names), if not all. Each binary goes in once, whichever plans name it.
     let mut packed = BTreeSet::new();
+    let all_tests = workspace_test_executables(env)?;
     let mut built: BTreeMap<&[&str], Vec<PathBuf>> = BTreeMap::new();
     let mut texts = Vec::new();
     for plan in [&MAIN_PLAN, &SYSTEMD_PLAN] {
         let mut text = String::new();
         for line in plan.lines {
             if !built.contains_key(line.selection) {
-                built.insert(line.selection, test_executables(env, line.selection)?);
+                built.insert(line.selection, select_executables(&all_tests, line.selection)?);
             }
             for t in &built[line.selection] {
                 let name = t
@@ -190,24 +192,84 @@ fn image_binaries(stage: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
     Ok(out)
 }
 
-/// The test executables cargo builds for `selection`, from its JSON messages.
-fn test_executables(env: &BuildEnv, selection: &[&str]) -> Result<Vec<PathBuf>> {
+/// One test executable of the workspace's test build.
+struct TestExe {
+    package: String,
+    /// `lib`, `test`, `bin`, ...
+    kind: String,
+    /// The target's name (an integration test's file stem).
+    name: String,
+    path: PathBuf,
+}
+
+/// Every test executable, from the JSON messages of `cargo test --workspace --no-run`: the
+/// build `cargo xtask test` ran the host's tests with, so nothing is built again. (A package
+/// selection such as `-p evictd` would unify other features, dev-dependencies' among them,
+/// and build the crates above them again, once more per selection.)
+fn workspace_test_executables(env: &BuildEnv) -> Result<Vec<TestExe>> {
     let out = output(
-        env.cargo().arg("test").args(selection).args(["--no-run", "--message-format=json"]),
-        "cargo test --no-run",
+        env.cargo().args(["test", "--workspace", "--no-run", "--message-format=json"]),
+        "cargo test --workspace --no-run",
     )?;
     let mut exes = Vec::new();
     for line in out.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         if msg["reason"] == "compiler-artifact"
             && msg["profile"]["test"] == true
-            && let Some(exe) = msg["executable"].as_str()
+            && let (Some(exe), Some(id), Some(kind), Some(name)) = (
+                msg["executable"].as_str(),
+                msg["package_id"].as_str(),
+                msg["target"]["kind"][0].as_str(),
+                msg["target"]["name"].as_str(),
+            )
         {
-            exes.push(PathBuf::from(exe));
+            exes.push(TestExe {
+                package: package_name(id).to_string(),
+                kind: kind.to_string(),
+                name: name.to_string(),
+                path: PathBuf::from(exe),
+            });
         }
     }
-    ensure!(!exes.is_empty(), "cargo test {} --no-run named no test executable", selection.join(" "));
     Ok(exes)
+}
+
+/// A package's name from cargo's package ID spec: `path+file:///w/tests#evictd-tests@0.1.0`,
+/// or `path+file:///w/evictd#0.1.0` when the name is the directory's.
+fn package_name(id: &str) -> &str {
+    match id.rsplit_once('#') {
+        Some((_, frag)) if frag.contains('@') => frag.split('@').next().unwrap_or(frag),
+        Some((url, _)) => url.rsplit('/').next().unwrap_or(url),
+        None => id,
+    }
+}
+
+/// The executables a plan line's `selection` names (`-p PKG` with `--lib` or `--test NAME`s),
+/// each of which must be there.
+fn select_executables(all: &[TestExe], selection: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut package = None;
+    let mut wanted: Vec<(&str, Option<&str>)> = Vec::new();
+    let mut args = selection.iter();
+    while let Some(arg) = args.next() {
+        match *arg {
+            "-p" => package = args.next().copied(),
+            "--lib" => wanted.push(("lib", None)),
+            "--test" => wanted.push(("test", args.next().copied())),
+            other => bail!("a VM plan's selection takes -p, --lib and --test, not {other}"),
+        }
+    }
+    let package = package.ok_or_else(|| anyhow!("a VM plan's selection names no package (-p)"))?;
+    wanted
+        .iter()
+        .map(|(kind, name)| {
+            all.iter()
+                .find(|e| e.package == package && e.kind == *kind && name.is_none_or(|n| e.name == n))
+                .map(|e| e.path.clone())
+                .ok_or_else(|| {
+                    anyhow!("cargo test --workspace built no {kind} test {} of {package}", name.unwrap_or(""))
+                })
+        })
+        .collect()
 }
 
 /// What the dynamic loader needs for `elf`, by `ldd`: absolute paths, the loader included.
