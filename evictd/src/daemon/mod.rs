@@ -397,7 +397,8 @@ impl Daemon {
     fn start_pass(&mut self) {
         let Some(mut pressure) = self.pressure.take() else { return };
         if self.inventory_dirty {
-            pressure.inventory_updated(&self.pods.borrow());
+            // A disk decision waiting for this list runs now anyway.
+            let _ = pressure.inventory_updated(&self.pods.borrow());
             self.inventory_dirty = false;
         }
         self.escalate.send_replace(Urgency::Normal);
@@ -421,6 +422,13 @@ impl Daemon {
         self.send_conditions_to_api(&done.pressure.conditions);
         self.cleanup_recheck = done.pressure.cleanup_recheck();
         self.pressure = Some(done.pressure);
+        // A pod list that came during the pass: a disk decision waiting for it decides again.
+        if std::mem::take(&mut self.inventory_dirty)
+            && let Some(p) = self.pressure.as_mut()
+            && p.inventory_updated(&self.pods.borrow())
+        {
+            self.pending.add(&mut vec![Wake::now(WakeCause::Recheck)]);
+        }
         if let Some(policy) = self.pending_policy.take() {
             self.apply_policy(policy);
         }
@@ -525,10 +533,13 @@ impl Daemon {
         let pods = self.pods.borrow_and_update().clone();
         self.report.inventory(&pods);
         self.health.set_ready();
-        match self.pressure.as_mut() {
+        let waited_for = match self.pressure.as_mut() {
             Some(p) => p.inventory_updated(&pods),
-            None => self.inventory_dirty = true,
-        }
+            None => {
+                self.inventory_dirty = true;
+                false
+            }
+        };
         // A list that only changed specs, states or disk usage (most refreshes that change
         // anything, on a node whose pods write logs) has no cgroup for a source to follow.
         if !self.sources_pods.as_ref().is_some_and(|last| same_cgroups(last, &pods)) {
@@ -536,6 +547,9 @@ impl Daemon {
         }
         self.sources_pods = Some(pods);
         self.decide_again();
+        if waited_for {
+            self.on_wakes(&mut vec![Wake::now(WakeCause::Recheck)]);
+        }
     }
 
     /// The wakes held after an eviction get their pass once the inventory has been read

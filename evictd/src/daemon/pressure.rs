@@ -92,6 +92,10 @@ pub struct Pressure {
     disk_met_since: Option<Instant>,
     /// When a walk was last asked for.
     disk_walk_asked: Option<Instant>,
+    /// Since when this disk pressure episode waits for the runtime's writable-layer stats
+    /// (`layers_unmeasured`), and whether a pass waits for the next pod list to bring them.
+    layers_wait_since: Option<Instant>,
+    awaiting_layers: bool,
     /// Whether pod specs come from the Kubernetes API: then an inferred one is a guess
     /// while the API is late, evicted only at an emergency.
     pub specs_from_api: bool,
@@ -153,6 +157,8 @@ impl Pressure {
             usage_files_skipped: Default::default(),
             disk_met_since: None,
             disk_walk_asked: None,
+            layers_wait_since: None,
+            awaiting_layers: false,
             api: None,
             conditions: Vec::new(),
             escalate,
@@ -198,13 +204,16 @@ impl Pressure {
 
     /// The inventory changed: forget evicted sandboxes it no longer lists, and those whose
     /// containers run again (a sandbox the runtime failed to stop, restarted by the kubelet
-    /// when the eviction's record did not land): that pod can be evicted again.
-    pub fn inventory_updated(&mut self, pods: &[PodRecord]) {
+    /// when the eviction's record did not land): that pod can be evicted again. True when a
+    /// disk decision waits for this list (the writable layers it may bring): decide again.
+    #[must_use]
+    pub fn inventory_updated(&mut self, pods: &[PodRecord]) -> bool {
         let restarted = |p: &PodRecord, stopped: &BTreeSet<String>| {
             p.containers.iter().any(|c| c.running && !stopped.contains(&c.id))
         };
         self.gone.retain(|id, stopped| pods.iter().any(|p| &p.sandbox_id == id && !restarted(p, stopped)));
         self.forget_restarted_cleanups(pods);
+        std::mem::take(&mut self.awaiting_layers)
     }
 
     /// Observe, decide, act: at most one eviction for thresholds. `pods` is the inventory's
@@ -314,6 +323,7 @@ impl Pressure {
             || self.disk_settling(&first)
             || self.node_level_reclaim_resolves(&first, pods, now).await
             || walk_stale
+            || (disk && self.layers_unmeasured(pods))
         {
             self.state = state;
             return Vec::new();

@@ -48,7 +48,9 @@ pub struct ContainerRecord {
     pub memory_limit: Option<i64>,
     pub oom_score_adj: Option<i64>,
     pub grace_seconds: Option<i64>,
-    /// Writable layer and log bytes/inodes, from the last background refresh.
+    /// Writable layer bytes/inodes, from the runtime's last stats. `None` until the runtime
+    /// has reported on this container since it was listed: unknown, not empty (a disk
+    /// ranking waits for it, `layers_unmeasured`, or leaves the pod out).
     pub rootfs: Option<(u64, u64)>,
 }
 
@@ -314,13 +316,18 @@ impl Inventory {
     pub async fn refresh_writable_layers(&mut self, client: &CriClient) {
         let Ok(stats) = client.list_container_stats().await else { return };
         for s in stats {
-            let (Some(attrs), Some(layer)) = (&s.attributes, &s.writable_layer) else { continue };
+            let Some(attrs) = &s.attributes else { continue };
+            // Reported without a writable layer: nothing to count, as the kubelet's summary
+            // counts such a container.
+            let layer = s.writable_layer.as_ref().map_or((0, 0), |layer| {
+                (
+                    layer.used_bytes.as_ref().map_or(0, |v| v.value),
+                    layer.inodes_used.as_ref().map_or(0, |v| v.value),
+                )
+            });
             for rec in self.pods.values_mut() {
                 if let Some(c) = rec.containers.iter_mut().find(|c| c.id == attrs.id) {
-                    c.rootfs = Some((
-                        layer.used_bytes.as_ref().map_or(0, |v| v.value),
-                        layer.inodes_used.as_ref().map_or(0, |v| v.value),
-                    ));
+                    c.rootfs = Some(layer);
                 }
             }
         }

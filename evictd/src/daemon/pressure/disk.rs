@@ -11,6 +11,14 @@ use super::*;
 /// evictd evict a second pod for space that is already on its way back.
 const DISK_SETTLE: Duration = Duration::from_secs(2);
 
+/// How long a disk decision waits, once per pressure episode, for the runtime's stats of
+/// containers listed without them: the inventory publishes a new pod list before it asks
+/// the runtime for the writable layers (a memory decision must not wait for that call), and
+/// a layer not reported yet is unknown, not empty. Past the wait (a runtime that does not
+/// report some container), those pods are left out of the ranking, as a pod newer than the
+/// last walk is.
+const LAYERS_WAIT: Duration = Duration::from_secs(10);
+
 /// Space on its way back to a filesystem, and since when.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct DiskSettle {
@@ -35,7 +43,10 @@ impl Pressure {
     pub(super) fn note_disk_pressure(&mut self, d: &engine::Decision) {
         let disk_met = d.thresholds_met.iter().any(|&i| self.thresholds[i].signal.resource().is_disk());
         match (disk_met, self.disk_met_since) {
-            (true, None) => self.disk_met_since = Some(Instant::now()),
+            (true, None) => {
+                self.disk_met_since = Some(Instant::now());
+                self.layers_wait_since = None;
+            }
             (false, Some(_)) => self.disk_met_since = None,
             _ => {}
         }
@@ -57,6 +68,34 @@ impl Pressure {
             tracing::debug!("disk pressure: measuring the pods' logs and volumes before ranking them");
         }
         !fresh
+    }
+
+    /// True while a disk decision waits for the writable layers of pods that could be
+    /// ranked: ranked as empty, a pod whose running container the runtime has not reported
+    /// on yet would have another pod evicted in its place, on data evictd has not read. The
+    /// next pod list ends the wait (`inventory_updated`); `LAYERS_WAIT` bounds it.
+    pub(super) fn layers_unmeasured(&mut self, pods: &[PodRecord]) -> bool {
+        let unmeasured: Vec<String> = pods
+            .iter()
+            .filter(|p| !self.protects(p) && !self.gone.contains_key(&p.sandbox_id))
+            .filter(|p| p.containers.iter().any(|c| c.running && c.rootfs.is_none()))
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        if unmeasured.is_empty() {
+            return false;
+        }
+        let since = *self.layers_wait_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < LAYERS_WAIT {
+            self.awaiting_layers = true;
+            tracing::debug!(pods = ?unmeasured, "disk pressure: waiting for the runtime's writable-layer stats before ranking");
+            return true;
+        }
+        self.warn_limited(format!(
+            "disk pressure: {} pod(s) left out of the ranking, their writable layers not reported by the runtime in {LAYERS_WAIT:?}: {}",
+            unmeasured.len(),
+            unmeasured.join(", ")
+        ));
+        false
     }
 
     /// True while space released by reclaim or a disk eviction may still be on its way: a

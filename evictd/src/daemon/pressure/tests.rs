@@ -210,15 +210,15 @@ fn an_evicted_pod_is_a_candidate_again_only_when_its_containers_run_again() {
     let mut p = pressure(d.path());
     let evicted = pod("a", Some("/kubepods/pod-a"));
     p.gone.insert(evicted.sandbox_id.clone(), evicted.containers.iter().map(|c| c.id.clone()).collect());
-    p.inventory_updated(std::slice::from_ref(&evicted));
+    assert!(!p.inventory_updated(std::slice::from_ref(&evicted)));
     assert!(p.gone.contains_key("sb-a"), "the same stopped containers: still evicted");
     let mut restarted = evicted.clone();
     restarted.containers[0].id = "c-restarted".into();
     restarted.containers[0].attempt = 1;
-    p.inventory_updated(&[restarted]);
+    assert!(!p.inventory_updated(&[restarted]));
     assert!(!p.gone.contains_key("sb-a"), "running again: a candidate again");
     p.gone.insert("sb-a".into(), BTreeSet::new());
-    p.inventory_updated(&[]);
+    assert!(!p.inventory_updated(&[]));
     assert!(p.gone.is_empty(), "no longer listed: forgotten");
 }
 
@@ -549,6 +549,7 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     memcg(&d.path().join("kubepods/pod-over"), 10 << 20);
     let mut over = pod("over", Some("/kubepods/pod-over"));
     over.uid = "over".into();
+    over.containers[0].rootfs = Some((0, 0));
     over.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
         {"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}}))
     .unwrap();
@@ -572,4 +573,68 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     let (records, _) = p.pass(&pods, || 1_000_000_000, charge, true).await;
     assert_eq!(names(&records), ["over"], "checked on a charge wake: {records:?}");
     assert!(records[0].message.contains("exceeds the limit"), "{}", records[0].message);
+}
+
+/// A disk decision does not rank a pod whose running container's writable layer the runtime
+/// has not reported yet as using nothing: the inventory publishes a pod list before it asks
+/// for the layers, and a decision in between would evict a smaller pod in the bigger one's
+/// place. It waits; the next pod list (with the layers) decides again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
+    use crate::{
+        runtime::{
+            cri::scripted::{Script, scripted_runtime},
+            disk_usage::DiskWalker,
+        },
+        vocab::WakeCause,
+    };
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("cri.sock");
+    scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
+    let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap();
+    let kubelet = d.path().join("kubelet");
+    let made = |name: &str, volume_bytes: usize| {
+        memcg(&d.path().join(format!("kubepods/pod-{name}")), 1 << 20);
+        let mut p = pod(name, Some(&format!("/kubepods/pod-{name}")));
+        p.uid = name.into();
+        p.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
+            {"name": "scratch", "emptyDir": {}}]}}))
+        .unwrap();
+        let vol = kubelet.join(format!("pods/{name}/volumes/kubernetes.io~empty-dir/scratch"));
+        std::fs::create_dir_all(&vol).unwrap();
+        std::fs::write(vol.join("fill"), vec![1u8; volume_bytes]).unwrap();
+        p
+    };
+    // `small` writes 1 MiB to its volume; `big` 64 MiB to its writable layer, not yet reported.
+    let mut small = made("small", 1 << 20);
+    small.containers[0].rootfs = Some((0, 0));
+    let big = made("big", 0);
+    let listed = Arc::new(vec![small.clone(), big.clone()]);
+    let (wakes, _woken) = tokio::sync::mpsc::channel(4);
+    let walker =
+        DiskWalker::spawn(watch::channel(listed.clone()).1, kubelet, Duration::from_secs(3600), true, wakes)
+            .unwrap();
+    // Any filesystem with something on it has less than 99.99 % available.
+    let args = PolicyArgs { eviction_hard: Some("nodefs.available<99.99%".into()), ..Default::default() };
+    let mut p = pressure_with(d.path(), &args, Some(client));
+    p.disk_walker = Some(walker.clone());
+    let wake = Some(Wake::now(WakeCause::Timer));
+    while walker.last_began().is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = walker.last_began();
+    // The first pass asks for a walk begun after the pressure, and waits for it.
+    let (records, _) = p.pass(&listed, || 1_000_000_000, wake, false).await;
+    assert_eq!(names(&records), [] as [&str; 0], "no walk since the pressure began: {records:?}");
+    while walker.last_began() == before {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (records, _) = p.pass(&listed, || 2_000_000_000, wake, false).await;
+    assert_eq!(names(&records), [] as [&str; 0], "big's layer unknown, not empty: {records:?}");
+    let mut reported = big;
+    reported.containers[0].rootfs = Some((64 << 20, 1));
+    let listed = Arc::new(vec![small, reported]);
+    assert!(p.inventory_updated(&listed), "the list with the layers decides again");
+    let (records, _) = p.pass(&listed, || 3_000_000_000, wake, false).await;
+    assert_eq!(names(&records), ["big"], "{records:?}");
 }
