@@ -7,10 +7,7 @@ use anyhow::{Context as _, anyhow};
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=PATH");
-    // Relative relocations packed (DT_RELR: binutils ≥ 2.38 links it, glibc ≥ 2.36 loads it):
-    // ~20 000 of them took 0.5 MiB of the binary as RELA entries, which the loader reads at
-    // start and which then stay in evictd's locked memory.
-    println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    pack_relative_relocations();
     let has_linker = Command::new("bpf-linker").arg("--version").output().is_ok_and(|o| o.status.success());
     if !has_linker {
         return Err(anyhow!(
@@ -50,4 +47,43 @@ fn keep_profile_overrides_from_the_ebpf_build() {
         // SAFETY: a build script is one thread; nothing reads the environment concurrently.
         unsafe { std::env::remove_var(key) };
     }
+}
+
+/// Relative relocations packed (DT_RELR): ~20 000 of them took 0.5 MiB of the binary as RELA
+/// entries, which the loader reads at start and which then stay in evictd's locked memory.
+/// Only where the C library this build links against can apply them: glibc ≥ 2.36, whose
+/// loader applies them in a dynamic binary and whose static start-up code in a static one.
+/// Built against an older glibc, the static image would crash at start, so the flag is left
+/// out (said as a warning) and the binary is as before.
+fn pack_relative_relocations() {
+    let gnu_linux = std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux")
+        && std::env::var("CARGO_CFG_TARGET_ENV").is_ok_and(|env| env == "gnu");
+    let cross = std::env::var("TARGET").ok() != std::env::var("HOST").ok();
+    if !gnu_linux || cross {
+        return;
+    }
+    match host_glibc() {
+        Some((major, minor)) if (major, minor) >= (2, 36) => {
+            println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+        }
+        found => println!(
+            "cargo:warning=glibc {} here: relative relocations are not packed (DT_RELR needs glibc ≥ \
+             2.36); evictd's locked memory is ~0.5 MiB larger",
+            found.map_or("of unknown version".into(), |(a, b)| format!("{a}.{b}"))
+        ),
+    }
+}
+
+/// The version of the glibc this build script runs on (a native build links against it).
+#[cfg(target_env = "gnu")]
+fn host_glibc() -> Option<(u32, u32)> {
+    // SAFETY: gnu_get_libc_version returns a pointer to a static, NUL-terminated string.
+    let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+    let mut parts = version.to_str().ok()?.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+#[cfg(not(target_env = "gnu"))]
+fn host_glibc() -> Option<(u32, u32)> {
+    None
 }

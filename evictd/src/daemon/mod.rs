@@ -234,7 +234,12 @@ struct Daemon {
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
     cleanup_recheck: Option<tokio::time::Instant>,
+    /// When the daemon thread's heap reserve was last made (`protect::refresh_heap_reserve`).
+    heap_reserve_made: Instant,
 }
+
+/// How often a pass that met no threshold makes the heap reserve again.
+const HEAP_RESERVE_REFRESH: Duration = Duration::from_secs(10);
 
 /// What writes to the Kubernetes API (none without one, or in a dry run).
 struct ApiWriters {
@@ -421,6 +426,11 @@ impl Daemon {
         self.report.conditions(&done.pressure.conditions, observed_ns)?;
         self.send_conditions_to_api(&done.pressure.conditions);
         self.cleanup_recheck = done.pressure.cleanup_recheck();
+        // Off the pressure path only: with a threshold met, the next pass may come at once.
+        if done.pressure.conditions.is_empty() && self.heap_reserve_made.elapsed() >= HEAP_RESERVE_REFRESH {
+            protect::refresh_heap_reserve();
+            self.heap_reserve_made = Instant::now();
+        }
         self.pressure = Some(done.pressure);
         // A pod list that came during the pass: a disk decision waiting for it decides again.
         if std::mem::take(&mut self.inventory_dirty)

@@ -19,8 +19,9 @@ pub struct SelfProtection {
 
 /// Heap kept faulted in for the pressure path: a pass's allocations on the daemon's thread
 /// (the ranking, the records, the CRI's messages, the trace lines). `bench scale` at 250
-/// pods measured 0–1 page faults a run on the real-time threads with a 512 KiB reserve, as
-/// with 1 and 4 MiB (3 runs each, walker idle and walking); this keeps twice that.
+/// pods measured at most 2 page faults a run on the real-time threads with this reserve,
+/// and 0–1 with half of it (one invocation, 3 runs a cell); made again off the pressure path
+/// (`refresh_heap_reserve`) once what the daemon thread keeps has grown into it.
 pub const HEAP_RESERVE: usize = 1 << 20;
 /// The daemon thread's stack faulted in at start.
 const STACK_RESERVE: usize = 256 << 10;
@@ -31,8 +32,9 @@ const STACK_RESERVE: usize = 256 << 10;
 /// and the contenders' memory.stat growing its arena); with them, 0–1.
 pub(crate) const READER_HEAP_RESERVE: usize = 512 << 10;
 const READER_STACK_RESERVE: usize = 64 << 10;
-/// Free memory at the top of the heap past this is given back, and a trim gives back all of
-/// it, the reserve with it: far above what a pass on the daemon's thread holds at once.
+/// Free memory at the top of the heap past this is given back (down to `M_TOP_PAD`, which is
+/// set to the reserve so that no trim takes it): far above what a pass on the daemon's thread
+/// holds at once.
 const TRIM_THRESHOLD: usize = 8 << 20;
 /// The reserve is made of chunks malloc serves from its heap (below `M_MMAP_THRESHOLD`).
 const CHUNK: usize = 64 << 10;
@@ -81,14 +83,23 @@ pub fn settle_heap() {
 /// none to give. glibc would return the freed reserve to the kernel (free memory at the top of
 /// the heap past `M_TRIM_THRESHOLD`) and serve large requests with fresh mappings (past
 /// `M_MMAP_THRESHOLD`, which also adapts upwards); both are fixed here, which also stops the
-/// adaptation.
+/// adaptation. A trim keeps `M_TOP_PAD` at the top: the reserve.
 pub fn reserve_heap(bytes: usize) {
     // SAFETY: mallopt sets malloc's tunables; it touches no memory of ours. Values fit i32.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, (1 << 20) as libc::c_int);
         libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD.max(2 * bytes) as libc::c_int);
+        libc::mallopt(libc::M_TOP_PAD, bytes as libc::c_int);
     }
     fault_in_heap(bytes);
+}
+
+/// Makes the daemon thread's heap reserve again, off the pressure path: what the thread keeps
+/// (the inventory's growth on a node that gains pods) takes from the free heap the reserve
+/// left, and the next pass past that would fault. Allocating the reserve again finds it
+/// resident (a few microseconds) or faults in what is missing now, while no threshold is met.
+pub fn refresh_heap_reserve() {
+    fault_in_heap(HEAP_RESERVE);
 }
 
 /// The reader thread's arena and stack, faulted in (and locked, when the lock was granted) on

@@ -196,7 +196,8 @@ mod tests {
         #[test]
         fn a_started_readers_first_allocations_do_not_fault() {
             use crate::daemon::protect::tests::{allocate, faults};
-            // The daemon's malloc tunables, as at start: the freed reserve stays in the arena.
+            // The daemon's malloc tunables, as set once the start is done: the freed reserve
+            // stays in the arena.
             crate::daemon::protect::reserve_heap(crate::daemon::protect::HEAP_RESERVE);
             let reader = Reader::spawn(0).expect("a thread");
             let bytes = crate::daemon::protect::READER_HEAP_RESERVE / 2;

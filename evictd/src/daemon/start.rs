@@ -272,6 +272,7 @@ impl Daemon {
             pending_policy: None,
             reread_pods_file,
             cleanup_recheck: None,
+            heap_reserve_made: Instant::now(),
         };
         daemon.first_observation(&obs);
         Ok(daemon)

@@ -12,7 +12,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
 use super::{MAIN_PLAN, SYSTEMD_PLAN};
 use crate::{BuildEnv, cargo_status, output, run_status, step, workspace_root};
@@ -254,11 +254,15 @@ fn select_executables(all: &[TestExe], selection: &[&str]) -> Result<Vec<PathBuf
         match *arg {
             "-p" => package = args.next().copied(),
             "--lib" => wanted.push(("lib", None)),
-            "--test" => wanted.push(("test", args.next().copied())),
+            "--test" => {
+                let name = args.next().ok_or_else(|| anyhow!("a VM plan's --test names no test"))?;
+                wanted.push(("test", Some(name)));
+            }
             other => bail!("a VM plan's selection takes -p, --lib and --test, not {other}"),
         }
     }
     let package = package.ok_or_else(|| anyhow!("a VM plan's selection names no package (-p)"))?;
+    ensure!(!wanted.is_empty(), "a VM plan's selection for {package} names no --lib or --test");
     wanted
         .iter()
         .map(|(kind, name)| {
@@ -266,7 +270,8 @@ fn select_executables(all: &[TestExe], selection: &[&str]) -> Result<Vec<PathBuf
                 .find(|e| e.package == package && e.kind == *kind && name.is_none_or(|n| e.name == n))
                 .map(|e| e.path.clone())
                 .ok_or_else(|| {
-                    anyhow!("cargo test --workspace built no {kind} test {} of {package}", name.unwrap_or(""))
+                    let what = name.map_or(format!("{kind} test"), |n| format!("{kind} test {n}"));
+                    anyhow!("cargo test --workspace built no {what} of {package}")
                 })
         })
         .collect()
