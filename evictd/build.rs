@@ -75,7 +75,7 @@ fn pack_relative_relocations() {
 }
 
 /// The version of the glibc this build script runs on (a native build links against it).
-#[cfg(target_env = "gnu")]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn host_glibc() -> Option<(u32, u32)> {
     // SAFETY: gnu_get_libc_version returns a pointer to a static, NUL-terminated string.
     let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
@@ -83,7 +83,7 @@ fn host_glibc() -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-#[cfg(not(target_env = "gnu"))]
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn host_glibc() -> Option<(u32, u32)> {
     None
 }

@@ -238,7 +238,7 @@ struct Daemon {
     heap_reserve_made: Instant,
 }
 
-/// How often a pass that met no threshold makes the heap reserve again.
+/// How often a pass that met no threshold (with no wake waiting) makes the heap reserve again.
 const HEAP_RESERVE_REFRESH: Duration = Duration::from_secs(10);
 
 /// What writes to the Kubernetes API (none without one, or in a dry run).
@@ -426,8 +426,11 @@ impl Daemon {
         self.report.conditions(&done.pressure.conditions, observed_ns)?;
         self.send_conditions_to_api(&done.pressure.conditions);
         self.cleanup_recheck = done.pressure.cleanup_recheck();
-        // Off the pressure path only: with a threshold met, the next pass may come at once.
-        if done.pressure.conditions.is_empty() && self.heap_reserve_made.elapsed() >= HEAP_RESERVE_REFRESH {
+        // Off the pressure path only: with a threshold met, or a wake waiting, the next pass
+        // must not wait for it.
+        let calm = !evictd_policy::engine::any_met(&self.thresholds, &done.obs, false)
+            && self.pending.kept.is_empty();
+        if calm && self.heap_reserve_made.elapsed() >= HEAP_RESERVE_REFRESH {
             protect::refresh_heap_reserve();
             self.heap_reserve_made = Instant::now();
         }

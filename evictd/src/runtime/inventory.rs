@@ -48,10 +48,13 @@ pub struct ContainerRecord {
     pub memory_limit: Option<i64>,
     pub oom_score_adj: Option<i64>,
     pub grace_seconds: Option<i64>,
-    /// Writable layer bytes/inodes, from the runtime's last stats. `None` until the runtime
-    /// has reported on this container since it was listed: unknown, not empty (a disk
-    /// ranking waits for it, `layers_unmeasured`, or leaves the pod out).
+    /// Writable layer bytes/inodes, from the runtime's last stats (`None`: not reported, which
+    /// ranking counts as nothing, as the kubelet's summary does).
     pub rootfs: Option<(u64, u64)>,
+    /// Listed before the runtime's stats call that follows the list has ended: a disk
+    /// decision waits for that call (`layers_unmeasured`) rather than rank the container's
+    /// layer as empty.
+    pub layer_pending: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +113,8 @@ pub struct Inventory {
     started: Instant,
     /// Set on SIGHUP: read the pods file at the next refresh even if it looks unchanged.
     reread: Arc<AtomicBool>,
+    /// Whether the runtime's last stats call failed (said once when it starts and ends).
+    stats_failing: bool,
 }
 
 impl Inventory {
@@ -125,6 +130,7 @@ impl Inventory {
             named_untrusted: BTreeSet::new(),
             started: Instant::now(),
             reread: Arc::default(),
+            stats_failing: false,
         }
     }
 
@@ -314,7 +320,28 @@ impl Inventory {
     /// Writable-layer usage for disk ranking: one call for all containers — the slowest of
     /// the refresh on a full node, so it comes after the pod list is published.
     pub async fn refresh_writable_layers(&mut self, client: &CriClient) {
-        let Ok(stats) = client.list_container_stats().await else { return };
+        let stats = client.list_container_stats().await;
+        // Ended, answered or not: a disk decision waits no longer.
+        for c in self.pods.values_mut().flat_map(|rec| rec.containers.iter_mut()) {
+            c.layer_pending = false;
+        }
+        let stats = match stats {
+            Ok(stats) => {
+                if std::mem::take(&mut self.stats_failing) {
+                    tracing::info!("the runtime's container stats answer again");
+                }
+                stats
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.stats_failing, true) {
+                    tracing::warn!(
+                        "{e}: writable layers stay as last reported (a new container's counts as \
+                         empty in disk ranking)"
+                    );
+                }
+                return;
+            }
+        };
         for s in stats {
             let Some(attrs) = &s.attributes else { continue };
             // Reported without a writable layer: nothing to count, as the kubelet's summary
@@ -395,6 +422,7 @@ fn container_record(
         oom_score_adj: res.as_ref().map(|r| r.oom_score_adj).filter(|v| *v != 0),
         grace_seconds: grace,
         rootfs: None,
+        layer_pending: true,
     }
 }
 
@@ -688,6 +716,7 @@ pub(crate) mod tests {
             oom_score_adj: adj,
             grace_seconds: Some(45),
             rootfs: None,
+            layer_pending: false,
         }
     }
 }

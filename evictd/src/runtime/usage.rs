@@ -111,7 +111,7 @@ pub enum UsageError {
     NoCgroup,
     #[error(transparent)]
     Memory(#[from] MemoryError),
-    #[error("its writable layers, logs or volumes have not been measured yet")]
+    #[error("its logs and volumes have not been measured yet")]
     DiskNotMeasured,
 }
 
@@ -153,8 +153,7 @@ impl Reads {
 /// running container (exited instances use no memory and the kubelet leaves them out) the
 /// writable layer from the last refresh and, with `disk`, its log directory as last walked;
 /// with `disk`, the pod's local volumes as last walked. An error when its memory cgroup
-/// cannot be read (and memory is asked for), or (with `disk`) it was not walked yet or a
-/// running container's writable layer is not known yet (`ContainerRecord::rootfs`): the
+/// cannot be read (and memory is asked for), or (with `disk`) it was not walked yet: the
 /// caller must not rank such a pod "without stats" (first), since that would evict on data
 /// evictd could not read.
 pub fn pod_stats(
@@ -166,9 +165,6 @@ pub fn pod_stats(
 ) -> Result<PodStats, UsageError> {
     let cg = cgroups.ok_or(UsageError::NoCgroup)?;
     let disk = match disk {
-        Some(_) if rec.containers.iter().any(|c| c.running && c.rootfs.is_none()) => {
-            return Err(UsageError::DiskNotMeasured);
-        }
         Some(measured) => Some(measured.get(&rec.uid).ok_or(UsageError::DiskNotMeasured)?),
         None => None,
     };
@@ -504,7 +500,6 @@ mod tests {
         use crate::runtime::inventory::tests::{container, record};
         let mut rec = record("/kubepods/podu", vec![container(None, None)]);
         rec.uid = "u".into();
-        rec.containers[0].rootfs = Some((0, 0));
         rec.spec = serde_json::from_value(
             serde_json::json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}}),
         )
@@ -534,11 +529,5 @@ mod tests {
         let e =
             pod_stats(&rec, cgroups.as_ref(), &layout, Some(&DiskMeasured::new()), Reads::ALL).unwrap_err();
         assert!(matches!(e, UsageError::DiskNotMeasured), "{e}");
-        // Walked, but a running container's writable layer not reported by the runtime yet:
-        // unknown for disk, which must not count it as empty; memory reads on.
-        rec.containers[0].rootfs = None;
-        let e = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walked), Reads::ALL).unwrap_err();
-        assert!(matches!(e, UsageError::DiskNotMeasured), "{e}");
-        assert!(pod_stats(&rec, cgroups.as_ref(), &layout, None, Reads::ALL).is_ok());
     }
 }

@@ -11,12 +11,12 @@ use super::*;
 /// evictd evict a second pod for space that is already on its way back.
 const DISK_SETTLE: Duration = Duration::from_secs(2);
 
-/// How long a disk decision waits, once per pressure episode, for the runtime's stats of
-/// containers listed without them: the inventory publishes a new pod list before it asks
-/// the runtime for the writable layers (a memory decision must not wait for that call), and
-/// a layer not reported yet is unknown, not empty. Past the wait (a runtime that does not
-/// report some container), those pods are left out of the ranking, as a pod newer than the
-/// last walk is.
+/// How long a disk decision waits, at most once per pressure episode, for the runtime's stats
+/// call that follows a pod list: the inventory publishes the list before it asks the runtime
+/// for the writable layers (a memory decision must not wait for that call), and a layer not
+/// reported yet would rank as empty. The wait normally ends with the call (the next list);
+/// this bounds a call that hangs. Past it, unknown layers rank as empty, as the kubelet
+/// ranks a container its stats leave out.
 const LAYERS_WAIT: Duration = Duration::from_secs(10);
 
 /// Space on its way back to a filesystem, and since when.
@@ -71,14 +71,14 @@ impl Pressure {
     }
 
     /// True while a disk decision waits for the writable layers of pods that could be
-    /// ranked: ranked as empty, a pod whose running container the runtime has not reported
-    /// on yet would have another pod evicted in its place, on data evictd has not read. The
-    /// next pod list ends the wait (`inventory_updated`); `LAYERS_WAIT` bounds it.
+    /// ranked, because the runtime's stats call after their listing has not ended: ranked as
+    /// empty, such a pod would have another pod evicted in its place, on data evictd has not
+    /// read. The next pod list ends the wait (`inventory_updated`); `LAYERS_WAIT` bounds it.
     pub(super) fn layers_unmeasured(&mut self, pods: &[PodRecord]) -> bool {
         let unmeasured: Vec<String> = pods
             .iter()
             .filter(|p| !self.protects(p) && !self.gone.contains_key(&p.sandbox_id))
-            .filter(|p| p.containers.iter().any(|c| c.running && c.rootfs.is_none()))
+            .filter(|p| p.containers.iter().any(|c| c.running && c.layer_pending))
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
         if unmeasured.is_empty() {
@@ -91,7 +91,8 @@ impl Pressure {
             return true;
         }
         self.warn_limited(format!(
-            "disk pressure: {} pod(s) left out of the ranking, their writable layers not reported by the runtime in {LAYERS_WAIT:?}: {}",
+            "disk pressure: the runtime's stats call has not ended in {LAYERS_WAIT:?}: {} pod(s) ranked \
+             with their new containers' writable layers as empty: {}",
             unmeasured.len(),
             unmeasured.join(", ")
         ));

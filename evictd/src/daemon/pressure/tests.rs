@@ -549,7 +549,6 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     memcg(&d.path().join("kubepods/pod-over"), 10 << 20);
     let mut over = pod("over", Some("/kubepods/pod-over"));
     over.uid = "over".into();
-    over.containers[0].rootfs = Some((0, 0));
     over.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
         {"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}}))
     .unwrap();
@@ -575,9 +574,9 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     assert!(records[0].message.contains("exceeds the limit"), "{}", records[0].message);
 }
 
-/// A disk decision does not rank a pod whose running container's writable layer the runtime
-/// has not reported yet as using nothing: the inventory publishes a pod list before it asks
-/// for the layers, and a decision in between would evict a smaller pod in the bigger one's
+/// A disk decision does not rank a pod as using nothing while the runtime's stats call that
+/// follows its listing is still out: the inventory publishes a pod list before it asks for
+/// the layers, and a decision in between would evict a smaller pod in the bigger one's
 /// place. It waits; the next pod list (with the layers) decides again.
 #[tokio::test(flavor = "current_thread")]
 async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
@@ -606,9 +605,9 @@ async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
         p
     };
     // `small` writes 1 MiB to its volume; `big` 64 MiB to its writable layer, not yet reported.
-    let mut small = made("small", 1 << 20);
-    small.containers[0].rootfs = Some((0, 0));
-    let big = made("big", 0);
+    let small = made("small", 1 << 20);
+    let mut big = made("big", 0);
+    big.containers[0].layer_pending = true;
     let listed = Arc::new(vec![small.clone(), big.clone()]);
     let (wakes, _woken) = tokio::sync::mpsc::channel(4);
     let walker =
@@ -633,6 +632,7 @@ async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
     assert_eq!(names(&records), [] as [&str; 0], "big's layer unknown, not empty: {records:?}");
     let mut reported = big;
     reported.containers[0].rootfs = Some((64 << 20, 1));
+    reported.containers[0].layer_pending = false;
     let listed = Arc::new(vec![small, reported]);
     assert!(p.inventory_updated(&listed), "the list with the layers decides again");
     let (records, _) = p.pass(&listed, || 3_000_000_000, wake, false).await;
