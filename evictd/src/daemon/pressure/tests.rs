@@ -62,6 +62,14 @@ fn under_pressure(root: &Path, client: Option<CriClient>) -> Pressure {
     p
 }
 
+/// A CRI client of a scripted runtime listening in `dir`, whose stops take effect at once.
+fn scripted_client(dir: &Path) -> CriClient {
+    use crate::runtime::cri::scripted::{Script, scripted_runtime};
+    let sock = dir.join("cri.sock");
+    scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
+    CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap()
+}
+
 /// A readable v1 memory cgroup at `dir` using `usage` bytes.
 fn memcg(dir: &Path, usage: u64) {
     std::fs::create_dir_all(dir).unwrap();
@@ -535,17 +543,9 @@ async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
 /// the disk walker's last walk instead of walking in the pass.
 #[tokio::test(flavor = "current_thread")]
 async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
-    use crate::{
-        runtime::{
-            cri::scripted::{Script, scripted_runtime},
-            disk_usage::DiskWalker,
-        },
-        vocab::WakeCause,
-    };
+    use crate::{runtime::disk_usage::DiskWalker, vocab::WakeCause};
     let d = tempfile::tempdir().unwrap();
-    let sock = d.path().join("cri.sock");
-    scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
-    let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap();
+    let client = scripted_client(d.path());
     memcg(&d.path().join("kubepods/pod-over"), 10 << 20);
     let mut over = pod("over", Some("/kubepods/pod-over"));
     over.uid = "over".into();
@@ -580,17 +580,9 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
 /// place. It waits; the next pod list (with the layers) decides again.
 #[tokio::test(flavor = "current_thread")]
 async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
-    use crate::{
-        runtime::{
-            cri::scripted::{Script, scripted_runtime},
-            disk_usage::DiskWalker,
-        },
-        vocab::WakeCause,
-    };
+    use crate::{runtime::disk_usage::DiskWalker, vocab::WakeCause};
     let d = tempfile::tempdir().unwrap();
-    let sock = d.path().join("cri.sock");
-    scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
-    let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(500)).unwrap();
+    let client = scripted_client(d.path());
     let kubelet = d.path().join("kubelet");
     let made = |name: &str, volume_bytes: usize| {
         memcg(&d.path().join(format!("kubepods/pod-{name}")), 1 << 20);
