@@ -46,10 +46,7 @@ pub(crate) fn fuzz(env: &BuildEnv, args: &FuzzArgs) -> Result<()> {
     ensure_cargo_fuzz(env)?;
     step("building the fuzz targets (nightly, sanitizers; a few minutes from scratch)");
     run_status(fuzz_cmd(env).args(["build", "-O"]), "cargo fuzz build")?;
-    let mut rows = Vec::new();
-    for t in targets {
-        rows.push(run_target(env, t, args.seconds)?);
-    }
+    let rows = run_targets(env, &targets, args.seconds)?;
     // A crash ends the run above, with its input: reaching here means none was found.
     println!("{:<16} {:>12}", "target", "executions");
     for (t, execs) in &rows {
@@ -80,8 +77,22 @@ fn ensure_cargo_fuzz(env: &BuildEnv) -> Result<()> {
     )
 }
 
-/// Runs one target for `seconds`; returns its name and the executions libFuzzer reports.
-fn run_target(env: &BuildEnv, target: &str, seconds: u64) -> Result<(String, u64)> {
+/// Runs the targets, one per CPU at a time (each is one single-threaded libFuzzer process,
+/// and each still runs its full `seconds`); returns their rows in the order given, or the
+/// first failure.
+fn run_targets(env: &BuildEnv, targets: &[&str], seconds: u64) -> Result<Vec<Row>> {
+    let jobs = std::thread::available_parallelism().map_or(1, usize::from);
+    crate::in_parallel(targets, jobs, |t| run_target(env, t, seconds))
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a fuzzing thread panicked"))))
+        .collect()
+}
+
+/// A target's name and the executions libFuzzer reports.
+type Row = (String, u64);
+
+/// Runs one target for `seconds`.
+fn run_target(env: &BuildEnv, target: &str, seconds: u64) -> Result<Row> {
     let root = workspace_root().join("fuzz");
     let corpus = root.join("corpus").join(target);
     std::fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;

@@ -17,7 +17,6 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    thread,
     time::{Duration, Instant},
 };
 
@@ -305,26 +304,10 @@ fn run_all(
     jobs: usize,
     timeout: Duration,
 ) -> Vec<Result<VmOutcome>> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done: Vec<(usize, Result<VmOutcome>)> = thread::scope(|s| {
-        let workers: Vec<_> = (0..jobs.min(images.len()))
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((k, image, initramfs)) = images.get(i) else { return mine };
-                        let log = logs.join(format!("{}.log", k.name));
-                        mine.push((i, boot(k, image, initramfs, &log, timeout)));
-                    }
-                })
-            })
-            .collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
-    });
-    let mut results: Vec<Option<Result<VmOutcome>>> = images.iter().map(|_| None).collect();
-    for (i, r) in done {
-        results[i] = Some(r);
-    }
-    results.into_iter().map(|r| r.unwrap_or_else(|| Err(anyhow!("the VM's thread panicked")))).collect()
+    crate::in_parallel(images, jobs, |(k, image, initramfs)| {
+        boot(k, image, initramfs, &logs.join(format!("{}.log", k.name)), timeout)
+    })
+    .into_iter()
+    .map(|r| r.unwrap_or_else(|| Err(anyhow!("the VM's thread panicked"))))
+    .collect()
 }

@@ -90,6 +90,9 @@ struct Step {
     walk_cpu_s: f64,
     /// Resident memory (KiB): idle, and after the runs with the walker busy.
     idle_rss_kib: u64,
+    /// Of the idle resident memory, the anonymous part (heaps, stacks, the ring buffer): what
+    /// grows with the pods; the rest is code and libraries.
+    idle_anon_kib: u64,
     busy_rss_kib: u64,
     /// The walker's share of one CPU while the walking runs ran.
     walker_busy_pct: f64,
@@ -330,19 +333,28 @@ async fn idle(ctd: &Containerd, pods: &Path, kubelet: &Path, threshold_mib: u64,
         daemon_cpu_pct: 100.0 * (daemon - daemon0) / wall,
         walk_cpu_s: walk,
         idle_rss_kib: rss_kib(pid),
+        idle_anon_kib: anon_kib(pid),
         ..Step::default()
     };
     evictd.terminate(Duration::from_secs(5));
     eprintln!(
         "[bench] {n} pods idle: {:.2} % CPU without the walker ({:.2} % on the daemon's thread), walker {:.2} CPU \
-         s, RSS {} KiB",
-        step.idle_cpu_pct, step.daemon_cpu_pct, step.walk_cpu_s, step.idle_rss_kib
+         s, RSS {} KiB ({} KiB anonymous)",
+        step.idle_cpu_pct, step.daemon_cpu_pct, step.walk_cpu_s, step.idle_rss_kib, step.idle_anon_kib
     );
     step
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    procfs::process::Process::new(pid as i32).and_then(|p| p.status()).ok().and_then(|s| s.vmrss).unwrap_or(0)
+    status(pid).and_then(|s| s.vmrss).unwrap_or(0)
+}
+
+fn anon_kib(pid: u32) -> u64 {
+    status(pid).and_then(|s| s.rssanon).unwrap_or(0)
+}
+
+fn status(pid: u32) -> Option<procfs::process::Status> {
+    procfs::process::Process::new(pid as i32).and_then(|p| p.status()).ok()
 }
 
 /// The table, `scale.csv` (one line per run), `scale-steps.csv` (one per N) and the cost
@@ -372,19 +384,20 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
     let mut csv = String::from(
-        "pods,idle_cpu_pct,daemon_thread_cpu_pct,walk_cpu_s,idle_rss_kib,busy_rss_kib,walker_busy_pct\n",
+        "pods,idle_cpu_pct,daemon_thread_cpu_pct,walk_cpu_s,idle_rss_kib,busy_rss_kib,walker_busy_pct,idle_rss_anon_kib\n",
     );
     for s in steps {
         let _ = writeln!(
             csv,
-            "{},{:.3},{:.3},{:.3},{},{},{:.1}",
+            "{},{:.3},{:.3},{:.3},{},{},{:.1},{}",
             s.pods,
             s.idle_cpu_pct,
             s.daemon_cpu_pct,
             s.walk_cpu_s,
             s.idle_rss_kib,
             s.busy_rss_kib,
-            s.walker_busy_pct
+            s.walker_busy_pct,
+            s.idle_anon_kib
         );
     }
     std::fs::write(o.out.join("scale-steps.csv"), csv)?;
@@ -392,10 +405,20 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     if let (Some(a), Some(b)) = (steps.first(), steps.last())
         && b.pods > a.pods
     {
-        let per_pod = (b.busy_rss_kib as f64 - a.busy_rss_kib as f64) / (b.pods - a.pods) as f64;
+        let span = (b.pods - a.pods) as f64;
+        let per_pod = |from: u64, to: u64| (to as f64 - from as f64) / span;
         println!(
-            "evictd's resident memory per pod: {per_pod:.1} KiB ({} → {} KiB from {} to {} pods, walker busy)",
-            a.busy_rss_kib, b.busy_rss_kib, a.pods, b.pods
+            "evictd's resident memory per pod: {:.1} KiB ({} → {} KiB from {} to {} pods, walker busy); idle {:.1} KiB, \
+             of it anonymous {:.1} KiB ({} → {} KiB)",
+            per_pod(a.busy_rss_kib, b.busy_rss_kib),
+            a.busy_rss_kib,
+            b.busy_rss_kib,
+            a.pods,
+            b.pods,
+            per_pod(a.idle_rss_kib, b.idle_rss_kib),
+            per_pod(a.idle_anon_kib, b.idle_anon_kib),
+            a.idle_anon_kib,
+            b.idle_anon_kib
         );
     }
     plot_cost_curve(&o.out, &cells)?;
