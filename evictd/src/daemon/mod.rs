@@ -48,7 +48,7 @@ use crate::{
     runtime::{
         cri::CriClient,
         disk_usage::DiskWalker,
-        inventory::{self, ApiPodsReceiver, Inventory, PodRecord, same_cgroups},
+        inventory::{self, ApiPodsReceiver, Inventory, PodList, same_cgroups},
     },
     vocab::{EvictionRecord, Urgency, WakeCause, monotonic_ns},
     wake::{self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats},
@@ -208,7 +208,7 @@ struct Daemon {
     sources: Vec<Box<dyn WakeSource>>,
     stats: Arc<WakeStats>,
     report: Report,
-    pods: watch::Receiver<Arc<Vec<PodRecord>>>,
+    pods: watch::Receiver<PodList>,
     /// Refreshes the inventory at once (after an eviction).
     kick: Arc<Notify>,
     /// The Kubernetes API reporter, and the node conditions it was last given.
@@ -227,9 +227,9 @@ struct Daemon {
     /// than the one that pass ranked (`held_for_inventory`).
     decide_after_inventory: Option<Instant>,
     /// The pod list the last pass ranked.
-    last_pass_pods: Option<Arc<Vec<PodRecord>>>,
+    last_pass_pods: Option<PodList>,
     /// The pod list whose cgroups the wake sources last followed.
-    sources_pods: Option<Arc<Vec<PodRecord>>>,
+    sources_pods: Option<PodList>,
     pending_policy: Option<Policy>,
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).

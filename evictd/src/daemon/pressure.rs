@@ -36,7 +36,7 @@ use crate::{
         cri::CriClient,
         disk_usage::DiskWalker,
         evict::{self, StopPlan},
-        inventory::{PodRecord, same_cgroups},
+        inventory::{PodList, PodRecord, same_cgroups},
         kill::KillTarget,
         reclaim, usage,
     },
@@ -87,7 +87,7 @@ pub struct Pressure {
     usage_files: Arc<std::sync::Mutex<usage::PodUsageFiles>>,
     /// The pod list the usage files were last opened for, and whether that opening was
     /// skipped (the files held by a reader given up on): then the next pass opens them again.
-    usage_files_for: Option<Arc<Vec<PodRecord>>>,
+    usage_files_for: Option<PodList>,
     usage_files_skipped: Arc<std::sync::atomic::AtomicBool>,
     disk_met_since: Option<Instant>,
     /// When a walk was last asked for.
@@ -207,7 +207,7 @@ impl Pressure {
     /// when the eviction's record did not land): that pod can be evicted again. True when a
     /// disk decision waits for this list (the writable layers it may bring): decide again.
     #[must_use]
-    pub fn inventory_updated(&mut self, pods: &[PodRecord]) -> bool {
+    pub fn inventory_updated(&mut self, pods: &[Arc<PodRecord>]) -> bool {
         let restarted = |p: &PodRecord, stopped: &BTreeSet<String>| {
             p.containers.iter().any(|c| c.running && !stopped.contains(&c.id))
         };
@@ -221,7 +221,7 @@ impl Pressure {
     /// Returns what was done and the node's latest observation.
     pub async fn pass(
         &mut self,
-        pods: &Arc<Vec<PodRecord>>,
+        pods: &PodList,
         now_ns: impl Fn() -> i64,
         wake: Option<Wake>,
         housekeeping: bool,
@@ -263,7 +263,7 @@ impl Pressure {
     /// Opens the usage files of pods new to the list (and closes those of pods gone) on the
     /// reader, after the pass: otherwise the next memory decision opens them, on a node of
     /// 250 pods ~4 ms of opens (115 ms measured with the CPUs busy).
-    fn open_usage_files(&mut self, pods: &Arc<Vec<PodRecord>>) {
+    fn open_usage_files(&mut self, pods: &PodList) {
         let memory = self.thresholds.iter().any(|t| t.signal.is_memory());
         if self.usage_files_skipped.swap(false, std::sync::atomic::Ordering::Relaxed) {
             self.usage_files_for = None;
@@ -296,12 +296,7 @@ impl Pressure {
     /// costs), then the wait for the last evicted pod's memory, node-level reclaim for disk
     /// signals, then the pods' usage and the eviction of one pod. Returns its records: those of candidates whose kill failed, then
     /// the eviction (empty: nothing to do).
-    async fn decide_and_act(
-        &mut self,
-        pods: &Arc<Vec<PodRecord>>,
-        obs: &Observations,
-        now: i64,
-    ) -> Vec<EvictionRecord> {
+    async fn decide_and_act(&mut self, pods: &PodList, obs: &Observations, now: i64) -> Vec<EvictionRecord> {
         let t0 = Instant::now();
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         self.conditions.clone_from(&first.node_conditions);

@@ -103,7 +103,7 @@ pub(super) fn spawn_inventory(
     api_pods: Option<ApiPodsReceiver>,
     kick: Arc<Notify>,
     reread_pods_file: Arc<AtomicBool>,
-) -> anyhow::Result<watch::Receiver<Arc<Vec<PodRecord>>>> {
+) -> anyhow::Result<watch::Receiver<PodList>> {
     let Some(client) = client else { return Ok(watch::channel(Arc::new(Vec::new())).1) };
     let node = &opts.signals.node;
     let capacity = node

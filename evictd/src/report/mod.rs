@@ -82,7 +82,7 @@ impl Report {
     }
 
     /// A new inventory: its pods counted by where their specs come from.
-    pub fn inventory(&self, pods: &[PodRecord]) {
+    pub fn inventory(&self, pods: &[Arc<PodRecord>]) {
         let count = |source: SpecSource| pods.iter().filter(|p| p.spec_source == source).count() as i64;
         self.metrics.pods_by_spec_source(SpecSource::ALL.map(|s| (s, count(s))));
         let ignored = pods.iter().filter(|p| !p.ignored_annotations.is_empty()).count();

@@ -24,7 +24,7 @@ use std::{
 use evictd_policy::summary::VolumeStats;
 use tokio::sync::{mpsc, watch};
 
-use super::inventory::PodRecord;
+use super::inventory::{PodList, PodRecord};
 use crate::{vocab::WakeCause, wake::Wake};
 
 /// One walk's results.
@@ -50,7 +50,7 @@ impl DiskWalker {
     /// with a `Recheck` wake on `wakes`, so the decision waiting for it runs. `None` (said why) when the
     /// thread cannot be started: the daemon then runs without disk stats.
     pub fn spawn(
-        pods: watch::Receiver<Arc<Vec<PodRecord>>>,
+        pods: watch::Receiver<PodList>,
         kubelet_root: PathBuf,
         period: Duration,
         walk_all: bool,
@@ -99,7 +99,7 @@ impl DiskWalker {
 }
 
 fn walk_until_dropped(
-    pods: watch::Receiver<Arc<Vec<PodRecord>>>,
+    pods: watch::Receiver<PodList>,
     kubelet_root: PathBuf,
     period: Duration,
     walk_all: Arc<AtomicBool>,
@@ -303,7 +303,7 @@ impl Level {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::inventory::tests::{container, record};
+    use crate::runtime::inventory::tests::{container, list, record};
 
     fn pod_with_volume(root: &Path, uid: &str, bytes: usize) -> PodRecord {
         let mut rec = record("/kubepods/pod", vec![container(None, None)]);
@@ -354,7 +354,7 @@ mod tests {
         let limited = pod_with_volume(d.path(), "limited", 64 << 10);
         let mut plain = pod_with_volume(d.path(), "plain", 64 << 10);
         plain.spec.spec.volumes[0].empty_dir.as_mut().unwrap().size_limit = None;
-        let (pods_tx, pods) = watch::channel(Arc::new(vec![limited.clone(), plain.clone()]));
+        let (pods_tx, pods) = watch::channel(list([limited.clone(), plain.clone()]));
         let (wakes, mut woken) = mpsc::channel(4);
         // The wake sources' sender: the walker's own is weak.
         let _sources = wakes.clone();
@@ -372,7 +372,7 @@ mod tests {
         assert_eq!(walked(&walker), ["limited"], "without a disk threshold, only pods with limits");
         assert!(woken.try_recv().is_err(), "nobody asked for the first walk");
         walker.walk_all(true);
-        pods_tx.send_replace(Arc::new(vec![plain]));
+        pods_tx.send_replace(list([plain]));
         walker.kick();
         let wake = tokio::time::timeout(Duration::from_secs(10), woken.recv()).await.unwrap().unwrap();
         assert_eq!(wake.cause, WakeCause::Recheck);

@@ -83,9 +83,15 @@ impl PodRecord {
     }
 }
 
+/// The pods as the inventory publishes them. Each record is shared with the inventory's own
+/// and with the lists sent before, and replaced only when it changes: a list costs a pointer
+/// a pod, not a copy of every pod (the records are most of what evictd keeps per pod, and
+/// the thread that makes them keeps its peak heap, locked).
+pub type PodList = Arc<Vec<Arc<PodRecord>>>;
+
 /// Whether two pod lists name the same pods with the same containers, i.e. the same cgroups:
 /// a list that differs only in specs, states or disk usage needs no cgroup opened or walked.
-pub fn same_cgroups(a: &[PodRecord], b: &[PodRecord]) -> bool {
+pub fn same_cgroups(a: &[Arc<PodRecord>], b: &[Arc<PodRecord>]) -> bool {
     fn containers(p: &PodRecord) -> impl Iterator<Item = &String> {
         p.containers.iter().map(|c| &c.id)
     }
@@ -98,7 +104,7 @@ pub fn same_cgroups(a: &[PodRecord], b: &[PodRecord]) -> bool {
 }
 
 pub struct Inventory {
-    pods: BTreeMap<String, PodRecord>,
+    pods: BTreeMap<String, Arc<PodRecord>>,
     pods_file: Option<(PathBuf, Option<SystemTime>)>,
     specs: HashMap<String, Pod>,
     /// The API server's pods, when evictd has an API: the receiver, and the last snapshot.
@@ -152,7 +158,7 @@ impl Inventory {
         self
     }
 
-    pub fn pods(&self) -> impl Iterator<Item = &PodRecord> {
+    pub fn pods(&self) -> impl Iterator<Item = &Arc<PodRecord>> {
         self.pods.values()
     }
 
@@ -171,11 +177,18 @@ impl Inventory {
         }
     }
 
-    /// Every pod with its best spec; the pods whose specs are inferred named once.
+    /// Every pod with its best spec (a record is copied only when its spec changes); the pods
+    /// whose specs are inferred named once.
     fn give_best_specs(&mut self) {
-        let pods = std::mem::take(&mut self.pods);
-        self.pods =
-            pods.into_values().map(|rec| (rec.sandbox_id.clone(), self.with_best_spec(rec))).collect();
+        let mut pods = std::mem::take(&mut self.pods);
+        for rec in pods.values_mut() {
+            let (spec, source, ignored) = self.best_spec(rec);
+            if spec != rec.spec || source != rec.spec_source || ignored != rec.ignored_annotations {
+                let rec = Arc::make_mut(rec);
+                (rec.spec, rec.spec_source, rec.ignored_annotations) = (spec, source, ignored);
+            }
+        }
+        self.pods = pods;
         self.name_inferred();
         self.name_ignored_annotations();
     }
@@ -215,27 +228,22 @@ impl Inventory {
         Ok(())
     }
 
-    /// `rec` with the best spec known for it: the API server's, the pods file's, or one
-    /// inferred from the node (re-inferred each time: containers come and go).
-    fn with_best_spec(&self, mut rec: PodRecord) -> PodRecord {
+    /// The best spec known for `rec`: the API server's, the pods file's, or one inferred from
+    /// the node (re-inferred each time: containers come and go); with the evictd annotations
+    /// it ignores.
+    fn best_spec(&self, rec: &PodRecord) -> (Pod, SpecSource, Vec<String>) {
         let api = self.api.as_ref().and_then(|(_, latest)| latest.as_ref()).and_then(|m| m.get(&rec.uid));
         let known = match (api, self.specs.get(&rec.uid)) {
             (Some(spec), _) => Some((spec, SpecSource::Api)),
             (None, Some(spec)) => Some((spec, SpecSource::PodsFile)),
             (None, None) => None,
         };
-        match known {
-            Some((spec, source)) => {
-                rec.spec = with_trusted_annotations(spec.clone(), &rec.annotations);
-                rec.spec_source = source;
-            }
-            None => {
-                rec.spec = infer_spec(&rec, self.capacity);
-                rec.spec_source = SpecSource::Inferred;
-            }
-        }
-        rec.ignored_annotations = self.trust.apply(&mut rec.spec);
-        rec
+        let (mut spec, source) = match known {
+            Some((spec, source)) => (with_trusted_annotations(spec.clone(), &rec.annotations), source),
+            None => (infer_spec(rec, self.capacity), SpecSource::Inferred),
+        };
+        let ignored = self.trust.apply(&mut spec);
+        (spec, source, ignored)
     }
 
     /// Names, once each, the pods whose specs are inferred — after the API server's first
@@ -300,7 +308,7 @@ impl Inventory {
                 // One sandbox the runtime cannot describe must not hide all the others.
                 match self.describe_sandbox(client, sb).await {
                     Ok(rec) => {
-                        self.pods.insert(sb.id.clone(), rec);
+                        self.pods.insert(sb.id.clone(), Arc::new(rec));
                     }
                     Err(e) => {
                         skip_object(e, "sandbox", &sb.id)?;
@@ -322,8 +330,10 @@ impl Inventory {
     pub async fn refresh_writable_layers(&mut self, client: &CriClient) {
         let stats = client.list_container_stats().await;
         // Ended, answered or not: a disk decision waits no longer.
-        for c in self.pods.values_mut().flat_map(|rec| rec.containers.iter_mut()) {
-            c.layer_pending = false;
+        for rec in self.pods.values_mut().filter(|rec| rec.containers.iter().any(|c| c.layer_pending)) {
+            for c in &mut Arc::make_mut(rec).containers {
+                c.layer_pending = false;
+            }
         }
         let stats = match stats {
             Ok(stats) => {
@@ -342,19 +352,27 @@ impl Inventory {
                 return;
             }
         };
-        for s in stats {
-            let Some(attrs) = &s.attributes else { continue };
-            // Reported without a writable layer: nothing to count, as the kubelet's summary
-            // counts such a container.
-            let layer = s.writable_layer.as_ref().map_or((0, 0), |layer| {
-                (
-                    layer.used_bytes.as_ref().map_or(0, |v| v.value),
-                    layer.inodes_used.as_ref().map_or(0, |v| v.value),
-                )
-            });
-            for rec in self.pods.values_mut() {
-                if let Some(c) = rec.containers.iter_mut().find(|c| c.id == attrs.id) {
-                    c.rootfs = Some(layer);
+        let layers: HashMap<&str, (u64, u64)> = stats
+            .iter()
+            .filter_map(|s| {
+                let id = &s.attributes.as_ref()?.id;
+                // Reported without a writable layer: nothing to count, as the kubelet's
+                // summary counts such a container.
+                let layer = s.writable_layer.as_ref().map_or((0, 0), |layer| {
+                    (
+                        layer.used_bytes.as_ref().map_or(0, |v| v.value),
+                        layer.inodes_used.as_ref().map_or(0, |v| v.value),
+                    )
+                });
+                Some((id.as_str(), layer))
+            })
+            .collect();
+        let reported = |c: &ContainerRecord| layers.get(c.id.as_str()).copied();
+        for rec in self.pods.values_mut() {
+            // A layer not reported this time stays as last reported.
+            if rec.containers.iter().any(|c| reported(c).is_some_and(|l| c.rootfs != Some(l))) {
+                for c in &mut Arc::make_mut(rec).containers {
+                    c.rootfs = reported(c).or(c.rootfs);
                 }
             }
         }
@@ -449,28 +467,28 @@ enum SpecsError {
 }
 
 /// A pod's containers as the runtime lists them now: gone ones dropped, known ones' state
-/// updated, new ones looked at once (ContainerStatus).
+/// updated, new ones looked at once (ContainerStatus). The record is copied only when one of
+/// these changes it.
 async fn refresh_containers(
     client: &CriClient,
-    rec: &mut PodRecord,
+    rec: &mut Arc<PodRecord>,
     listed: &[&cri::Container],
 ) -> Result<(), CriError> {
-    rec.containers.retain(|c| listed.iter().any(|m| m.id == c.id));
-    for c in listed {
-        let running = c.state == cri::ContainerState::ContainerRunning as i32;
-        if let Some(known) = rec.containers.iter_mut().find(|k| k.id == c.id) {
-            known.running = running;
-            continue;
+    let running = |c: &cri::Container| c.state == cri::ContainerState::ContainerRunning as i32;
+    let mut new = Vec::new();
+    for c in listed.iter().filter(|c| !rec.containers.iter().any(|k| k.id == c.id)) {
+        match client.container_status(&c.id).await {
+            Ok(status) => new.push(container_record(c, running(c), &status)),
+            Err(e) => skip_object(e, "container", &c.id)?,
         }
-        let status = match client.container_status(&c.id).await {
-            Ok(s) => s,
-            Err(e) => {
-                skip_object(e, "container", &c.id)?;
-                continue;
-            }
-        };
-        rec.containers.push(container_record(c, running, &status));
     }
+    let now = |k: &ContainerRecord| listed.iter().find(|c| c.id == k.id).map(|c| running(c));
+    if new.is_empty() && rec.containers.iter().all(|k| now(k) == Some(k.running)) {
+        return Ok(());
+    }
+    let rec = Arc::make_mut(rec);
+    rec.containers.retain_mut(|k| now(k).map(|running| k.running = running).is_some());
+    rec.containers.extend(new);
     Ok(())
 }
 
@@ -486,7 +504,7 @@ pub fn spawn_refresh(
     mut inventory: Inventory,
     every: Duration,
     kick: Arc<Notify>,
-) -> watch::Receiver<Arc<Vec<PodRecord>>> {
+) -> watch::Receiver<PodList> {
     let (tx, rx) = watch::channel(Arc::new(Vec::new()));
     tokio::spawn(async move {
         let mut up: Option<bool> = None;
@@ -550,13 +568,15 @@ pub fn spawn_refresh(
 /// new list costs the daemon work per pod (usage files opened, the charge programs' scope
 /// walked), and most refreshes of a steady node change nothing. The lists are compared under
 /// the channel's read lock; its write lock, which the daemon's real-time thread would wait
-/// for, is held only to swap the list (this task is the only sender). The list is copied
-/// only when it is sent: on a steady node of 250 pods a copy per refresh would be some
-/// hundreds of KiB allocated and compared for nothing, and would raise the thread's peak
-/// heap (locked, as every page of evictd). False once nobody
-/// listens.
-fn publish(tx: &watch::Sender<Arc<Vec<PodRecord>>>, inventory: &Inventory, always: bool) -> bool {
-    let changed = always || !inventory.pods().eq(tx.borrow().iter());
+/// for, is held only to swap the list (this task is the only sender). A record the refresh
+/// did not change is the one sent before (one pointer compared); a list sent shares its
+/// records with the inventory. False once nobody listens.
+fn publish(tx: &watch::Sender<PodList>, inventory: &Inventory, always: bool) -> bool {
+    let changed = always || {
+        let sent = tx.borrow();
+        sent.len() != inventory.pods.len()
+            || !inventory.pods().zip(sent.iter()).all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+    };
     if changed {
         tx.send_replace(Arc::new(inventory.pods().cloned().collect()));
     }
@@ -639,7 +659,7 @@ pub(crate) mod tests {
             let mut r = record("/kubepods/pod", vec![container(None, None)]);
             (r.uid, r.namespace, r.sandbox_id) = (uid.into(), namespace.into(), format!("sb-{uid}"));
             r.annotations.insert("evictd.io/eviction".into(), "never".into());
-            inv.pods.insert(r.sandbox_id.clone(), r);
+            inv.pods.insert(r.sandbox_id.clone(), Arc::new(r));
         };
         listed("u1", "team-a");
         listed("u2", "ops");
@@ -659,19 +679,18 @@ pub(crate) mod tests {
     /// disk usage does not.
     #[test]
     fn the_same_cgroups_are_the_same_pods_and_containers() {
-        let list = vec![record("/kubepods/poda", vec![container(None, None)])];
-        let mut restated = list.clone();
-        restated[0].containers[0].running = false;
-        restated[0].containers[0].rootfs = Some((1, 2));
-        restated[0].spec_source = SpecSource::Api;
-        assert!(same_cgroups(&list, &restated));
-        let mut other_container = list.clone();
-        other_container[0].containers[0].id = "c2".into();
-        assert!(!same_cgroups(&list, &other_container));
-        let mut more = list.clone();
-        more.push(PodRecord { sandbox_id: "sb2".into(), ..list[0].clone() });
-        assert!(!same_cgroups(&list, &more));
-        assert!(!same_cgroups(&list, &[]));
+        let one = record("/kubepods/poda", vec![container(None, None)]);
+        let mut restated = one.clone();
+        restated.containers[0].running = false;
+        restated.containers[0].rootfs = Some((1, 2));
+        restated.spec_source = SpecSource::Api;
+        assert!(same_cgroups(&list([one.clone()]), &list([restated])));
+        let mut other_container = one.clone();
+        other_container.containers[0].id = "c2".into();
+        assert!(!same_cgroups(&list([one.clone()]), &list([other_container])));
+        let more = list([one.clone(), PodRecord { sandbox_id: "sb2".into(), ..one.clone() }]);
+        assert!(!same_cgroups(&list([one.clone()]), &more));
+        assert!(!same_cgroups(&list([one]), &[]));
     }
 
     /// A refresh that changes nothing is not sent (the daemon does work per pod on each new
@@ -687,6 +706,57 @@ pub(crate) mod tests {
         rx.borrow_and_update();
         drop(rx);
         assert!(!publish(&tx, &inventory, true), "nobody listens any more");
+    }
+
+    /// A refresh copies only the records it changes: the others stay the ones the last list
+    /// sent, so a list costs a pointer a pod rather than a copy of every record, and an
+    /// unchanged refresh sends nothing.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_refresh_copies_only_the_records_it_changes() {
+        let mut inv = Inventory::new(None, 1 << 30);
+        for n in ["a", "b"] {
+            let mut r = record(&format!("/kubepods/pod{n}"), vec![container(None, None)]);
+            (r.sandbox_id, r.uid, r.name) = (format!("sb-{n}"), format!("u-{n}"), n.into());
+            inv.pods.insert(r.sandbox_id.clone(), Arc::new(r));
+        }
+        inv.give_best_specs();
+        let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+        assert!(publish(&tx, &inv, true));
+        let first = rx.borrow().clone();
+        let shared = |inv: &Inventory, sent: &PodList| -> Vec<bool> {
+            inv.pods().zip(sent.iter()).map(|(a, b)| Arc::ptr_eq(a, b)).collect()
+        };
+        assert_eq!(shared(&inv, &first), [true, true], "the list sent is the inventory's records");
+
+        // Never called: every container listed is known.
+        let client = CriClient::new("/nonexistent/cri.sock", Duration::from_secs(1)).unwrap();
+        let listed = |state: cri::ContainerState| cri::Container {
+            id: "c".into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let running = listed(cri::ContainerState::ContainerRunning);
+        for id in ["sb-a", "sb-b"] {
+            refresh_containers(&client, inv.pods.get_mut(id).unwrap(), &[&running]).await.unwrap();
+        }
+        inv.give_best_specs();
+        assert_eq!(shared(&inv, &first), [true, true], "an unchanged refresh copied a record");
+        assert!(publish(&tx, &inv, false));
+        assert!(Arc::ptr_eq(&rx.borrow(), &first), "an unchanged refresh was sent");
+
+        let exited = listed(cri::ContainerState::ContainerExited);
+        refresh_containers(&client, inv.pods.get_mut("sb-b").unwrap(), &[&exited]).await.unwrap();
+        inv.give_best_specs();
+        assert_eq!(shared(&inv, &first), [true, false], "only the pod whose container stopped is copied");
+        assert!(publish(&tx, &inv, false));
+        let second = rx.borrow().clone();
+        assert!(!second[1].containers[0].running);
+        assert!(Arc::ptr_eq(&second[0], &first[0]), "the unchanged pod is shared with the list before");
+    }
+
+    /// `pods` as the inventory publishes them.
+    pub(crate) fn list(pods: impl IntoIterator<Item = PodRecord>) -> PodList {
+        Arc::new(pods.into_iter().map(Arc::new).collect())
     }
 
     pub(crate) fn record(parent: &str, containers: Vec<ContainerRecord>) -> PodRecord {

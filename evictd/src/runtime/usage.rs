@@ -15,7 +15,7 @@ use evictd_policy::{
 };
 
 pub use super::disk_usage::{DiskMeasured, PodDisk};
-use super::inventory::{PodRecord, same_cgroups};
+use super::inventory::{PodList, PodRecord, same_cgroups};
 use crate::node::{
     cgroups::{CgroupMounts, CgroupVersion},
     memory::{MemoryCgroup, MemoryError, UsageFiles},
@@ -63,7 +63,7 @@ pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupMounts) -> Option<PodCgroups>
 /// each pod's paths made again and the set of open files rebuilt.
 #[derive(Debug, Default)]
 pub struct PodUsageFiles {
-    list: Option<Arc<Vec<PodRecord>>>,
+    list: Option<PodList>,
     cgroups: Vec<Option<PodCgroups>>,
     files: UsageFiles,
 }
@@ -72,7 +72,7 @@ impl PodUsageFiles {
     /// Follows `pods`: a list naming the cgroups of the one followed takes its place (nothing
     /// opened); another has its pods' cgroups found, its new pods' usage files opened and
     /// the files of pods gone closed.
-    pub fn follow(&mut self, pods: &Arc<Vec<PodRecord>>, layout: &CgroupMounts) {
+    pub fn follow(&mut self, pods: &PodList, layout: &CgroupMounts) {
         match &self.list {
             Some(list) if Arc::ptr_eq(list, pods) => return,
             Some(list) if same_cgroups(list, pods) => {}
@@ -304,7 +304,7 @@ mod tests {
     /// a pod the runtime gave no cgroup parent has neither cgroups nor usage.
     #[test]
     fn pod_usage_files_follow_the_list_by_position() {
-        use crate::runtime::inventory::tests::record;
+        use crate::runtime::inventory::tests::{list as pod_list, record};
         let d = tempfile::tempdir().unwrap();
         let layout = CgroupMounts {
             memory_root: d.path().join("memory"),
@@ -316,15 +316,17 @@ mod tests {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("memory.usage_in_bytes"), format!("{bytes}\n")).unwrap();
         }
-        let list = |pods: &[&str]| {
-            let records = pods.iter().map(|p| {
-                let mut r = record(&format!("/kubepods/pod{p}"), Vec::new());
-                r.sandbox_id = format!("sb-{p}");
-                r.cgroup_parent = r.cgroup_parent.filter(|_| *p != "none");
-                r
-            });
-            Arc::new(records.collect::<Vec<_>>())
+        let records = |pods: &[&str]| -> Vec<PodRecord> {
+            pods.iter()
+                .map(|p| {
+                    let mut r = record(&format!("/kubepods/pod{p}"), Vec::new());
+                    r.sandbox_id = format!("sb-{p}");
+                    r.cgroup_parent = r.cgroup_parent.filter(|_| *p != "none");
+                    r
+                })
+                .collect()
         };
+        let list = |pods: &[&str]| pod_list(records(pods));
         let usage = |files: &mut PodUsageFiles, i| files.usage(i).map(|u| u.unwrap());
         let mut files = PodUsageFiles::default();
         files.follow(&list(&["a", "b"]), &layout);
@@ -332,9 +334,9 @@ mod tests {
             (usage(&mut files, 0), usage(&mut files, 1), files.open()),
             (Some(Some(1 << 20)), Some(Some(2 << 20)), 2)
         );
-        let mut restated = (*list(&["a", "b"])).clone();
+        let mut restated = records(&["a", "b"]);
         restated[0].namespace = "changed".into();
-        files.follow(&Arc::new(restated), &layout);
+        files.follow(&pod_list(restated), &layout);
         assert_eq!((usage(&mut files, 0), files.open()), (Some(Some(1 << 20)), 2));
         files.follow(&list(&["b", "a"]), &layout);
         assert_eq!((usage(&mut files, 0), usage(&mut files, 1)), (Some(Some(2 << 20)), Some(Some(1 << 20))));

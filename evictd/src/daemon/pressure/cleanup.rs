@@ -135,7 +135,7 @@ impl Pressure {
 
     /// A pod the kubelet restarted (its record did not land in time) will not give its
     /// memory back: waiting for it would only delay the next eviction.
-    pub(super) fn forget_restarted_cleanups(&mut self, pods: &[PodRecord]) {
+    pub(super) fn forget_restarted_cleanups(&mut self, pods: &[Arc<PodRecord>]) {
         let gone = &self.gone;
         self.cleanups.retain(|c| {
             gone.contains_key(&c.sandbox_id) || !pods.iter().any(|p| p.sandbox_id == c.sandbox_id)

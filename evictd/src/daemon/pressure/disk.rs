@@ -74,7 +74,7 @@ impl Pressure {
     /// ranked, because the runtime's stats call after their listing has not ended: ranked as
     /// empty, such a pod would have another pod evicted in its place, on data evictd has not
     /// read. The next pod list ends the wait (`inventory_updated`); `LAYERS_WAIT` bounds it.
-    pub(super) fn layers_unmeasured(&mut self, pods: &[PodRecord]) -> bool {
+    pub(super) fn layers_unmeasured(&mut self, pods: &[Arc<PodRecord>]) -> bool {
         let unmeasured: Vec<String> = pods
             .iter()
             .filter(|p| !self.protects(p) && !self.gone.contains_key(&p.sandbox_id))
@@ -133,7 +133,7 @@ impl Pressure {
     pub(super) async fn node_level_reclaim_resolves(
         &mut self,
         d: &engine::Decision,
-        pods: &[PodRecord],
+        pods: &[Arc<PodRecord>],
         now: i64,
     ) -> bool {
         let Some(client) = self.client.as_ref().filter(|_| !d.node_reclaim.is_empty() && !self.dry_run)

@@ -22,7 +22,7 @@ const CHOSEN_READ_TIMEOUT: Duration = Duration::from_millis(20);
 /// the API says have finished (the kubelet ranks only its active pods: a Failed or Succeeded
 /// pod frees nothing more) are not.
 fn live_pods<'a>(
-    pods: &'a [PodRecord],
+    pods: &'a [Arc<PodRecord>],
     gone: &'a BTreeMap<String, BTreeSet<String>>,
 ) -> impl Iterator<Item = (usize, &'a PodRecord)> {
     tracing::debug!(
@@ -31,7 +31,10 @@ fn live_pods<'a>(
         finished = pods.iter().filter(|p| !p.spec.is_active()).count(),
         "candidates"
     );
-    pods.iter().enumerate().filter(|(_, p)| !gone.contains_key(&p.sandbox_id) && p.spec.is_active())
+    pods.iter()
+        .map(|p| &**p)
+        .enumerate()
+        .filter(|(_, p)| !gone.contains_key(&p.sandbox_id) && p.spec.is_active())
 }
 
 fn cgroup_gone(p: &PodRecord) {
@@ -41,7 +44,7 @@ fn cgroup_gone(p: &PodRecord) {
 /// Each live pod's usage (`live_pods`), what `reads` asks for; pods whose cgroup is gone are
 /// not listed.
 fn read_usage(
-    pods: &[PodRecord],
+    pods: &[Arc<PodRecord>],
     gone: &BTreeMap<String, BTreeSet<String>>,
     cgroups: &CgroupMounts,
     disk: Option<&usage::DiskMeasured>,
@@ -69,7 +72,7 @@ fn read_usage(
 /// not are read instead, for the decision to say why (critical, protected, opted out)
 /// rather than that there are no pods.
 fn read_memory_candidates(
-    pods: &Arc<Vec<PodRecord>>,
+    pods: &PodList,
     gone: &BTreeMap<String, BTreeSet<String>>,
     cgroups: &CgroupMounts,
     protected: &[bool],
@@ -142,7 +145,7 @@ fn read_memory_candidates(
 /// read says why.
 fn with_first_pods_containers(
     mut read: Vec<(usize, PodStats)>,
-    pods: &[PodRecord],
+    pods: &[Arc<PodRecord>],
     protected: &[bool],
     files: &usage::PodUsageFiles,
     cgroups: &CgroupMounts,
@@ -225,7 +228,7 @@ impl Pressure {
     /// `reads`: what ranking needs beyond each pod's memory (`usage::Reads`).
     pub(super) async fn candidates<'a>(
         &mut self,
-        pods: &'a Arc<Vec<PodRecord>>,
+        pods: &'a PodList,
         disk: bool,
         reads: usage::Reads,
     ) -> Vec<(&'a PodRecord, PodStats)> {
@@ -245,7 +248,7 @@ impl Pressure {
     /// `read_memory_candidates` does.
     pub(super) async fn memory_candidates<'a>(
         &mut self,
-        pods: &'a Arc<Vec<PodRecord>>,
+        pods: &'a PodList,
         signal: Signal,
         failed: &BTreeSet<String>,
     ) -> Vec<(&'a PodRecord, PodStats)> {
@@ -264,7 +267,7 @@ impl Pressure {
     /// The pods whose usage was read; the others said why, once in a while.
     fn readable<'a>(
         &mut self,
-        pods: &'a [PodRecord],
+        pods: &'a [Arc<PodRecord>],
         read: Option<Vec<(usize, Result<PodStats, usage::UsageError>)>>,
     ) -> Vec<(&'a PodRecord, PodStats)> {
         let Some(usage) = read else {
@@ -273,7 +276,7 @@ impl Pressure {
         };
         let mut out = Vec::with_capacity(usage.len());
         for (i, stats) in usage {
-            let p = &pods[i];
+            let p: &PodRecord = &pods[i];
             match stats {
                 Ok(stats) => out.push((p, stats)),
                 // A pod newer than the last walk: in the next one.
@@ -294,7 +297,7 @@ impl Pressure {
     /// other signals, the first try's read serves every try (`kept`).
     async fn candidates_for_try<'a>(
         &mut self,
-        pods: &'a Arc<Vec<PodRecord>>,
+        pods: &'a PodList,
         signal: Signal,
         disk: bool,
         failed: &BTreeSet<String>,
@@ -314,7 +317,7 @@ impl Pressure {
     /// engine's state is kept whichever way the decision ends.
     pub(super) async fn evict_one(
         &mut self,
-        pods: &Arc<Vec<PodRecord>>,
+        pods: &PodList,
         signal: Signal,
         disk: bool,
         obs: &Observations,

@@ -12,10 +12,7 @@ impl Pressure {
     /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
     /// whatever the thresholds say. Nothing is read when no pod sets such a limit, and no
     /// directory is walked: logs and volumes are the walker's.
-    pub(super) async fn evict_pods_over_storage_limits(
-        &mut self,
-        pods: &Arc<Vec<PodRecord>>,
-    ) -> Vec<EvictionRecord> {
+    pub(super) async fn evict_pods_over_storage_limits(&mut self, pods: &PodList) -> Vec<EvictionRecord> {
         // Half a period of slack: the timer that asks ticks at this period, and a tick that
         // comes a little early (the last one was late) must not skip a whole period.
         let period = self.storage_limit_period;

@@ -8,7 +8,7 @@ use super::*;
 use crate::{
     daemon::urgency::EmergencyLevel,
     node::{cgroups::CgroupVersion, memory::MemoryCgroup},
-    runtime::inventory::tests::{container, record},
+    runtime::inventory::tests::{container, list, record},
 };
 
 /// A Pressure on a fixture cgroup v1 tree at `root`, with no runtime.
@@ -106,7 +106,7 @@ async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
     memcg(&d.path().join("kubepods/pod-ok"), 1 << 20);
     // Its cgroup is there, but its memory files cannot be read.
     std::fs::create_dir_all(d.path().join("kubepods/pod-broken")).unwrap();
-    let pods = Arc::new(vec![
+    let pods = list([
         pod("ok", Some("/kubepods/pod-ok")),
         pod("broken", Some("/kubepods/pod-broken")),
         pod("nowhere", None),
@@ -134,7 +134,7 @@ async fn ranking_reads_only_the_pods_memory_and_the_record_names_the_chosen_pods
     // Its spec names its container, as the API's would: the annotations follow the spec.
     let mut big = pod("big", Some("/kubepods/pod-big"));
     big.spec = crate::runtime::infer::infer_spec(&big, 4 << 30);
-    let pods = Arc::new(vec![big, pod("small", Some("/kubepods/pod-small"))]);
+    let pods = list([big, pod("small", Some("/kubepods/pod-small"))]);
     let passed = tokio::time::timeout(Duration::from_secs(5), p.pass(&pods, || 1, None, false)).await;
     // A reader waiting on the FIFO is let go; with none, a non-blocking open finds no reader.
     let read_for_ranking = feed(&fifo, b"0\n").is_ok();
@@ -161,7 +161,7 @@ async fn a_failed_kill_is_recorded_and_a_down_runtime_tries_no_other_pod() {
     // A runtime that is not there: StopContainer fails.
     let client = CriClient::new("unix:///nonexistent/evictd-test.sock", Duration::from_millis(200)).unwrap();
     let mut p = under_pressure(d.path(), Some(client));
-    let (records, _) = p.pass(&Arc::new(pods), || 1, None, false).await;
+    let (records, _) = p.pass(&list(pods), || 1, None, false).await;
     assert_eq!(records.len(), 1, "one failed kill, no other pod tried: {records:?}");
     assert!(records[0].error.as_deref().is_some_and(|e| e.contains("StopContainer")), "{records:?}");
 }
@@ -178,10 +178,10 @@ async fn evictds_own_pod_is_never_chosen() {
     app.uid = "uid-of-app".into();
     let mut p = under_pressure(d.path(), None);
     p.own_pod_uid = Some("uid-of-evictd".into());
-    let (records, _) = p.pass(&Arc::new(vec![me.clone(), app.clone()]), || 1, None, false).await;
+    let (records, _) = p.pass(&list([me.clone(), app.clone()]), || 1, None, false).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
     // Without knowing its own pod, the largest (evictd's) would be first: the test can fail.
-    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![me, app]), || 1, None, false).await;
+    let (records, _) = under_pressure(d.path(), None).pass(&list([me, app]), || 1, None, false).await;
     assert_eq!(records[0].name, "evictd", "{records:?}");
 }
 
@@ -200,11 +200,11 @@ async fn finished_pods_are_not_candidates() {
     ok.spec.status.phase = Some("Succeeded".into());
     let app = pod("app", Some("/kubepods/pod-app"));
     let (records, _) =
-        under_pressure(d.path(), None).pass(&Arc::new(vec![done.clone(), ok, app]), || 1, None, false).await;
+        under_pressure(d.path(), None).pass(&list([done.clone(), ok, app]), || 1, None, false).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
     // Running again, the largest would be first: the test can fail.
     done.spec.status.phase = Some("Running".into());
-    let (records, _) = under_pressure(d.path(), None).pass(&Arc::new(vec![done]), || 1, None, false).await;
+    let (records, _) = under_pressure(d.path(), None).pass(&list([done]), || 1, None, false).await;
     assert_eq!(records[0].name, "done", "{records:?}");
 }
 
@@ -218,12 +218,12 @@ fn an_evicted_pod_is_a_candidate_again_only_when_its_containers_run_again() {
     let mut p = pressure(d.path());
     let evicted = pod("a", Some("/kubepods/pod-a"));
     p.gone.insert(evicted.sandbox_id.clone(), evicted.containers.iter().map(|c| c.id.clone()).collect());
-    assert!(!p.inventory_updated(std::slice::from_ref(&evicted)));
+    assert!(!p.inventory_updated(&list([evicted.clone()])));
     assert!(p.gone.contains_key("sb-a"), "the same stopped containers: still evicted");
     let mut restarted = evicted.clone();
     restarted.containers[0].id = "c-restarted".into();
     restarted.containers[0].attempt = 1;
-    assert!(!p.inventory_updated(&[restarted]));
+    assert!(!p.inventory_updated(&list([restarted])));
     assert!(!p.gone.contains_key("sb-a"), "running again: a candidate again");
     p.gone.insert("sb-a".into(), BTreeSet::new());
     assert!(!p.inventory_updated(&[]));
@@ -241,7 +241,7 @@ async fn inferred_kube_system_pods_are_protected_unless_told_otherwise() {
     dns.namespace = "kube-system".into();
     let app = pod("app", Some("/kubepods/pod-app"));
     assert!(dns.spec_inferred() && app.spec_inferred());
-    let pods = Arc::new(vec![dns, app]);
+    let pods = list([dns, app]);
     for (allowed, victim) in [(false, "app"), (true, "coredns")] {
         let mut p = under_pressure(d.path(), None);
         p.evict_inferred_kube_system = allowed;
@@ -265,7 +265,7 @@ async fn an_inferred_node_critical_pod_is_never_chosen() {
     let mut app = pod("app", Some("/kubepods/besteffort/pod-app"));
     app.spec = crate::runtime::infer::infer_spec(&app, 4 << 30);
     let mut p = under_pressure(d.path(), None);
-    let (records, _) = p.pass(&Arc::new(vec![dns, app]), || 1, None, false).await;
+    let (records, _) = p.pass(&list([dns, app]), || 1, None, false).await;
     assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["app"], "{records:?}");
 }
 
@@ -281,7 +281,7 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
     memcg(&dir, 0);
     let fifo = dir.join("memory.usage_in_bytes");
     fifo_in_place_of(&fifo);
-    let pods = Arc::new(vec![pod("stuck", Some("/kubepods/pod-stuck"))]);
+    let pods = list([pod("stuck", Some("/kubepods/pod-stuck"))]);
     let ticks = Arc::new(AtomicU32::new(0));
     let t = ticks.clone();
     let ticker = tokio::spawn(async move {
@@ -343,7 +343,7 @@ async fn a_memory_decision_reads_the_working_set_only_of_pods_that_can_rank_firs
     pods.insert(60, pod("big", Some("/kubepods/pod-big")));
     let mut p = under_pressure(d.path(), None);
     p.reader = crate::daemon::realtime::Reader::spawn(0);
-    let pods = Arc::new(pods);
+    let pods = list(pods);
     let passed = tokio::time::timeout(Duration::from_secs(5), p.pass(&pods, || 1, None, false)).await;
     // Whatever happened, no reader is left waiting on a FIFO.
     for f in &fifos {
@@ -377,7 +377,7 @@ async fn usage_files_are_opened_for_each_new_pod_list_after_the_pass() {
     p.signals.node.meminfo = d.path().join("meminfo");
     p.reader = crate::daemon::realtime::Reader::spawn(0);
     let open_after = async |p: &mut Pressure, pods: Vec<PodRecord>| {
-        let (records, _) = p.pass(&Arc::new(pods), || 1, None, false).await;
+        let (records, _) = p.pass(&list(pods), || 1, None, false).await;
         assert!(records.is_empty(), "{records:?}");
         // Queued on the reader: a read behind it sees it done.
         p.read_for_decision(Duration::from_secs(2), || ()).await;
@@ -410,7 +410,7 @@ async fn a_stuck_read_is_given_up_and_the_next_read_answers() {
 }
 
 /// Three pods under pressure and a runtime that stops every pod it is asked to.
-async fn three_pods_and_a_runtime(d: &Path) -> (Pressure, Arc<Vec<PodRecord>>) {
+async fn three_pods_and_a_runtime(d: &Path) -> (Pressure, PodList) {
     use crate::runtime::cri::scripted::{Script, scripted_runtime};
     let sock = d.join("cri.sock");
     scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
@@ -419,8 +419,8 @@ async fn three_pods_and_a_runtime(d: &Path) -> (Pressure, Arc<Vec<PodRecord>>) {
     for (i, n) in names.iter().enumerate() {
         memcg(&d.join(format!("kubepods/pod-{n}")), (300 - 100 * i as u64) << 20);
     }
-    let pods = names.iter().map(|n| pod(n, Some(&format!("/kubepods/pod-{n}")))).collect();
-    (under_pressure(d, Some(client)), Arc::new(pods))
+    let pods = names.iter().map(|n| pod(n, Some(&format!("/kubepods/pod-{n}"))));
+    (under_pressure(d, Some(client)), list(pods))
 }
 
 fn names(records: &[EvictionRecord]) -> Vec<&str> {
@@ -512,11 +512,11 @@ async fn the_wait_for_an_evicted_pods_memory_ends_with_its_window() {
 async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
     let d = tempfile::tempdir().unwrap();
     let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
-    let mut pods = (*pods).clone();
+    let mut pods: Vec<PodRecord> = pods.iter().map(|p| (**p).clone()).collect();
     for listed in &mut pods[1..] {
         listed.spec_source = crate::vocab::SpecSource::Api;
     }
-    let pods = Arc::new(pods);
+    let pods = list(pods);
     // Without an API every spec is what evictd has: the largest (inferred) goes first.
     std::fs::create_dir_all(d.path().join("no-api")).unwrap();
     let (mut no_api, _) = three_pods_and_a_runtime(&d.path().join("no-api")).await;
@@ -556,7 +556,7 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     let vol = kubelet.join("pods/over/volumes/kubernetes.io~empty-dir/scratch");
     std::fs::create_dir_all(&vol).unwrap();
     std::fs::write(vol.join("fill"), vec![1u8; 2 << 20]).unwrap();
-    let pods = Arc::new(vec![over]);
+    let pods = list([over]);
     let (wakes, _woken) = tokio::sync::mpsc::channel(4);
     let walker =
         DiskWalker::spawn(watch::channel(pods.clone()).1, kubelet, Duration::from_secs(3600), false, wakes)
@@ -600,7 +600,7 @@ async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
     let small = made("small", 1 << 20);
     let mut big = made("big", 0);
     big.containers[0].layer_pending = true;
-    let listed = Arc::new(vec![small.clone(), big.clone()]);
+    let listed = list([small.clone(), big.clone()]);
     let (wakes, _woken) = tokio::sync::mpsc::channel(4);
     let walker =
         DiskWalker::spawn(watch::channel(listed.clone()).1, kubelet, Duration::from_secs(3600), true, wakes)
@@ -625,7 +625,7 @@ async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
     let mut reported = big;
     reported.containers[0].rootfs = Some((64 << 20, 1));
     reported.containers[0].layer_pending = false;
-    let listed = Arc::new(vec![small, reported]);
+    let listed = list([small, reported]);
     assert!(p.inventory_updated(&listed), "the list with the layers decides again");
     let (records, _) = p.pass(&listed, || 3_000_000_000, wake, false).await;
     assert_eq!(names(&records), ["big"], "{records:?}");
