@@ -752,6 +752,15 @@ pub(crate) mod tests {
         let second = rx.borrow().clone();
         assert!(!second[1].containers[0].running);
         assert!(Arc::ptr_eq(&second[0], &first[0]), "the unchanged pod is shared with the list before");
+
+        // The stats call ends (here: the runtime is not there): only a record with a layer
+        // still pending changes.
+        Arc::make_mut(inv.pods.get_mut("sb-a").unwrap()).containers[0].layer_pending = true;
+        assert!(publish(&tx, &inv, false));
+        let third = rx.borrow().clone();
+        inv.refresh_writable_layers(&client).await;
+        assert!(!inv.pods["sb-a"].containers[0].layer_pending);
+        assert_eq!(shared(&inv, &third), [false, true], "a record without a pending layer was copied");
     }
 
     /// `pods` as the inventory publishes them.

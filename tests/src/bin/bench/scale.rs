@@ -90,8 +90,8 @@ struct Step {
     walk_cpu_s: f64,
     /// Resident memory (KiB): idle, and after the runs with the walker busy.
     idle_rss_kib: u64,
-    /// Of the idle resident memory, the anonymous part (heaps, stacks, the ring buffer): what
-    /// grows with the pods; the rest is code and libraries.
+    /// Of the idle resident memory, the anonymous part (heaps, stacks): what grows with the
+    /// pods; the rest is code, libraries and the BPF maps mapped in.
     idle_anon_kib: u64,
     busy_rss_kib: u64,
     /// The walker's share of one CPU while the walking runs ran.
