@@ -86,6 +86,8 @@ impl std::fmt::Display for Stoppable<'_> {
 #[derive(Clone)]
 pub struct CriClient {
     endpoint: String,
+    /// The runtime's socket, shared by the clients below and the inventory's lists (`lists`).
+    channel: Channel,
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     timeout: Duration,
@@ -192,6 +194,7 @@ impl CriClient {
             ));
         Ok(CriClient {
             endpoint: endpoint.to_owned(),
+            channel: channel.clone(),
             runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES),
             images: ImageServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES),
             timeout,
@@ -480,6 +483,8 @@ pub fn separate_container_fs(resp: &cri::ImageFsInfoResponse) -> Option<PathBuf>
 
 #[cfg(test)]
 pub(crate) mod scripted;
+
+pub mod lists;
 
 #[cfg(test)]
 mod tests {

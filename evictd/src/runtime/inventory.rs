@@ -22,7 +22,7 @@ use tokio::sync::{Notify, watch};
 
 use super::infer::{infer_spec, with_trusted_annotations};
 use crate::{
-    runtime::cri::{CriClient, CriError, api as cri},
+    runtime::cri::{CriClient, CriError, api as cri, lists},
     vocab::SpecSource,
 };
 
@@ -298,9 +298,9 @@ impl Inventory {
     /// warning (the CRI's errors are returned as errors).
     pub async fn refresh(&mut self, client: &CriClient) -> Result<Option<String>, CriError> {
         let spec_warning = self.refresh_specs().err().map(|e| e.to_string());
-        let sandboxes = client.list_pod_sandboxes().await?;
-        let containers = client.list_containers().await?;
-        let ready: Vec<&cri::PodSandbox> =
+        let sandboxes = client.inventory_sandboxes().await?;
+        let containers = client.inventory_containers().await?;
+        let ready: Vec<&lists::Sandbox> =
             sandboxes.iter().filter(|s| s.state == cri::PodSandboxState::SandboxReady as i32).collect();
         self.pods.retain(|id, _| ready.iter().any(|s| &s.id == id));
         for sb in ready {
@@ -317,7 +317,7 @@ impl Inventory {
                 }
             }
             let Some(rec) = self.pods.get_mut(&sb.id) else { continue };
-            let mine: Vec<&cri::Container> =
+            let mine: Vec<&lists::Container> =
                 containers.iter().filter(|c| c.pod_sandbox_id == sb.id).collect();
             refresh_containers(client, rec, &mine).await?;
         }
@@ -328,7 +328,7 @@ impl Inventory {
     /// Writable-layer usage for disk ranking: one call for all containers — the slowest of
     /// the refresh on a full node, so it comes after the pod list is published.
     pub async fn refresh_writable_layers(&mut self, client: &CriClient) {
-        let stats = client.list_container_stats().await;
+        let stats = client.writable_layers().await;
         // Ended, answered or not: a disk decision waits no longer.
         for rec in self.pods.values_mut().filter(|rec| rec.containers.iter().any(|c| c.layer_pending)) {
             for c in &mut Arc::make_mut(rec).containers {
@@ -378,15 +378,14 @@ impl Inventory {
         }
     }
 
-    async fn describe_sandbox(
-        &self,
-        client: &CriClient,
-        sb: &cri::PodSandbox,
-    ) -> Result<PodRecord, CriError> {
+    async fn describe_sandbox(&self, client: &CriClient, sb: &lists::Sandbox) -> Result<PodRecord, CriError> {
         let meta = sb.metadata.clone().unwrap_or_default();
-        let info = match client.pod_sandbox_status(&sb.id).await {
-            Ok(s) => s.info.get("info").and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok()),
-            Err(e) if e.is_not_found() => None,
+        let (info, annotations) = match client.pod_sandbox_status(&sb.id).await {
+            Ok(s) => (
+                s.info.get("info").and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok()),
+                s.status.map(|st| st.annotations.into_iter().collect()).unwrap_or_default(),
+            ),
+            Err(e) if e.is_not_found() => (None, BTreeMap::new()),
             Err(e) => return Err(e),
         };
         let config = info.as_ref().and_then(|i| i.get("config"));
@@ -399,7 +398,6 @@ impl Inventory {
             config.and_then(|c| c.get("log_directory")).and_then(|v| v.as_str()).map(str::to_owned);
         let sandbox_image =
             info.as_ref().and_then(|i| i.get("image")).and_then(|v| v.as_str()).map(str::to_owned);
-        let annotations: BTreeMap<String, String> = sb.annotations.clone().into_iter().collect();
         Ok(PodRecord {
             sandbox_id: sb.id.clone(),
             uid: meta.uid.clone(),
@@ -419,17 +417,13 @@ impl Inventory {
 }
 
 fn container_record(
-    c: &cri::Container,
+    c: &lists::Container,
     running: bool,
     status: &cri::ContainerStatusResponse,
 ) -> ContainerRecord {
     let st = status.status.clone().unwrap_or_default();
     let res = st.resources.and_then(|r| r.linux);
-    let grace = c
-        .annotations
-        .get("io.kubernetes.pod.terminationGracePeriod")
-        .or_else(|| st.annotations.get("io.kubernetes.pod.terminationGracePeriod"))
-        .and_then(|g| g.parse().ok());
+    let grace = st.annotations.get("io.kubernetes.pod.terminationGracePeriod").and_then(|g| g.parse().ok());
     ContainerRecord {
         id: c.id.clone(),
         name: c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
@@ -472,9 +466,9 @@ enum SpecsError {
 async fn refresh_containers(
     client: &CriClient,
     rec: &mut Arc<PodRecord>,
-    listed: &[&cri::Container],
+    listed: &[&lists::Container],
 ) -> Result<(), CriError> {
-    let running = |c: &cri::Container| c.state == cri::ContainerState::ContainerRunning as i32;
+    let running = |c: &lists::Container| c.state == cri::ContainerState::ContainerRunning as i32;
     let mut new = Vec::new();
     for c in listed.iter().filter(|c| !rec.containers.iter().any(|k| k.id == c.id)) {
         match client.container_status(&c.id).await {
@@ -730,7 +724,7 @@ pub(crate) mod tests {
 
         // Never called: every container listed is known.
         let client = CriClient::new("/nonexistent/cri.sock", Duration::from_secs(1)).unwrap();
-        let listed = |state: cri::ContainerState| cri::Container {
+        let listed = |state: cri::ContainerState| lists::Container {
             id: "c".into(),
             state: state as i32,
             ..Default::default()
