@@ -30,6 +30,8 @@ pub enum CriError {
     Call { endpoint: String, call: &'static str, status: Box<tonic::Status> },
     #[error("CRI {call} on {endpoint}: no answer within {timeout:?}")]
     Timeout { endpoint: String, call: &'static str, timeout: Duration },
+    #[error("CRI {call} on {endpoint}: {what}")]
+    Malformed { endpoint: String, call: &'static str, what: &'static str },
 }
 
 impl CriError {
@@ -55,7 +57,7 @@ impl CriError {
                 _ => false,
             },
             CriError::Timeout { .. } => true,
-            CriError::Endpoint(_) => false,
+            CriError::Endpoint(_) | CriError::Malformed { .. } => false,
         }
     }
 }
@@ -261,6 +263,11 @@ impl CriClient {
             c.list_pod_sandbox(deadline(cri::ListPodSandboxRequest::default(), self.timeout)),
         );
         Ok(r.await?.items)
+    }
+
+    /// An answer of `call` that lacks what the CRI says it holds.
+    pub fn malformed(&self, call: &'static str, what: &'static str) -> CriError {
+        CriError::Malformed { endpoint: self.endpoint.clone(), call, what }
     }
 
     pub async fn pod_sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatusResponse, CriError> {

@@ -380,14 +380,15 @@ impl Inventory {
 
     async fn describe_sandbox(&self, client: &CriClient, sb: &lists::Sandbox) -> Result<PodRecord, CriError> {
         let meta = sb.metadata.clone().unwrap_or_default();
-        let (info, annotations) = match client.pod_sandbox_status(&sb.id).await {
-            Ok(s) => (
-                s.info.get("info").and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok()),
-                s.status.map(|st| st.annotations.into_iter().collect()).unwrap_or_default(),
-            ),
-            Err(e) if e.is_not_found() => (None, BTreeMap::new()),
-            Err(e) => return Err(e),
+        // A sandbox gone since the list is an error the refresh skips quietly, and a status
+        // without its annotations one it skips with a warning: a record made without them
+        // would lack those that make a static or mirror pod critical.
+        let status = client.pod_sandbox_status(&sb.id).await?;
+        let Some(st) = status.status else {
+            return Err(client.malformed("PodSandboxStatus", "the answer has no status"));
         };
+        let info = status.info.get("info").and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
+        let annotations: BTreeMap<String, String> = st.annotations.into_iter().collect();
         let config = info.as_ref().and_then(|i| i.get("config"));
         let cgroup_parent = config
             .and_then(|c| c.pointer("/linux/cgroup_parent"))
@@ -445,7 +446,9 @@ fn skip_object(e: CriError, kind: &str, id: &str) -> Result<(), CriError> {
     if e.is_unavailable() {
         return Err(e);
     }
-    if !e.is_not_found() {
+    if e.is_not_found() {
+        tracing::debug!("{kind} {id} left out of the inventory: gone since the list ({e})");
+    } else {
         tracing::warn!("{kind} {id} left out of the inventory for now: {e}");
     }
     Ok(())

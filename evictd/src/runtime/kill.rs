@@ -430,6 +430,7 @@ fn process_mrelease(pidfd: &OwnedFd) -> io::Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use std::{
+        collections::BTreeSet,
         os::unix::process::ExitStatusExt as _,
         process::{Child, Command},
         sync::{
@@ -585,27 +586,43 @@ pub(crate) mod tests {
         };
         let mut pod = TestPod::new(&layout, 5);
         // One process of the pod holding 16 MB of its own (a shell variable), the rest `sleep`.
-        let big = Command::new("sh")
-            .args(["-c", "x=$(head -c 16000000 /dev/zero | tr '\\0' a); read y"])
+        // The shell waits for a line before it allocates: in the pod's cgroup first, so its
+        // pipeline (`head`, `tr`) runs there too and is gone before the pinning.
+        let mut big = Command::new("sh")
+            .args(["-c", "read go; x=$(head -c 16000000 /dev/zero | tr '\\0' a); read y"])
             .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let big_pid = big.id() as i32;
+        let mut go = big.stdin.take().unwrap();
         pod.adopt(big);
+        io::Write::write_all(&mut go, b"go\n").unwrap();
         let t = Instant::now();
-        // Held, and its pipeline (`head`, `tr`: processes of the pod too) gone.
-        let children = format!("/proc/{big_pid}/task/{big_pid}/children");
-        while private_resident_bytes(big_pid) < 15_000_000
-            || !std::fs::read_to_string(&children).unwrap_or_default().trim().is_empty()
-        {
+        let target = KillTarget::at(&pod.rel, &layout);
+        // Held, and its pipeline (`head`, `tr` and the subshell: processes of the pod too)
+        // gone: the pod is the test's own processes and nothing else.
+        let ours: BTreeSet<i32> = pod.children.iter().map(|c| c.id() as i32).collect();
+        let listed = || {
+            let mut pids = Vec::new();
+            list_tree(&target.memory, &mut pids).map(|()| pids.into_iter().collect::<BTreeSet<i32>>())
+        };
+        while private_resident_bytes(big_pid) < 15_000_000 || listed().ok().as_ref() != Some(&ours) {
             // The test's set-up, not its subject: generous for an emulated VM on a busy host.
-            assert!(t.elapsed() < Duration::from_secs(60), "the shell never held its 16 MB");
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the shell never held its 16 MB: {}",
+                sizes(&target)
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
-        let target = KillTarget::at(&pod.rel, &layout);
         let mut pinned = BTreeMap::new();
         pin_largest(&target, 1, 0, &mut pinned).unwrap();
-        assert_eq!(pinned.keys().collect::<Vec<_>>(), [&big_pid], "the largest alone");
+        assert_eq!(
+            pinned.keys().collect::<Vec<_>>(),
+            [&big_pid],
+            "the largest alone; the pod: {}",
+            sizes(&target)
+        );
         let mut pinned = BTreeMap::new();
         pin_largest(&target, 3, 0, &mut pinned).unwrap();
         let ours: Vec<i32> = pod.children.iter().map(|c| c.id() as i32).collect();
@@ -614,6 +631,17 @@ pub(crate) mod tests {
         let mut none = BTreeMap::new();
         pin_largest(&target, 16, u64::MAX, &mut none).unwrap();
         assert!(none.is_empty(), "below the minimum size nothing is pinned");
+        drop(go);
+    }
+
+    /// Each process of the pod with its private resident bytes, for a failure's message.
+    fn sizes(target: &KillTarget) -> String {
+        let mut pids = Vec::new();
+        let listed = list_tree(&target.memory, &mut pids);
+        let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let each: Vec<String> =
+            pids.iter().map(|&p| format!("{p} {} {}", comm(p).trim(), private_resident_bytes(p))).collect();
+        format!("{listed:?}: {}", each.join(", "))
     }
 
     #[tokio::test]
