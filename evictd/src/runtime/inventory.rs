@@ -607,6 +607,63 @@ pub(crate) mod tests {
         assert!(skip_object(timeout, "sandbox", "s1").is_err());
     }
 
+    /// A sandbox the runtime lists but cannot describe — gone by its status call, or
+    /// described without a status (so without the annotations that can make it critical) —
+    /// is left out of the pod list, and the sandboxes around it are not.
+    /// The runtime is a hand-made one: containerd cannot be made to answer this way.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_sandbox_the_runtime_cannot_describe_is_left_out() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+        use k8s_cri::v1 as cri;
+        use prost::Message as _;
+
+        use crate::runtime::cri::scripted::answering;
+        let sandbox = |id: &str| cri::PodSandbox {
+            id: id.into(),
+            metadata: Some(cri::PodSandboxMetadata { name: id.into(), uid: id.into(), ..Default::default() }),
+            state: cri::PodSandboxState::SandboxReady as i32,
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("cri.sock");
+        let statuses = AtomicUsize::new(0);
+        answering(&sock, move |path| {
+            let answer = match path.rsplit('/').next().unwrap_or_default() {
+                "ListPodSandbox" => Ok(cri::ListPodSandboxResponse {
+                    items: vec![sandbox("described"), sandbox("gone"), sandbox("bare")],
+                }
+                .encode_to_vec()),
+                "ListContainers" => Ok(cri::ListContainersResponse::default().encode_to_vec()),
+                // In the list's order: the refresh describes one sandbox at a time.
+                "PodSandboxStatus" => match statuses.fetch_add(1, SeqCst) {
+                    0 => Ok(cri::PodSandboxStatusResponse {
+                        status: Some(cri::PodSandboxStatus {
+                            id: "described".into(),
+                            annotations: [("kubernetes.io/config.source".into(), "file".into())].into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }
+                    .encode_to_vec()),
+                    1 => Err((tonic::Code::NotFound, "an error occurred when try to find sandbox")),
+                    _ => Ok(cri::PodSandboxStatusResponse::default().encode_to_vec()),
+                },
+                _ => Err((tonic::Code::Unimplemented, "not in this test")),
+            };
+            (answer, Duration::ZERO)
+        });
+        let client = CriClient::new(sock.to_str().unwrap(), Duration::from_secs(2)).unwrap();
+        let mut inv = Inventory::new(None, 1 << 30);
+        inv.refresh(&client).await.expect("one sandbox that cannot be described does not end a refresh");
+        let ids: Vec<&str> = inv.pods.keys().map(String::as_str).collect();
+        assert_eq!(ids, ["described"]);
+        assert!(inv.pods["described"].spec.is_critical(), "its annotations came from its status");
+        // Each refresh asks again: one described later is taken then.
+        inv.refresh(&client).await.expect("refresh");
+        assert_eq!(inv.pods.len(), 1, "the others still cannot be described");
+    }
+
     /// SIGHUP: the pods file is read again even when its mtime says it has not changed (a
     /// file replaced within the mtime's granularity, or restored with its old time).
     #[test]

@@ -1,7 +1,7 @@
 //! Not a runtime: a hand-made CRI listener for the tests of what a runtime does wrong.
 //! containerd cannot be made to fail or delay a stop on purpose, so the four calls a
 //! confirmed stop makes (StopContainer, ContainerStatus, StopPodSandbox, PodSandboxStatus)
-//! are answered as a `Script` says.
+//! are answered as a `Script` says, and any call as a test says (`answering`).
 
 use std::{sync::Arc, time::Duration};
 
@@ -29,12 +29,66 @@ pub(crate) struct Asked {
     pub(crate) polls: std::sync::atomic::AtomicUsize,
 }
 
+/// One answer of the hand-made runtime: an encoded message, or a gRPC error (code, message).
+pub(crate) type Answer = Result<Vec<u8>, (tonic::Code, &'static str)>;
+
 /// Not a runtime: containerd cannot be made to fail a stop on purpose, so the four calls
 /// a confirmed stop makes (StopContainer, ContainerStatus, StopPodSandbox,
 /// PodSandboxStatus) are answered by hand, as `script` says.
 pub(crate) fn scripted_runtime(sock: &std::path::Path, script: Script) -> Arc<Asked> {
     use std::sync::atomic::Ordering::SeqCst;
 
+    let asked = Arc::new(Asked::default());
+    let a = asked.clone();
+    answering(sock, move |path| {
+        let delay = if path.ends_with("Status") { Duration::ZERO } else { script.stop_delay };
+        let sandbox = path.ends_with("/StopPodSandbox") || path.ends_with("/PodSandboxStatus");
+        let answer = if path.ends_with("Status") {
+            let poll = a.polls.fetch_add(1, SeqCst);
+            let running =
+                (sandbox && script.sandbox_stop_fails) || script.running_polls.is_none_or(|n| poll < n);
+            Ok(if path.ends_with("/ContainerStatus") {
+                let state = if running {
+                    cri::ContainerState::ContainerRunning
+                } else {
+                    cri::ContainerState::ContainerExited
+                };
+                let status = cri::ContainerStatus { state: state as i32, ..Default::default() };
+                prost::Message::encode_to_vec(&cri::ContainerStatusResponse {
+                    status: Some(status),
+                    ..Default::default()
+                })
+            } else {
+                let state = if running {
+                    cri::PodSandboxState::SandboxReady
+                } else {
+                    cri::PodSandboxState::SandboxNotready
+                };
+                let status = cri::PodSandboxStatus { state: state as i32, ..Default::default() };
+                prost::Message::encode_to_vec(&cri::PodSandboxStatusResponse {
+                    status: Some(status),
+                    ..Default::default()
+                })
+            })
+        } else if a.stops.fetch_add(1, SeqCst) >= script.failing_stops
+            && !(sandbox && script.sandbox_stop_fails)
+        {
+            // Stop responses are empty messages.
+            Ok(Vec::new())
+        } else {
+            Err((tonic::Code::Unknown, "failed to kill container: ttrpc: closed"))
+        };
+        (answer, delay)
+    });
+    asked
+}
+
+/// A CRI listener on `sock` that answers each call (by its gRPC path) as `answer` says,
+/// after the delay it gives; the request itself is not read.
+pub(crate) fn answering(
+    sock: &std::path::Path,
+    answer: impl Fn(&str) -> (Answer, Duration) + Send + Sync + 'static,
+) {
     use futures::stream;
     use http_body_util::StreamBody;
     use hyper::{
@@ -42,55 +96,17 @@ pub(crate) fn scripted_runtime(sock: &std::path::Path, script: Script) -> Arc<As
         body::{Bytes, Frame},
         service::service_fn,
     };
-    let asked = Arc::new(Asked::default());
+    let answer = Arc::new(answer);
     let listener = tokio::net::UnixListener::bind(sock).unwrap();
-    let a = asked.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let a = a.clone();
-            let answer = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let path = req.uri().path().to_owned();
-                let delay = if path.ends_with("Status") { Duration::ZERO } else { script.stop_delay };
+            let answer = answer.clone();
+            let serve = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let (message, delay) = answer(req.uri().path());
                 let reply = Response::builder().header("content-type", "application/grpc");
-                let sandbox = path.ends_with("/StopPodSandbox") || path.ends_with("/PodSandboxStatus");
-                let message = if path.ends_with("Status") {
-                    let poll = a.polls.fetch_add(1, SeqCst);
-                    let running = (sandbox && script.sandbox_stop_fails)
-                        || script.running_polls.is_none_or(|n| poll < n);
-                    Some(if path.ends_with("/ContainerStatus") {
-                        let state = if running {
-                            cri::ContainerState::ContainerRunning
-                        } else {
-                            cri::ContainerState::ContainerExited
-                        };
-                        let status = cri::ContainerStatus { state: state as i32, ..Default::default() };
-                        prost::Message::encode_to_vec(&cri::ContainerStatusResponse {
-                            status: Some(status),
-                            ..Default::default()
-                        })
-                    } else {
-                        let state = if running {
-                            cri::PodSandboxState::SandboxReady
-                        } else {
-                            cri::PodSandboxState::SandboxNotready
-                        };
-                        let status = cri::PodSandboxStatus { state: state as i32, ..Default::default() };
-                        prost::Message::encode_to_vec(&cri::PodSandboxStatusResponse {
-                            status: Some(status),
-                            ..Default::default()
-                        })
-                    })
-                } else if a.stops.fetch_add(1, SeqCst) >= script.failing_stops
-                    && !(sandbox && script.sandbox_stop_fails)
-                {
-                    // Stop responses are empty messages.
-                    Some(Vec::new())
-                } else {
-                    None
-                };
                 let mut frames = Vec::new();
                 let reply = match message {
-                    Some(msg) => {
+                    Ok(msg) => {
                         // gRPC's length-prefixed message: no compression, u32 length.
                         let mut framed = vec![0u8];
                         framed.extend(u32::try_from(msg.len()).unwrap().to_be_bytes());
@@ -101,9 +117,9 @@ pub(crate) fn scripted_runtime(sock: &std::path::Path, script: Script) -> Arc<As
                         frames.push(Ok(Frame::trailers(trailers)));
                         reply
                     }
-                    None => reply
-                        .header("grpc-status", "2")
-                        .header("grpc-message", "failed to kill container: ttrpc: closed"),
+                    Err((code, text)) => {
+                        reply.header("grpc-status", (code as i32).to_string()).header("grpc-message", text)
+                    }
                 };
                 async move {
                     tokio::time::sleep(delay).await;
@@ -111,8 +127,7 @@ pub(crate) fn scripted_runtime(sock: &std::path::Path, script: Script) -> Arc<As
                 }
             });
             let http2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
-            tokio::spawn(http2.serve_connection(TokioIo::new(stream), answer));
+            tokio::spawn(http2.serve_connection(TokioIo::new(stream), serve));
         }
     });
-    asked
 }
