@@ -659,7 +659,7 @@ pub(crate) mod tests {
         let ids: Vec<&str> = inv.pods.keys().map(String::as_str).collect();
         assert_eq!(ids, ["described"]);
         assert!(inv.pods["described"].spec.is_critical(), "its annotations came from its status");
-        // Each refresh asks again: one described later is taken then.
+        // The next refresh, which asks the runtime again, still leaves them out.
         inv.refresh(&client).await.expect("refresh");
         assert_eq!(inv.pods.len(), 1, "the others still cannot be described");
     }
