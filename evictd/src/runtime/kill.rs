@@ -625,7 +625,6 @@ pub(crate) mod tests {
         );
         let mut pinned = BTreeMap::new();
         pin_largest(&target, 3, 0, &mut pinned).unwrap();
-        let ours: Vec<i32> = pod.children.iter().map(|c| c.id() as i32).collect();
         assert_eq!(pinned.len(), 3, "at most the number asked for");
         assert!(pinned.keys().all(|p| ours.contains(p)), "only the pod's processes: {:?}", pinned.keys());
         let mut none = BTreeMap::new();
