@@ -27,12 +27,15 @@ pub const STAT_ITEM_LIMIT: usize = STAT_ITEM_WORDS * 64;
 
 /// Per-CPU counters, indices into the `COUNTERS` map.
 pub const COUNTER_CHARGE_MATCHED: u32 = 0;
-pub const COUNTER_RING_DROPS: u32 = 1;
+/// Charge events not emitted because the ring buffer was more than half full.
+pub const COUNTER_CHARGE_YIELDED: u32 = 1;
 pub const COUNTER_RATE_LIMITED: u32 = 2;
 /// Events emitted, by cause: `COUNTER_EMITTED_BASE + cause`.
 pub const COUNTER_EMITTED_BASE: u32 = 3;
+/// Events lost to a full ring buffer, by cause: `COUNTER_DROPS_BASE + cause`.
+pub const COUNTER_DROPS_BASE: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
 /// Kernel-side failures, by kind: `COUNTER_ERRORS_BASE + KernelError as u32`.
-pub const COUNTER_ERRORS_BASE: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
+pub const COUNTER_ERRORS_BASE: u32 = COUNTER_DROPS_BASE + crate::CAUSE_COUNT as u32;
 pub const COUNTER_COUNT: u32 = COUNTER_ERRORS_BASE + KERNEL_ERROR_COUNT as u32;
 
 /// What can go wrong in a program. None should ever happen; each is counted rather than

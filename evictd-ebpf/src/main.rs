@@ -12,6 +12,7 @@
 
 use aya_ebpf::{
     EbpfContext as _, Global,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_RING_SIZE},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
@@ -22,9 +23,10 @@ use aya_ebpf::{
 };
 use evictd_common::{
     BATCH_MAX_DEPTH, CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL,
-    CGROUP_KIND_DEFAULT, CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_COUNT, COUNTER_EMITTED_BASE,
-    COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED, COUNTER_RING_DROPS, ChargeItems, FLAG_BATCH, FLAG_CHARGE,
-    FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, KernelError, STAT_ITEM_WORDS, WakeEvent,
+    CGROUP_KIND_DEFAULT, CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_CHARGE_YIELDED, COUNTER_COUNT,
+    COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED, ChargeItems,
+    FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, KernelError, STAT_ITEM_WORDS,
+    WakeEvent,
     tracepoints::{
         Field, MEMCG_STAT_ARG_ITEM, MEMCG_STAT_ARG_MEMCG, MEMCG_STAT_ARG_VAL, OOM_ANON_RSS, OOM_FILE_RSS,
         OOM_PID, OOM_SHMEM_RSS,
@@ -33,9 +35,9 @@ use evictd_common::{
 
 // Map and global names are `evictd_common::names`; userspace checks this object against them.
 
-/// Wake events to userspace. Userspace may resize it at load time.
+/// Wake events to userspace. Userspace sizes it at load time (`--ring-buffer-size`).
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 
 #[map]
 static CONFIG: Array<KernelConfig> = Array::with_max_entries(1, 0);
@@ -212,7 +214,7 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     }
     let pages = st.charge_pages;
     st.charge_pages = 0;
-    emit(CAUSE_CHARGE, id, CGROUP_KIND_MEMCG, pages << cfg.page_shift, current_tgid());
+    emit_charge(id, pages << cfg.page_shift);
     Ok(())
 }
 
@@ -273,7 +275,7 @@ fn watched_counter_charged(cfg: &KernelConfig, counter: u64, charged_id: u64) ->
         return Ok(());
     }
     st.baseline_pages = usage;
-    emit(CAUSE_CHARGE, charged_id, CGROUP_KIND_MEMCG, grown << cfg.page_shift, current_tgid());
+    emit_charge(charged_id, grown << cfg.page_shift);
     Ok(())
 }
 
@@ -309,6 +311,8 @@ fn try_reclaim(ctx: &TracePointContext, cause: u32) -> Result<(), KernelError> {
         bump(COUNTER_RATE_LIMITED);
         return Ok(());
     }
+    // Stamped whether or not the event finds room: while the ring is full every CPU would
+    // otherwise take its lock on every reclaim, and userspace learns of the loss anyway.
     st.last_reclaim_ns = now;
     // The offset moves between kernels and a tracepoint program may only load from its
     // context at constant offsets, so the record is read through the helper; reclaim events
@@ -360,10 +364,25 @@ fn current_tgid() -> u32 {
     (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
+/// A charge event, unless the ring buffer is more than half full: then the unread events
+/// already say "look", and the other half is kept for reclaim and OOM-kill events, which
+/// tell userspace the kernel is acting (they raise the urgency of a stop under way) and
+/// which nothing else reports.
+#[inline(always)]
+fn emit_charge(cgroup_id: u64, amount_bytes: i64) {
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) > EVENTS.query(BPF_RB_RING_SIZE as u64) / 2 {
+        bump(COUNTER_CHARGE_YIELDED);
+        return;
+    }
+    emit(CAUSE_CHARGE, cgroup_id, CGROUP_KIND_MEMCG, amount_bytes, current_tgid());
+}
+
+/// One event into the ring buffer. A full ring loses it, counted by cause: userspace learns
+/// of lost reclaim and OOM-kill events from the count (`RingLosses`).
 #[inline(always)]
 fn emit(cause: u32, cgroup_id: u64, cgroup_kind: u32, amount_bytes: i64, pid: u32) {
     let Some(mut entry) = EVENTS.reserve::<WakeEvent>(0) else {
-        bump(COUNTER_RING_DROPS);
+        bump(COUNTER_DROPS_BASE + cause);
         return;
     };
     entry.write(WakeEvent {

@@ -210,6 +210,22 @@ impl Drop for MemHog {
     }
 }
 
+/// A directory for files whose pages are page cache, on a disk (a tmpfs file would be
+/// shared memory, never reclaimed, always working set); `None`, skipped loudly, where
+/// /var/tmp lives in memory.
+pub fn page_cache_dir(test: &str) -> Option<tempfile::TempDir> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let dir = tempfile::tempdir_in("/var/tmp").expect("a directory on /var/tmp");
+    let in_memory = nix::sys::statfs::statfs(dir.path())
+        .is_ok_and(|s| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&s.filesystem_type().0));
+    if in_memory {
+        skip(test, "/var/tmp is memory-backed (tmpfs or ramfs): no reclaimable page cache to fill");
+        return None;
+    }
+    Some(dir)
+}
+
 /// Prints the last `lines` lines of `whose` log (`text`, kept at `path` when it has one) to
 /// stderr, for a failing test: the teardown deletes the log, and a VM loses it. `cargo xtask
 /// vm` reads this header back to echo the warnings and errors at the end of its output.

@@ -1,6 +1,7 @@
 //! The kernel pipeline on the real kernel: programs load and attach, charge in a test cgroup
-//! reaches userspace as a wake event carrying that cgroup's id, the watermark filters, and
-//! the drop counter counts. Needs root and BTF; skipped loudly otherwise.
+//! reaches userspace as a wake event carrying that cgroup's id, the watermark filters, a
+//! ring buffer full of charge events keeps room for reclaim and OOM kills, and the events it
+//! loses reach the reader. Needs root and BTF; skipped loudly otherwise.
 
 use std::{
     sync::Arc,
@@ -19,7 +20,7 @@ use evictd::{
         eventfd::EventfdWake,
     },
 };
-use evictd_common::{CAUSE_CHARGE, CGROUP_KIND_MEMCG};
+use evictd_common::{CAUSE_CHARGE, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, CGROUP_KIND_MEMCG};
 use evictd_tests::{MemHog, TestCgroup, privileged};
 use tokio::sync::mpsc;
 
@@ -151,27 +152,94 @@ async fn growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake() {
     assert!(!late.is_empty(), "632 MiB past a 512 MiB watermark sent no wake");
 }
 
+/// With nobody reading, charge events stop at half the ring buffer and the kernel's reclaim
+/// and OOM-kill events still find room: they raise the urgency of a stop under way, and
+/// nothing else reports them.
 #[tokio::test]
-async fn a_full_ring_buffer_is_counted_as_drops() {
-    if !privileged("a_full_ring_buffer_is_counted_as_drops") {
+async fn charge_leaves_half_the_ring_to_reclaim_and_oom_kills() {
+    if !privileged("charge_leaves_half_the_ring_to_reclaim_and_oom_kills") {
         return;
     }
     let cg = TestCgroup::new(None);
-    // The smallest ring, every page an event, and nobody reading: it must overflow.
-    let opts = LoadOptions { ring_buffer_bytes: 4096, ..Default::default() };
+    // Reclaim and OOM-kill events at most once a second per CPU: the half left free holds
+    // ~42, and the OOM kill below must not wait behind reclaim events of a slow machine.
+    let opts =
+        LoadOptions { ring_buffer_bytes: 4096, min_interval: Duration::from_secs(1), ..Default::default() };
     let (mut probes, _ring) = KernelProbes::load(&opts).expect("loading evictd's eBPF programs");
     probes.set_scope(Some(&[cg.id()])).expect("scope");
     probes.watch(cg.id()).expect("watch");
     probes.rearm(0).expect("rearm");
     let mut hog = MemHog::spawn_in(&cg);
-    // The memcg tracepoints fire per page (4096 events in 16 MiB); the batched hook once per
-    // 64-page batch, or once per 2 MiB huge page (~0.6 per MiB seen in the VMs), so it gets
-    // 512 MiB: ~300 events or more for a ring that holds ~85.
+    // Several times what the ring holds: the memcg tracepoints fire per page (4096 events
+    // in 16 MiB), the batched hook once per 64-page batch or 2 MiB huge page (~0.6 per MiB
+    // seen in the VMs).
     let mib = if probes.has_batch_hook() { 512 } else { 16 };
     hog.alloc(mib);
     let c = probes.counters().expect("counters");
-    assert!(c.ring_drops > 0, "no drops counted with a 4 KiB ring and {mib} MiB of events: {c:?}");
-    assert!(c.emitted[CAUSE_CHARGE as usize] < 200, "{c:?}");
+    assert!(c.charge_yielded > 0, "{mib} MiB of charge events never found the 4 KiB ring half full: {c:?}");
+    assert_eq!(c.ring_drops, 0, "charge events filled the ring: {c:?}");
+    drop(hog);
+    // A limit hit: the kernel reclaims in that cgroup, then OOM-kills.
+    let limited = TestCgroup::new(Some(64 << 20));
+    let mut victim = MemHog::spawn_in(&limited);
+    assert!(!victim.try_alloc(128), "128 MiB fit in a 64 MiB cgroup");
+    let c = probes.counters().expect("counters");
+    let (reclaim, oom) = (c.emitted[CAUSE_MEMCG_RECLAIM as usize], c.emitted[CAUSE_OOM_KILL as usize]);
+    assert!(reclaim > 0 && oom > 0, "no reclaim or OOM-kill event beside the charge events: {c:?}");
+    assert_eq!(c.dropped, [0; evictd_common::CAUSE_COUNT], "{c:?}");
+}
+
+/// Reclaim events the kernel loses to a full ring buffer reach the daemon once the reader
+/// catches up, as a lost wake of their cause (which counts as the node's,
+/// `NodeScope::kernel_acting`).
+#[tokio::test]
+async fn reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake() {
+    const TEST: &str = "reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake";
+    if !privileged(TEST) {
+        return;
+    }
+    let Some(dir) = evictd_tests::page_cache_dir(TEST) else { return };
+    let cg = TestCgroup::new(Some(32 << 20));
+    // Every reclaim an event (no interval), a ring of ~85, nothing read yet, and no charge
+    // event (a watermark never reached).
+    let opts = LoadOptions { ring_buffer_bytes: 4096, min_interval: Duration::ZERO, ..Default::default() };
+    let (mut probes, ring) = KernelProbes::load(&opts).expect("loading evictd's eBPF programs");
+    probes.set_scope(Some(&[cg.id()])).expect("scope");
+    probes.watch(cg.id()).expect("watch");
+    probes.rearm(1 << 50).expect("rearm");
+    // Page cache written through a cgroup a twelfth its size: the kernel reclaims in it about
+    // once a MiB (~100 events for 128 MiB seen here), several times what the ring holds.
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.cache(384, &dir.path().join("cache"));
+    let c = probes.counters().expect("counters");
+    assert!(
+        c.dropped[CAUSE_MEMCG_RECLAIM as usize] > 0,
+        "384 MiB of page cache through a 32 MiB cgroup lost no reclaim event to a 4 KiB ring: {c:?}"
+    );
+    let (tx, mut rx) = mpsc::channel(1 << 16);
+    wake::ebpf::spawn_ring_buffer(ring, tx, Arc::new(WakeStats::default())).expect("ring buffer consumer");
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(2));
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(w)) if w.lost && w.cause == WakeCause::MemcgReclaim => {
+                // Reported once: nothing is lost since (the ring is read now), so no more.
+                let again = tokio::time::timeout(Duration::from_millis(500), async {
+                    while let Some(w) = rx.recv().await {
+                        if w.lost {
+                            return Some(w);
+                        }
+                    }
+                    None
+                });
+                assert!(matches!(again.await, Err(_) | Ok(None)), "a second lost wake for the same losses");
+                return;
+            }
+            Ok(Some(w)) => seen.push(w.cause),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    panic!("no lost wake after {} events read ({c:?})", seen.len());
 }
 
 #[tokio::test]

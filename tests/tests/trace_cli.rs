@@ -478,15 +478,7 @@ fn displacing_page_cache_wakes(test: &str, args: &[&str]) {
     if !privileged(test) {
         return;
     }
-    // On a disk: a tmpfs file would be shared memory, never reclaimed, always working set.
-    let dir = tempfile::tempdir_in("/var/tmp").expect("a directory on /var/tmp");
-    if memory_backed(dir.path()) {
-        evictd_tests::skip(
-            test,
-            "/var/tmp is memory-backed (tmpfs or ramfs): no reclaimable page cache to fill",
-        );
-        return;
-    }
+    let Some(dir) = evictd_tests::page_cache_dir(test) else { return };
     let limit = 512 * MIB;
     let node = TestCgroup::new(Some(limit));
     no_swap(&node);
@@ -554,14 +546,6 @@ fn displacing_page_cache_wakes(test: &str, args: &[&str]) {
          within {window:?}; steps (usage, working set MiB): {steps:?}",
         limit / MIB
     );
-}
-
-/// Whether `dir` is on a filesystem that lives in memory (its pages are never reclaimed as
-/// page cache is).
-fn memory_backed(dir: &std::path::Path) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    nix::sys::statfs::statfs(dir).is_ok_and(|s| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&s.filesystem_type().0))
 }
 
 /// Anonymous memory of the cgroup is never swapped out: reclaim must take the page cache.

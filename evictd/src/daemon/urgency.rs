@@ -120,16 +120,22 @@ impl NodeScope {
     /// (reclaim) or the victim (OOM kill), and must be in the node. Memcg reclaim and OOM
     /// kills are looked at only when `cgroup_events` says they would count.
     pub fn kernel_acting(&self, wakes: &[Wake], cgroup_events: bool) -> KernelActing {
-        let seen =
-            |causes: &[WakeCause]| wakes.iter().any(|w| causes.contains(&w.cause) && self.holds(w.pid));
+        let seen = |causes: &[WakeCause]| wakes.iter().any(|w| causes.contains(&w.cause) && self.holds(w));
         KernelActing {
             direct_reclaim: seen(&[WakeCause::DirectReclaim]),
             cgroup_reclaim_or_oom: cgroup_events && seen(&[WakeCause::MemcgReclaim, WakeCause::OomKill]),
         }
     }
 
-    fn holds(&self, pid: u32) -> bool {
-        self.rel.as_ref().is_none_or(|rel| pid_in_cgroup(pid, rel, self.version))
+    /// Events lost to a full ring buffer (`Wake::lost`) name no pid: they are the node's
+    /// where the node is the whole machine, and not known to be where a cgroup plays it (the
+    /// tracepoints see the whole machine).
+    fn holds(&self, w: &Wake) -> bool {
+        match &self.rel {
+            None => true,
+            Some(_) if w.lost => false,
+            Some(rel) => pid_in_cgroup(w.pid, rel, self.version),
+        }
     }
 }
 
@@ -222,6 +228,28 @@ mod tests {
             !machine.kernel_acting(&[w], false).cgroup_reclaim_or_oom,
             "not looked at when they would not count"
         );
+    }
+
+    /// Reclaim the kernel could not report (the ring buffer was full) counts as a seen one
+    /// where the node is the whole machine; where a cgroup plays the node, whose it was is
+    /// not known, and it does not.
+    #[test]
+    fn reclaim_lost_to_a_full_ring_counts_on_a_whole_machine() {
+        let layout = CgroupMounts {
+            memory_root: "/sys/fs/cgroup/memory".into(),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
+        let machine = NodeScope::new(Path::new("/sys/fs/cgroup/memory"), &layout);
+        let lost = Wake::lost(WakeCause::DirectReclaim);
+        assert!(machine.kernel_acting(&[lost], true).direct_reclaim);
+        let lost = Wake::lost(WakeCause::OomKill);
+        assert!(machine.kernel_acting(&[lost], true).cgroup_reclaim_or_oom);
+        assert!(!machine.kernel_acting(&[lost], false).cgroup_reclaim_or_oom, "counted as a seen one");
+        assert_eq!(machine.kernel_acting(&[Wake::lost(WakeCause::Charge)], true), KernelActing::default());
+        let cgroup = NodeScope::new(Path::new("/sys/fs/cgroup/memory/evictd-no-such-node"), &layout);
+        let lost = Wake::lost(WakeCause::DirectReclaim);
+        assert_eq!(cgroup.kernel_acting(&[lost], true), KernelActing::default());
     }
 
     /// A container reclaiming against its own limit, or OOM-killed by it, while the node is

@@ -18,9 +18,9 @@ use aya::{
 };
 pub use evictd_common::tracepoints::{TRACEPOINTS, TracepointSpec};
 use evictd_common::{
-    CAUSE_COUNT, COUNTER_CHARGE_MATCHED, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED,
-    COUNTER_RING_DROPS, ChargeItems, FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
-    KERNEL_ERROR_COUNT, KernelConfig,
+    CAUSE_CHARGE, CAUSE_COUNT, COUNTER_CHARGE_MATCHED, COUNTER_CHARGE_YIELDED, COUNTER_DROPS_BASE,
+    COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED, ChargeItems, FLAG_BATCH, FLAG_CHARGE,
+    FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KERNEL_ERROR_COUNT, KernelConfig,
     names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_SCOPE},
 };
 
@@ -145,27 +145,106 @@ impl Default for LoadOptions {
         LoadOptions {
             btf_path: stat_items::VMLINUX_BTF.into(),
             charge_items: stat_items::DEFAULT_CHARGE_ITEMS.iter().map(|s| s.to_string()).collect(),
-            ring_buffer_bytes: 256 * 1024,
+            ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
             min_interval: Duration::from_millis(10),
             charge_tier: None,
         }
     }
 }
 
+/// The wake ring buffer's size unless `--ring-buffer-size` says otherwise: ~1300 events.
+/// A charge event is only a reason to look, and the kernel side holds them back while the
+/// ring is more than half full (the unread half says "look" already); the other half is
+/// for reclaim and OOM-kill events, at most one per CPU and `--reclaim-min-interval` each,
+/// and one lost anyway is taken as the kernel acting in the node (`RingLosses`). Its pages
+/// are mapped into evictd twice (the ring wraps through a second mapping), so they count
+/// twice in evictd's resident memory: 256 KiB cost ~0.5 MiB of it.
+pub const DEFAULT_RING_BUFFER_BYTES: u32 = 64 * 1024;
+
 /// Per-CPU counters summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
     pub charge_matched: u64,
+    /// Charge events held back while the ring buffer was more than half full.
+    pub charge_yielded: u64,
+    /// Events lost to a full ring buffer, all causes (`dropped` by cause).
     pub ring_drops: u64,
     pub rate_limited: u64,
     /// By `CAUSE_*` index.
     pub emitted: [u64; CAUSE_COUNT],
+    /// Events lost to a full ring buffer, by `CAUSE_*` index.
+    pub dropped: [u64; CAUSE_COUNT],
     /// Kernel-side failures, by `KernelError` index (no-config, no-cpu-state, memcg-id-read).
     pub errors: [u64; KERNEL_ERROR_COUNT],
 }
 
+/// The per-CPU counters map, shared by the probes (`counters`) and the ring's reader
+/// (`RingLosses`).
+type CounterMap = Arc<PerCpuArray<MapData, u64>>;
+
+/// A counter summed over CPUs.
+fn sum_counter(map: &PerCpuArray<MapData, u64>, i: u32) -> Result<u64, EbpfError> {
+    Ok(map.get(&i, 0).map_err(map_err(MAP_COUNTERS))?.iter().sum())
+}
+
+/// The wake stream: the ring buffer, and the kernel's counts of the events a full ring lost.
+pub struct WakeRing {
+    pub ring: RingBuf<MapData>,
+    pub losses: RingLosses,
+}
+
+/// The kernel's counts of events lost to a full ring buffer, as the reader last looked. A
+/// lost reclaim or OOM-kill event is the loss that matters: nothing else tells userspace
+/// that the kernel is acting. A loss needs nearly a whole ring unread, all of which the
+/// reader then drains: so it looks once it has drained half a ring's bytes since it last
+/// looked (`drained`), which no loss can slip past, and an ordinary wake reads no map.
+pub struct RingLosses {
+    counters: CounterMap,
+    ring_bytes: usize,
+    drained: usize,
+    seen: [u64; CAUSE_COUNT],
+    /// Causes with losses not yet reported to the daemon (`CAUSE_*` index).
+    unreported: [bool; CAUSE_COUNT],
+}
+
+impl RingLosses {
+    /// Notes `bytes` more drained; past half a ring since the last look, looks at the
+    /// counts again. `Err` when they cannot be read (looked at again after the next drain).
+    pub fn after_drain(&mut self, bytes: usize) -> Result<(), EbpfError> {
+        self.drained += bytes;
+        if self.drained < self.ring_bytes / 2 {
+            return Ok(());
+        }
+        for cause in 0..CAUSE_COUNT as u32 {
+            // A lost charge event: half a ring of events said "look" already.
+            if cause == CAUSE_CHARGE {
+                continue;
+            }
+            let now = sum_counter(&self.counters, COUNTER_DROPS_BASE + cause)?;
+            let slot = cause as usize;
+            self.unreported[slot] |= now > self.seen[slot];
+            self.seen[slot] = now;
+        }
+        self.drained = 0;
+        Ok(())
+    }
+
+    /// Whether `cause` (`CAUSE_*`) has losses not reported yet.
+    pub fn unreported(&self, cause: u32) -> bool {
+        self.unreported.get(cause as usize).copied().unwrap_or(false)
+    }
+
+    /// The daemon has been told of `cause`'s losses.
+    pub fn reported(&mut self, cause: u32) {
+        if let Some(slot) = self.unreported.get_mut(cause as usize) {
+            *slot = false;
+        }
+    }
+}
+
 pub struct KernelProbes {
     ebpf: Ebpf,
+    counters: CounterMap,
     config: KernelConfig,
     page_size: u64,
     ncpus: u64,
@@ -185,7 +264,7 @@ fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> EbpfError 
 impl KernelProbes {
     /// Loads and attaches everything that this kernel allows. The returned ring buffer is
     /// the wake stream; events flow once `rearm` has been called.
-    pub fn load(opts: &LoadOptions) -> Result<(Self, RingBuf<MapData>), EbpfError> {
+    pub fn load(opts: &LoadOptions) -> Result<(Self, WakeRing), EbpfError> {
         let tracefs = tracefs::ensure_mounted()?;
         // One BTF read serves the stat items, the raw tracepoint checks and the offsets.
         let btf = KernelBtf::open(&opts.btf_path)?;
@@ -207,6 +286,17 @@ impl KernelProbes {
 
         let ring = RingBuf::try_from(ebpf.take_map(MAP_EVENTS).ok_or(EbpfError::MissingMap(MAP_EVENTS))?)
             .map_err(map_err(MAP_EVENTS))?;
+        let counters = Arc::new(
+            PerCpuArray::try_from(ebpf.take_map(MAP_COUNTERS).ok_or(EbpfError::MissingMap(MAP_COUNTERS))?)
+                .map_err(map_err(MAP_COUNTERS))?,
+        );
+        let losses = RingLosses {
+            counters: counters.clone(),
+            ring_bytes: opts.ring_buffer_bytes as usize,
+            drained: 0,
+            seen: [0; CAUSE_COUNT],
+            unreported: [false; CAUSE_COUNT],
+        };
         let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
             .ok()
             .flatten()
@@ -232,6 +322,7 @@ impl KernelProbes {
         }
         let probes = KernelProbes {
             ebpf,
+            counters,
             config,
             page_size,
             ncpus: ncpus.max(1),
@@ -241,7 +332,7 @@ impl KernelProbes {
             programs,
             items,
         };
-        Ok((probes, ring))
+        Ok((probes, WakeRing { ring, losses }))
     }
 
     /// Starts a new measurement of charge growth from "now" and asks for a wake once the
@@ -332,21 +423,20 @@ impl KernelProbes {
     }
 
     pub fn counters(&self) -> Result<Counters, EbpfError> {
-        let map: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.ebpf.map(MAP_COUNTERS).ok_or(EbpfError::MissingMap(MAP_COUNTERS))?)
-                .map_err(map_err(MAP_COUNTERS))?;
-        let sum = |i: u32| -> Result<u64, EbpfError> {
-            Ok(map.get(&i, 0).map_err(map_err(MAP_COUNTERS))?.iter().sum())
-        };
+        let sum = |i: u32| sum_counter(&self.counters, i);
         let mut c = Counters {
             charge_matched: sum(COUNTER_CHARGE_MATCHED)?,
-            ring_drops: sum(COUNTER_RING_DROPS)?,
+            charge_yielded: sum(COUNTER_CHARGE_YIELDED)?,
             rate_limited: sum(COUNTER_RATE_LIMITED)?,
             ..Default::default()
         };
         for (cause, slot) in c.emitted.iter_mut().enumerate() {
             *slot = sum(COUNTER_EMITTED_BASE + cause as u32)?;
         }
+        for (cause, slot) in c.dropped.iter_mut().enumerate() {
+            *slot = sum(COUNTER_DROPS_BASE + cause as u32)?;
+        }
+        c.ring_drops = c.dropped.iter().sum();
         for (error, slot) in c.errors.iter_mut().enumerate() {
             *slot = sum(COUNTER_ERRORS_BASE + error as u32)?;
         }

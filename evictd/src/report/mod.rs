@@ -8,7 +8,7 @@ use std::{
     time::Instant,
 };
 
-use evictd_common::KernelError;
+use evictd_common::{CAUSE_COUNT, KernelError};
 use evictd_policy::{
     observations::Observations,
     policy::{NodeCondition, Threshold},
@@ -164,6 +164,8 @@ struct WakeCounts {
     at_last_summary: [u64; WakeCause::ALL.len()],
     last_summary: Option<Instant>,
     last_drops: u64,
+    /// By `CAUSE_*` index, as `Counters::dropped`.
+    last_dropped: [u64; CAUSE_COUNT],
     last_errors: [u64; KernelError::ALL.len()],
     last_kernel_errors: u64,
     available: Option<i64>,
@@ -191,6 +193,10 @@ impl WakeCounts {
             s.ring_drops = k.ring_drops.saturating_sub(self.last_drops);
             s.ring_drops_total = k.ring_drops;
             self.last_drops = k.ring_drops;
+            if s.ring_drops > 0 {
+                self.warn_lost(k);
+            }
+            self.last_dropped = k.dropped;
             let errors = KernelError::ALL
                 .map(|e| (e, k.errors[e as usize].saturating_sub(self.last_errors[e as usize])));
             metrics.wake.kernel(s.ring_drops, &errors);
@@ -202,14 +208,26 @@ impl WakeCounts {
         s.memory_available_bytes = self.available;
         s.watermark_bytes = sources.iter().find_map(|s| s.watermark());
         s.charge_probes_attached = sources.iter().find_map(|s| s.charge_probes_attached());
-        if s.ring_drops > 0 {
-            tracing::warn!(
-                drops = s.ring_drops,
-                "ring buffer full: raise --ring-buffer-size or the watermark"
-            );
-        }
         tracing::debug!(available = ?self.available.map(units::bytes), "summary");
         s
+    }
+
+    /// Wake events lost to a full ring since the last summary, by cause. Charge events stop
+    /// at half the ring, so most losses are reclaim and OOM-kill events, which the daemon is
+    /// told of (`RingLosses`).
+    fn warn_lost(&self, k: &Counters) {
+        let lost: Vec<String> = (0..CAUSE_COUNT)
+            .filter_map(|i| {
+                let n = k.dropped[i].saturating_sub(self.last_dropped[i]);
+                let cause = WakeCause::from_kernel(i as u32)?;
+                (n > 0).then(|| format!("{cause} {n}"))
+            })
+            .collect();
+        tracing::warn!(
+            lost = %lost.join(", "),
+            "ring buffer full: kernel wake events lost (a lost reclaim or OOM kill counts as the kernel acting \
+             where the node is the whole machine): raise --ring-buffer-size"
+        );
     }
 
     /// The kernel side counts its failures instead of hiding them; any new one is worth a

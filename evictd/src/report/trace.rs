@@ -58,6 +58,8 @@ struct EventLine<'a> {
     memory_available_bytes: Option<i64>,
     threshold: Option<String>,
     threshold_distance_bytes: Option<i64>,
+    /// Stands for kernel events lost to a full ring buffer (`Wake::lost`).
+    lost: bool,
 }
 
 /// Per-second totals, fed by the daemon.
@@ -94,7 +96,9 @@ impl<W: Write> TraceSink<W> {
     pub fn event(&mut self, wake: &Wake, names: &mut CgroupNames, mem: &MemoryView) -> io::Result<()> {
         // Only kernel events name a cgroup, a pid and an amount.
         let from_kernel = wake.kernel_ts_ns.is_some();
-        let cgroup = if from_kernel {
+        let cgroup = if wake.lost {
+            String::from("(events lost: ring buffer full)")
+        } else if from_kernel {
             names.describe(wake.cgroup_kind, wake.cgroup_id, wake.pid)
         } else {
             String::from("-")
@@ -116,6 +120,7 @@ impl<W: Write> TraceSink<W> {
                     memory_available_bytes: mem.available,
                     threshold: mem.nearest.as_ref().map(|(t, _)| t.to_string()),
                     threshold_distance_bytes: mem.nearest.as_ref().map(|(_, d)| *d),
+                    lost: wake.lost,
                 };
                 serde_json::to_writer(&mut self.out, &line)?;
                 writeln!(self.out)

@@ -15,8 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{MapData, RingBuf};
-use evictd_common::WakeEvent;
+use evictd_common::{CAUSE_COUNT, WakeEvent};
 use evictd_policy::{distance::nearest_memory_threshold, observations::Observations, policy::Threshold};
 use tokio::{
     io::{Interest, unix::AsyncFd},
@@ -28,9 +27,9 @@ use super::{
     NodeNow, SourceKind, SourceTask, Wake, WakeError, WakeOptions, WakeSource, WakeStats, monotonic_ns,
 };
 use crate::{
-    kernel::ebpf::{Counters, KernelProbes},
+    kernel::ebpf::{Counters, KernelProbes, RingLosses, WakeRing},
     node::{cgroup_names, signals::NodeSignalSources},
-    vocab::{ChargeTier, OnKilled},
+    vocab::{ChargeTier, OnKilled, WakeCause},
 };
 
 /// How often the charge programs' scope is walked again without the pod list changing.
@@ -369,10 +368,12 @@ impl EbpfWake {
 
 /// Drains the eBPF ring buffer on every readiness and forwards each event.
 pub fn spawn_ring_buffer(
-    ring: RingBuf<MapData>,
+    wake_ring: WakeRing,
     tx: mpsc::Sender<Wake>,
     stats: Arc<WakeStats>,
 ) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
+    let WakeRing { ring, mut losses } = wake_ring;
+    let mut warned = false;
     // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as it
     // lives, and the AsyncFd owns the RingBuf.
     let mut fd =
@@ -382,7 +383,9 @@ pub fn spawn_ring_buffer(
             let mut guard = fd.readable_mut().await?;
             let ring = guard.get_inner_mut();
             let now = monotonic_ns();
+            let mut drained = 0;
             while let Some(item) = ring.next() {
+                drained += item.len() + RING_RECORD_HEADER;
                 let wake = (item.len() >= size_of::<WakeEvent>())
                     // SAFETY: the record holds at least a WakeEvent, which is plain integers
                     // (any bit pattern valid); read_unaligned because the ring gives no alignment promise.
@@ -400,9 +403,51 @@ pub fn spawn_ring_buffer(
                     Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
                 }
             }
+            if report_losses(&mut losses, drained, &mut warned, &tx, &stats) {
+                return Ok(());
+            }
             guard.clear_ready();
         }
     }))
+}
+
+/// The kernel's header before each ring-buffer record (`BPF_RINGBUF_HDR_SZ`); records are
+/// padded to 8 bytes, which a wake event fills exactly.
+const RING_RECORD_HEADER: usize = 8;
+const _: () = assert!(size_of::<WakeEvent>().is_multiple_of(8));
+
+/// A wake per cause of which the kernel lost events to a full ring (`RingLosses`), kept
+/// until the channel takes it; true when the daemon is gone. Counts that cannot be read
+/// are warned about once (`warned`), and looked at again after the next drain.
+fn report_losses(
+    losses: &mut RingLosses,
+    drained: usize,
+    warned: &mut bool,
+    tx: &mpsc::Sender<Wake>,
+    stats: &WakeStats,
+) -> bool {
+    if let Err(e) = losses.after_drain(drained)
+        && !std::mem::replace(warned, true)
+    {
+        tracing::warn!("the ring buffer's lost-event counts cannot be read: {e}");
+    }
+    for cause in 0..CAUSE_COUNT as u32 {
+        if !losses.unreported(cause) {
+            continue;
+        }
+        let Some(wake_cause) = WakeCause::from_kernel(cause) else {
+            losses.reported(cause);
+            continue;
+        };
+        match tx.try_send(Wake::lost(wake_cause)) {
+            Ok(()) => losses.reported(cause),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                stats.channel_full.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return true,
+        }
+    }
+    false
 }
 
 #[cfg(test)]

@@ -256,6 +256,9 @@ pub struct Wake {
     pub amount_bytes: i64,
     pub pid: u32,
     pub cpu: u32,
+    /// Stands for kernel events of this cause lost to a full ring buffer: whose and where
+    /// they were is unknown (`NodeScope::kernel_acting` says when they count as the node's).
+    pub lost: bool,
 }
 
 impl Wake {
@@ -269,7 +272,13 @@ impl Wake {
             amount_bytes: ev.amount_bytes,
             pid: ev.pid,
             cpu: ev.cpu,
+            lost: false,
         })
+    }
+
+    /// Kernel events of `cause` lost to a full ring buffer, noticed now.
+    pub(crate) fn lost(cause: WakeCause) -> Self {
+        Wake { lost: true, ..Wake::now(cause) }
     }
 
     /// A userspace wake source's wake, stamped now.
@@ -283,6 +292,7 @@ impl Wake {
             amount_bytes: 0,
             pid: 0,
             cpu: 0,
+            lost: false,
         }
     }
 

@@ -71,6 +71,7 @@ const E2E_ON_ONE_KERNEL: &str = "the containerd end-to-end tests run on one kern
 const BOOKWORM: &[(&str, &str)] = &[
     ("anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing", NO_DISK),
     ("the_poll_alone_sees_anonymous_memory_displacing_page_cache", NO_DISK),
+    ("reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake", NO_DISK),
     ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
@@ -84,6 +85,7 @@ const BOOKWORM: &[(&str, &str)] = &[
 const TRIXIE: &[(&str, &str)] = &[
     ("anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing", NO_DISK),
     ("the_poll_alone_sees_anonymous_memory_displacing_page_cache", NO_DISK),
+    ("reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake", NO_DISK),
     ("this_kernel_has_the_memcg_tracepoints_and_the_id_path", NO_MEMCG_TRACEPOINTS),
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
@@ -96,6 +98,7 @@ const TRIXIE: &[(&str, &str)] = &[
 const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
     ("anonymous_memory_displacing_page_cache_wakes_at_the_working_set_crossing", NO_DISK),
     ("the_poll_alone_sees_anonymous_memory_displacing_page_cache", NO_DISK),
+    ("reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake", NO_DISK),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
@@ -253,7 +256,7 @@ pub(crate) fn vm(env: &BuildEnv, args: &VmArgs) -> Result<()> {
     setup::ensure_debian_packages(&["qemu-system-x86", "systemd"])?;
     let dir = workspace_root().join("target/vm");
     // The image users run, for the DaemonSet's test (built already by `cargo xtask test`):
-    // without LTO, as the test suite's.
+    // the dev profile's, as the test suite's.
     let image = crate::image::image(env, &crate::image::ImageArgs { for_tests: true, ..Default::default() })?;
     let initramfs = build_initramfs(env, &dir, &image)?;
     let mut images = Vec::new();
