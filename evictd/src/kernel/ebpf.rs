@@ -197,7 +197,8 @@ pub struct WakeRing {
 /// lost reclaim or OOM-kill event is the loss that matters: nothing else tells userspace
 /// that the kernel is acting. A loss needs nearly a whole ring unread, all of which the
 /// reader then drains: so it looks once it has drained half a ring's bytes since it last
-/// looked (`drained`), which no loss can slip past, and an ordinary wake reads no map.
+/// looked (`drained`), which no loss can slip past, and an ordinary wake reads no map (the
+/// look reads three per-CPU counters, aya allocating for each, on the daemon's thread).
 pub struct RingLosses {
     counters: CounterMap,
     ring_bytes: usize,
