@@ -307,7 +307,7 @@ fn try_reclaim(ctx: &TracePointContext, cause: u32) -> Result<(), KernelError> {
     let now = unsafe { bpf_ktime_get_ns() };
     // Under pressure reclaim starts thousands of times a second; one wake per interval
     // per CPU is all userspace needs.
-    if now.wrapping_sub(st.last_reclaim_ns) < cfg.min_interval_ns {
+    if within_interval(now, st.last_reclaim_ns, cfg.min_interval_ns) {
         bump(COUNTER_RATE_LIMITED);
         return Ok(());
     }
@@ -341,7 +341,7 @@ fn try_oom(ctx: &TracePointContext) -> Result<(), KernelError> {
     let st = unsafe { &mut *st };
     // SAFETY: helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(st.last_oom_ns) < cfg.min_interval_ns {
+    if within_interval(now, st.last_oom_ns, cfg.min_interval_ns) {
         bump(COUNTER_RATE_LIMITED);
         return Ok(());
     }
@@ -357,6 +357,13 @@ fn try_oom(ctx: &TracePointContext) -> Result<(), KernelError> {
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     emit(CAUSE_OOM_KILL, cgroup, CGROUP_KIND_DEFAULT, rss_bytes as i64, pid as u32);
     Ok(())
+}
+
+/// Whether the last event (at `last` ns, 0: none yet) was less than `interval` ago. None yet
+/// is never within it: a machine up for less than the interval still gets its first event.
+#[inline(always)]
+fn within_interval(now: u64, last: u64, interval: u64) -> bool {
+    last != 0 && now.wrapping_sub(last) < interval
 }
 
 #[inline(always)]
