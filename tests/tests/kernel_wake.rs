@@ -191,8 +191,8 @@ async fn charge_leaves_half_the_ring_to_reclaim_and_oom_kills() {
 }
 
 /// Reclaim events the kernel loses to a full ring buffer reach the daemon once the reader
-/// catches up, as a lost wake of their cause (which counts as the node's,
-/// `NodeScope::kernel_acting`).
+/// catches up, as a lost wake of their cause (`NodeScope::kernel_acting` says when it counts
+/// as the node's).
 #[tokio::test]
 async fn reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake() {
     const TEST: &str = "reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake";

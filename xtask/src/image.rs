@@ -1,7 +1,7 @@
 //! `cargo xtask image`: evictd's container image, written by the build itself — no daemon, no
-//! registry, no base image to pull. The release binary (the dev profile's for the tests) is linked statically (glibc's static
-//! libraries; the eBPF object is embedded in it), checked to have no program interpreter,
-//! and put alone at `/usr/local/bin/evictd` in one layer `FROM scratch`, as an OCI image
+//! registry, no base image to pull. The release binary (the dev profile's for the tests) is
+//! linked statically (glibc's static libraries; the eBPF object is embedded in it), checked
+//! to have no program interpreter, and put alone at `/usr/local/bin/evictd` in one layer `FROM scratch`, as an OCI image
 //! layout in a tar archive (`ctr images import`, `podman load`, `skopeo copy oci-archive:…`
 //! take it). `deploy/Dockerfile` builds an equivalent image from the same binary (its
 //! timestamps and history differ, so its digest does).
@@ -46,7 +46,8 @@ pub(crate) struct ImageArgs {
 
 /// The static binary's path, built (or up to date): release, or dev `for_tests`.
 pub(crate) fn build_static(env: &BuildEnv, for_tests: bool) -> Result<PathBuf> {
-    let profile = if for_tests { "dev" } else { "release" };
+    // Cargo's directory for the dev profile is `debug`.
+    let (profile, dir) = if for_tests { ("dev", "debug") } else { ("release", "release") };
     step(&format!("building evictd, {profile} profile, statically linked"));
     let mut cmd = env.cargo();
     cmd.args(["build", "-p", "evictd", "--profile", profile, "--target", TARGET])
@@ -61,8 +62,7 @@ pub(crate) fn build_static(env: &BuildEnv, for_tests: bool) -> Result<PathBuf> {
     cargo_status(&mut cmd, &format!("cargo build -p evictd --profile {profile} (static)"))?;
     let target_dir =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from);
-    // Cargo's directory for the dev profile is `debug`.
-    let bin = target_dir.join(TARGET).join(if for_tests { "debug" } else { "release" }).join("evictd");
+    let bin = target_dir.join(TARGET).join(dir).join("evictd");
     assert_static(&bin)?;
     Ok(bin)
 }

@@ -18,9 +18,10 @@ use aya::{
 };
 pub use evictd_common::tracepoints::{TRACEPOINTS, TracepointSpec};
 use evictd_common::{
-    CAUSE_CHARGE, CAUSE_COUNT, COUNTER_CHARGE_MATCHED, COUNTER_CHARGE_YIELDED, COUNTER_DROPS_BASE,
-    COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED, ChargeItems, FLAG_BATCH, FLAG_CHARGE,
-    FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KERNEL_ERROR_COUNT, KernelConfig,
+    CAUSE_COUNT, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, COUNTER_CHARGE_MATCHED,
+    COUNTER_CHARGE_YIELDED, COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE,
+    COUNTER_RATE_LIMITED, ChargeItems, FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
+    KERNEL_ERROR_COUNT, KernelConfig,
     names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_SCOPE},
 };
 
@@ -209,6 +210,10 @@ pub struct RingLosses {
 }
 
 impl RingLosses {
+    /// The causes whose losses the reader reports: the kernel acting. A lost charge event
+    /// needs half a ring of unread events, which said "look" already.
+    pub const REPORTED: [u32; 3] = [CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL];
+
     /// Notes `bytes` more drained; past half a ring since the last look, looks at the
     /// counts again. `Err` when they cannot be read (looked at again after the next drain).
     pub fn after_drain(&mut self, bytes: usize) -> Result<(), EbpfError> {
@@ -216,11 +221,7 @@ impl RingLosses {
         if self.drained < self.ring_bytes / 2 {
             return Ok(());
         }
-        for cause in 0..CAUSE_COUNT as u32 {
-            // A lost charge event: half a ring of events said "look" already.
-            if cause == CAUSE_CHARGE {
-                continue;
-            }
+        for cause in Self::REPORTED {
             let now = sum_counter(&self.counters, COUNTER_DROPS_BASE + cause)?;
             let slot = cause as usize;
             self.unreported[slot] |= now > self.seen[slot];

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd_common::{CAUSE_COUNT, WakeEvent};
+use evictd_common::WakeEvent;
 use evictd_policy::{distance::nearest_memory_threshold, observations::Observations, policy::Threshold};
 use tokio::{
     io::{Interest, unix::AsyncFd},
@@ -431,7 +431,7 @@ fn report_losses(
     {
         tracing::warn!("the ring buffer's lost-event counts cannot be read: {e}");
     }
-    for cause in 0..CAUSE_COUNT as u32 {
+    for cause in RingLosses::REPORTED {
         if !losses.unreported(cause) {
             continue;
         }
