@@ -172,24 +172,16 @@ impl MemoryCgroup {
     }
 }
 
-/// Pod cgroups' usage files, kept open between decisions: reading an open cgroup file again
-/// costs ~1.4 µs here, where opening, reading and closing it costs ~15 µs — on a node of 250
-/// pods, a decision's first reads in 0.4 ms rather than 4 ms. A file whose cgroup was
-/// removed answers no more (the kernel says ENODEV) and is opened again, or found gone;
-/// `open_only` closes the files of cgroups no longer asked for, so the set follows the
-/// node's pods; past `limit` files a read opens and closes its file (the descriptors are
-/// shared with the kill path's pidfds).
+/// Cgroups' usage files kept open by path (`read_kept`), for a set named by path that changes
+/// between reads (the trace's growth view): reading an open cgroup file again costs ~1.4 µs
+/// here, where opening, reading and closing it costs ~15 µs. `open_only` closes the files of
+/// cgroups no longer asked for; past `limit` files a read opens and closes its file (the
+/// descriptors are shared with the kill path's pidfds). A decision's pods keep theirs by
+/// position instead (`usage::PodUsageFiles`).
 #[derive(Debug)]
 pub struct UsageFiles {
     open: HashMap<PathBuf, fs::File>,
     limit: usize,
-}
-
-impl Default for UsageFiles {
-    /// Room for the pods of any node (the kubelet's `--max-pods` is 110 by default).
-    fn default() -> Self {
-        Self::at_most(2048)
-    }
 }
 
 impl UsageFiles {
@@ -200,29 +192,23 @@ impl UsageFiles {
 
     /// `cg`'s usage now (`MemoryCgroup::usage`); `None` when the cgroup is gone.
     pub fn usage(&mut self, cg: &MemoryCgroup) -> Result<Option<u64>, MemoryError> {
-        let name = match (cg.version, cg.is_root) {
-            (_, true) => return cg.usage().map(Some),
-            (CgroupVersion::V1, false) => "memory.usage_in_bytes",
-            (CgroupVersion::V2, false) => "memory.current",
-        };
-        // The path is made only when the file is opened: a decision reads every pod's.
-        if let Some(file) = self.open.get(&cg.dir) {
-            match read_u64_at(file, || cg.dir.join(name)) {
-                Ok(v) => return Ok(Some(v)),
-                Err(_) => drop(self.open.remove(&cg.dir)),
+        match read_kept(self.open.get(&cg.dir), cg) {
+            Ok(KeptRead::Usage(v)) => Ok(Some(v)),
+            Ok(KeptRead::Opened(file, v)) => {
+                if self.open.len() < self.limit || self.open.contains_key(&cg.dir) {
+                    self.open.insert(cg.dir.clone(), file);
+                }
+                Ok(Some(v))
+            }
+            Ok(KeptRead::Gone) => {
+                self.open.remove(&cg.dir);
+                Ok(None)
+            }
+            Err(e) => {
+                self.open.remove(&cg.dir);
+                Err(e)
             }
         }
-        let path = cg.dir.join(name);
-        let file = match fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !cg.dir.exists() => return Ok(None),
-            Err(source) => return Err(MemoryError::Read { path, source }),
-        };
-        let v = read_u64_at(&file, || path)?;
-        if self.open.len() < self.limit {
-            self.open.insert(cg.dir.clone(), file);
-        }
-        Ok(Some(v))
     }
 
     /// Opens the usage files of the cgroups in `cgs` not open yet (a read of each), and
@@ -252,6 +238,42 @@ impl UsageFiles {
     pub fn is_empty(&self) -> bool {
         self.open.is_empty()
     }
+}
+
+/// What a usage read through a kept-open file found.
+#[derive(Debug)]
+pub enum KeptRead {
+    /// Read from the kept file, or from the root's own files (never kept).
+    Usage(u64),
+    /// The kept file did not answer (its cgroup was removed, and may have been made again) or
+    /// there was none: the file opened anew, to keep, and its usage.
+    Opened(fs::File, u64),
+    /// The cgroup is gone.
+    Gone,
+}
+
+/// `cg`'s usage, read from `kept` (its usage file, opened before) where that still answers,
+/// else from its file opened anew. A kept file of a removed cgroup fails with ENODEV rather
+/// than answering for a cgroup made again at its path. An error means no kept file is
+/// worth keeping.
+pub fn read_kept(kept: Option<&fs::File>, cg: &MemoryCgroup) -> Result<KeptRead, MemoryError> {
+    let name = match (cg.version, cg.is_root) {
+        (_, true) => return cg.usage().map(KeptRead::Usage),
+        (CgroupVersion::V1, false) => "memory.usage_in_bytes",
+        (CgroupVersion::V2, false) => "memory.current",
+    };
+    // The path is made only when the file is opened: a decision reads every pod's.
+    if let Some(v) = kept.and_then(|file| read_u64_at(file, || cg.dir.join(name)).ok()) {
+        return Ok(KeptRead::Usage(v));
+    }
+    let path = cg.dir.join(name);
+    let file = match fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !cg.dir.exists() => return Ok(KeptRead::Gone),
+        Err(source) => return Err(MemoryError::Read { path, source }),
+    };
+    let v = read_u64_at(&file, || path)?;
+    Ok(KeptRead::Opened(file, v))
 }
 
 /// A number read from the start of an open file, read anew; `path` names it in an error.
@@ -339,7 +361,7 @@ mod tests {
         let _cleanup = Removed(&dir);
         fs::create_dir(&dir).unwrap();
         let cg = MemoryCgroup::new(&dir, layout.memory_version, false);
-        let mut files = UsageFiles::default();
+        let mut files = UsageFiles::at_most(2048);
         // An empty cgroup: the kept file and a fresh read agree.
         assert_eq!(files.usage(&cg).unwrap(), Some(cg.usage().unwrap()));
         assert_eq!(files.len(), 1);

@@ -5,6 +5,8 @@
 //! walker's last walk (`disk_usage`): walking directories is never done in a pass.
 
 use std::{
+    collections::HashMap,
+    fs,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -18,7 +20,7 @@ pub use super::disk_usage::{DiskMeasured, PodDisk};
 use super::inventory::{PodList, PodRecord, same_cgroups};
 use crate::node::{
     cgroups::{CgroupMounts, CgroupVersion},
-    memory::{MemoryCgroup, MemoryError, UsageFiles},
+    memory::{KeptRead, MemoryCgroup, MemoryError, read_kept},
 };
 
 /// The directory of a pod cgroup relative to a hierarchy root. cgroupfs parents are paths
@@ -58,20 +60,36 @@ pub fn pod_cgroups(rec: &PodRecord, layout: &CgroupMounts) -> Option<PodCgroups>
 }
 
 /// The pods' usage files for one pod list, in the list's order: each pod's cgroups found
-/// once per list rather than on every decision, and its usage file kept open
-/// (`UsageFiles`). A memory decision on a node of 250 pods then costs a read per pod, not
-/// each pod's paths made again and the set of open files rebuilt.
-#[derive(Debug, Default)]
+/// once per list rather than on every decision, and its usage file kept open beside them
+/// (`read_kept`). A memory decision on a node of 250 pods then costs a read per pod: no
+/// path made, hashed or compared, and no set of open files rebuilt. The first `limit` pods
+/// of a list keep their files (the descriptors are shared with the kill path's pidfds);
+/// the rest open and close theirs at each read.
+#[derive(Debug)]
 pub struct PodUsageFiles {
     list: Option<PodList>,
     cgroups: Vec<Option<PodCgroups>>,
-    files: UsageFiles,
+    /// Pod `i`'s usage file, kept open; as long as `cgroups`.
+    files: Vec<Option<fs::File>>,
+    limit: usize,
+}
+
+impl Default for PodUsageFiles {
+    /// Room for the pods of any node (the kubelet's `--max-pods` is 110 by default).
+    fn default() -> Self {
+        Self::at_most(2048)
+    }
 }
 
 impl PodUsageFiles {
+    /// Keeping at most `limit` files open.
+    pub fn at_most(limit: usize) -> Self {
+        PodUsageFiles { list: None, cgroups: Vec::new(), files: Vec::new(), limit }
+    }
+
     /// Follows `pods`: a list naming the cgroups of the one followed takes its place (nothing
-    /// opened); another has its pods' cgroups found, its new pods' usage files opened and
-    /// the files of pods gone closed.
+    /// opened); another has its pods' cgroups found, the files of pods it kept taken along,
+    /// its new pods' usage files opened (a read each) and the files of pods gone closed.
     pub fn follow(&mut self, pods: &PodList, layout: &CgroupMounts) {
         match &self.list {
             Some(list) if Arc::ptr_eq(list, pods) => return,
@@ -79,8 +97,20 @@ impl PodUsageFiles {
             _ => {
                 // Forgotten first: a panic below must not leave the old list naming new cgroups.
                 self.list = None;
+                let mut kept: HashMap<PathBuf, fs::File> = std::mem::take(&mut self.cgroups)
+                    .into_iter()
+                    .zip(std::mem::take(&mut self.files))
+                    .filter_map(|(cg, file)| Some((cg?.memory.dir, file?)))
+                    .collect();
                 self.cgroups = pods.iter().map(|p| pod_cgroups(p, layout)).collect();
-                self.files.open_only(self.cgroups.iter().flatten().map(|c| &c.memory));
+                self.files = self.cgroups.iter().map(|_| None).collect();
+                for i in 0..self.cgroups.len().min(self.limit) {
+                    let Some(cg) = &self.cgroups[i] else { continue };
+                    self.files[i] = kept.remove(&cg.memory.dir);
+                    if self.files[i].is_none() {
+                        let _ = self.usage(i);
+                    }
+                }
             }
         }
         self.list = Some(pods.clone());
@@ -95,12 +125,28 @@ impl PodUsageFiles {
     /// when its cgroup is gone.
     pub fn usage(&mut self, i: usize) -> Option<Result<Option<u64>, MemoryError>> {
         let cg = self.cgroups.get(i)?.as_ref()?;
-        Some(self.files.usage(&cg.memory))
+        let kept = self.files.get_mut(i)?;
+        let keep = i < self.limit;
+        Some(match read_kept(kept.as_ref(), &cg.memory) {
+            Ok(KeptRead::Usage(v)) => Ok(Some(v)),
+            Ok(KeptRead::Opened(file, v)) => {
+                *kept = keep.then_some(file);
+                Ok(Some(v))
+            }
+            Ok(KeptRead::Gone) => {
+                *kept = None;
+                Ok(None)
+            }
+            Err(e) => {
+                *kept = None;
+                Err(e)
+            }
+        })
     }
 
     /// How many usage files are open.
     pub fn open(&self) -> usize {
-        self.files.len()
+        self.files.iter().flatten().count()
     }
 }
 
@@ -173,7 +219,7 @@ pub fn pod_stats(
         .pids
         .as_ref()
         .filter(|_| reads.processes)
-        .and_then(|p| std::fs::read_to_string(p.join("pids.current")).ok())
+        .and_then(|p| fs::read_to_string(p.join("pids.current")).ok())
         .and_then(|s| s.trim().parse().ok());
     let containers: Vec<ContainerStats> = rec
         .containers
@@ -271,11 +317,11 @@ fn container_dir(pod_dir: &Path, id: &str) -> Option<PathBuf> {
 
 /// Whether a cgroup tree holds no process any more (or is gone).
 pub fn cgroup_tree_empty(dir: &Path) -> bool {
-    let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else { return true };
+    let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else { return true };
     if !procs.trim().is_empty() {
         return false;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else { return true };
+    let Ok(entries) = fs::read_dir(dir) else { return true };
     entries
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -313,8 +359,8 @@ mod tests {
         };
         for (pod, bytes) in [("a", 1u64 << 20), ("b", 2 << 20)] {
             let dir = d.path().join(format!("memory/kubepods/pod{pod}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join("memory.usage_in_bytes"), format!("{bytes}\n")).unwrap();
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("memory.usage_in_bytes"), format!("{bytes}\n")).unwrap();
         }
         let records = |pods: &[&str]| -> Vec<PodRecord> {
             pods.iter()
@@ -343,16 +389,26 @@ mod tests {
         files.follow(&list(&["a", "none"]), &layout);
         assert_eq!((usage(&mut files, 1), files.cgroups(1).is_none(), files.open()), (None, true, 1));
         assert_eq!(usage(&mut files, 2), None, "past the list");
+        // Past the limit a pod's usage is still read, through a file opened for the read.
+        let mut files = PodUsageFiles::at_most(1);
+        files.follow(&list(&["a", "b"]), &layout);
+        assert_eq!(
+            (usage(&mut files, 0), usage(&mut files, 1), files.open()),
+            (Some(Some(1 << 20)), Some(Some(2 << 20)), 1)
+        );
+        // A file written since is read anew: nothing is cached but the open file.
+        fs::write(d.path().join("memory/kubepods/podb/memory.usage_in_bytes"), "7\n").unwrap();
+        assert_eq!(usage(&mut files, 1), Some(Some(7)));
     }
 
     #[test]
     fn empty_tree_detection() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("c1")).unwrap();
-        std::fs::write(d.path().join("cgroup.procs"), "").unwrap();
-        std::fs::write(d.path().join("c1/cgroup.procs"), "42\n").unwrap();
+        fs::create_dir_all(d.path().join("c1")).unwrap();
+        fs::write(d.path().join("cgroup.procs"), "").unwrap();
+        fs::write(d.path().join("c1/cgroup.procs"), "42\n").unwrap();
         assert!(!cgroup_tree_empty(d.path()));
-        std::fs::write(d.path().join("c1/cgroup.procs"), "").unwrap();
+        fs::write(d.path().join("c1/cgroup.procs"), "").unwrap();
         assert!(cgroup_tree_empty(d.path()));
         assert!(cgroup_tree_empty(&d.path().join("gone")));
     }
@@ -363,7 +419,7 @@ mod tests {
     fn made(dir: &Path, entries: &[&str]) -> (u64, u64) {
         use std::os::unix::fs::MetadataExt as _;
         let paths = std::iter::once(dir.to_path_buf()).chain(entries.iter().map(|e| dir.join(e)));
-        paths.fold((0, 0), |(b, i), p| (b + std::fs::metadata(&p).unwrap().blocks() * 512, i + 1))
+        paths.fold((0, 0), |(b, i), p| (b + fs::metadata(&p).unwrap().blocks() * 512, i + 1))
     }
 
     /// A pod's disk usage as the kubelet counts it. Only running containers
@@ -380,18 +436,18 @@ mod tests {
         };
         let d = tempfile::tempdir().unwrap();
         let cg = d.path().join("memory/kubepods/podu");
-        std::fs::create_dir_all(&cg).unwrap();
+        fs::create_dir_all(&cg).unwrap();
         for (f, v) in [
             ("memory.usage_in_bytes", "1048576"),
             ("memory.stat", "total_inactive_file 0"),
             ("memory.limit_in_bytes", "9223372036854771712"),
         ] {
-            std::fs::write(cg.join(f), v).unwrap();
+            fs::write(cg.join(f), v).unwrap();
         }
         let file = |rel: &str, bytes: usize| {
             let p = d.path().join(rel);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, vec![7u8; bytes]).unwrap();
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, vec![7u8; bytes]).unwrap();
         };
         file("logs/ns_p_u/app/0.log", 64 << 10);
         file("logs/ns_p_u/app/1.log", 32 << 10);
@@ -405,7 +461,7 @@ mod tests {
         file(&format!("{volumes}/kubernetes.io~secret/token/token"), 900);
         file(&format!("{volumes}/kubernetes.io~empty-dir/ram/x"), 5000);
         // A hard link to the blob is the same inode: counted once.
-        std::fs::hard_link(
+        fs::hard_link(
             d.path().join(format!("{volumes}/kubernetes.io~empty-dir/scratch/data/blob")),
             d.path().join(format!("{volumes}/kubernetes.io~empty-dir/scratch/blob-link")),
         )
@@ -507,23 +563,23 @@ mod tests {
         )
         .unwrap();
         let vol = d.path().join("kubelet/pods/u/volumes/kubernetes.io~empty-dir/scratch");
-        std::fs::create_dir_all(&vol).unwrap();
-        std::fs::write(vol.join("big"), vec![7u8; 1 << 20]).unwrap();
+        fs::create_dir_all(&vol).unwrap();
+        fs::write(vol.join("big"), vec![7u8; 1 << 20]).unwrap();
         let layout = CgroupMounts {
             memory_root: d.path().join("memory"),
             memory_version: CgroupVersion::V1,
             unified_root: None,
         };
         let memory = d.path().join("memory/kubepods/podu");
-        std::fs::create_dir_all(&memory).unwrap();
-        std::fs::write(memory.join("memory.usage_in_bytes"), "1048576\n").unwrap();
-        std::fs::write(memory.join("memory.stat"), "total_inactive_file 0\n").unwrap();
-        std::fs::write(memory.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        fs::create_dir_all(&memory).unwrap();
+        fs::write(memory.join("memory.usage_in_bytes"), "1048576\n").unwrap();
+        fs::write(memory.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+        fs::write(memory.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
         let walked = DiskMeasured::from([(
             rec.uid.clone(),
             crate::runtime::disk_usage::measure_disk(&rec, &d.path().join("kubelet")),
         )]);
-        std::fs::remove_file(vol.join("big")).unwrap();
+        fs::remove_file(vol.join("big")).unwrap();
         let cgroups = pod_cgroups(&rec, &layout);
         let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walked), Reads::ALL).unwrap();
         let used = stats.volume[0].used_bytes.unwrap();

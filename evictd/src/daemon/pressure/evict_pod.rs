@@ -83,7 +83,7 @@ fn read_memory_candidates(
     with_usage_files(files, |files| {
         files.follow(pods, cgroups);
         let mut out = Vec::new();
-        let mut bounds = Vec::new();
+        let mut bounds = Vec::with_capacity(pods.len());
         for (i, p) in live_pods(pods, gone) {
             match files.usage(i) {
                 None => out.push((i, Err(usage::UsageError::NoCgroup))),
