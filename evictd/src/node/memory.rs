@@ -192,23 +192,17 @@ impl UsageFiles {
 
     /// `cg`'s usage now (`MemoryCgroup::usage`); `None` when the cgroup is gone.
     pub fn usage(&mut self, cg: &MemoryCgroup) -> Result<Option<u64>, MemoryError> {
-        match read_kept(self.open.get(&cg.dir), cg) {
-            Ok(KeptRead::Usage(v)) => Ok(Some(v)),
-            Ok(KeptRead::Opened(file, v)) => {
-                if self.open.len() < self.limit || self.open.contains_key(&cg.dir) {
-                    self.open.insert(cg.dir.clone(), file);
-                }
-                Ok(Some(v))
-            }
-            Ok(KeptRead::Gone) => {
-                self.open.remove(&cg.dir);
-                Ok(None)
-            }
-            Err(e) => {
-                self.open.remove(&cg.dir);
-                Err(e)
-            }
+        // Taken out with its key, so that putting it back makes no path.
+        let (dir, mut kept) = match self.open.remove_entry(&cg.dir) {
+            Some((dir, file)) => (Some(dir), Some(file)),
+            None => (None, None),
+        };
+        let keep = dir.is_some() || self.open.len() < self.limit;
+        let read = read_kept(&mut kept, cg, keep);
+        if let Some(file) = kept {
+            self.open.insert(dir.unwrap_or_else(|| cg.dir.clone()), file);
         }
+        read
     }
 
     /// Opens the usage files of the cgroups in `cgs` not open yet (a read of each), and
@@ -240,40 +234,37 @@ impl UsageFiles {
     }
 }
 
-/// What a usage read through a kept-open file found.
-#[derive(Debug)]
-pub enum KeptRead {
-    /// Read from the kept file, or from the root's own files (never kept).
-    Usage(u64),
-    /// The kept file did not answer (its cgroup was removed, and may have been made again) or
-    /// there was none: the file opened anew, to keep, and its usage.
-    Opened(fs::File, u64),
-    /// The cgroup is gone.
-    Gone,
-}
-
-/// `cg`'s usage, read from `kept` (its usage file, opened before) where that still answers,
-/// else from its file opened anew. A kept file of a removed cgroup fails with ENODEV rather
-/// than answering for a cgroup made again at its path. An error means no kept file is
-/// worth keeping.
-pub fn read_kept(kept: Option<&fs::File>, cg: &MemoryCgroup) -> Result<KeptRead, MemoryError> {
+/// `cg`'s usage (`None`: the cgroup is gone), read from `kept`, its usage file opened before,
+/// where that still answers; else from its file opened anew, left in `kept` if `keep`. A kept
+/// file of a removed cgroup fails (ENODEV) rather than answer for a cgroup made again at its
+/// path, and is closed before its replacement is opened: the descriptors kept never exceed
+/// the slots for them.
+pub fn read_kept(
+    kept: &mut Option<fs::File>,
+    cg: &MemoryCgroup,
+    keep: bool,
+) -> Result<Option<u64>, MemoryError> {
     let name = match (cg.version, cg.is_root) {
-        (_, true) => return cg.usage().map(KeptRead::Usage),
+        (_, true) => return cg.usage().map(Some),
         (CgroupVersion::V1, false) => "memory.usage_in_bytes",
         (CgroupVersion::V2, false) => "memory.current",
     };
     // The path is made only when the file is opened: a decision reads every pod's.
-    if let Some(v) = kept.and_then(|file| read_u64_at(file, || cg.dir.join(name)).ok()) {
-        return Ok(KeptRead::Usage(v));
+    if let Some(v) = kept.as_ref().and_then(|file| read_u64_at(file, || cg.dir.join(name)).ok()) {
+        return Ok(Some(v));
     }
+    *kept = None;
     let path = cg.dir.join(name);
     let file = match fs::File::open(&path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !cg.dir.exists() => return Ok(KeptRead::Gone),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !cg.dir.exists() => return Ok(None),
         Err(source) => return Err(MemoryError::Read { path, source }),
     };
     let v = read_u64_at(&file, || path)?;
-    Ok(KeptRead::Opened(file, v))
+    if keep {
+        *kept = Some(file);
+    }
+    Ok(Some(v))
 }
 
 /// A number read from the start of an open file, read anew; `path` names it in an error.

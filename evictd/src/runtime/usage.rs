@@ -20,7 +20,7 @@ pub use super::disk_usage::{DiskMeasured, PodDisk};
 use super::inventory::{PodList, PodRecord, same_cgroups};
 use crate::node::{
     cgroups::{CgroupMounts, CgroupVersion},
-    memory::{KeptRead, MemoryCgroup, MemoryError, read_kept},
+    memory::{MemoryCgroup, MemoryError, read_kept},
 };
 
 /// The directory of a pod cgroup relative to a hierarchy root. cgroupfs parents are paths
@@ -103,10 +103,13 @@ impl PodUsageFiles {
                     .filter_map(|(cg, file)| Some((cg?.memory.dir, file?)))
                     .collect();
                 self.cgroups = pods.iter().map(|p| pod_cgroups(p, layout)).collect();
-                self.files = self.cgroups.iter().map(|_| None).collect();
+                self.files = (self.cgroups.iter().enumerate())
+                    .map(|(i, cg)| kept.remove(&cg.as_ref()?.memory.dir).filter(|_| i < self.limit))
+                    .collect();
+                // The files of pods gone are closed before any is opened: never more than
+                // `limit` open, even while a whole node's pods are replaced.
+                drop(kept);
                 for i in 0..self.cgroups.len().min(self.limit) {
-                    let Some(cg) = &self.cgroups[i] else { continue };
-                    self.files[i] = kept.remove(&cg.memory.dir);
                     if self.files[i].is_none() {
                         let _ = self.usage(i);
                     }
@@ -124,24 +127,10 @@ impl PodUsageFiles {
     /// The usage of pod `i` of the list followed now: `None` without cgroups, `Ok(None)`
     /// when its cgroup is gone.
     pub fn usage(&mut self, i: usize) -> Option<Result<Option<u64>, MemoryError>> {
+        debug_assert_eq!(self.files.len(), self.cgroups.len(), "a file slot for every pod");
         let cg = self.cgroups.get(i)?.as_ref()?;
-        let kept = self.files.get_mut(i)?;
         let keep = i < self.limit;
-        Some(match read_kept(kept.as_ref(), &cg.memory) {
-            Ok(KeptRead::Usage(v)) => Ok(Some(v)),
-            Ok(KeptRead::Opened(file, v)) => {
-                *kept = keep.then_some(file);
-                Ok(Some(v))
-            }
-            Ok(KeptRead::Gone) => {
-                *kept = None;
-                Ok(None)
-            }
-            Err(e) => {
-                *kept = None;
-                Err(e)
-            }
-        })
+        Some(read_kept(self.files.get_mut(i)?, &cg.memory, keep))
     }
 
     /// How many usage files are open.
@@ -396,9 +385,20 @@ mod tests {
             (usage(&mut files, 0), usage(&mut files, 1), files.open()),
             (Some(Some(1 << 20)), Some(Some(2 << 20)), 1)
         );
-        // A file written since is read anew: nothing is cached but the open file.
-        fs::write(d.path().join("memory/kubepods/podb/memory.usage_in_bytes"), "7\n").unwrap();
-        assert_eq!(usage(&mut files, 1), Some(Some(7)));
+        // Files written since are read anew, through the kept file and the one opened for
+        // the read: nothing is cached but the open file.
+        let write = |pod: &str, v: &str| {
+            fs::write(d.path().join(format!("memory/kubepods/pod{pod}/memory.usage_in_bytes")), v).unwrap()
+        };
+        write("a", "9\n");
+        write("b", "7\n");
+        assert_eq!((usage(&mut files, 0), usage(&mut files, 1)), (Some(Some(9)), Some(Some(7))));
+        // Reordered across the limit: the pod now first keeps its file, the other's is closed.
+        files.follow(&list(&["b", "a"]), &layout);
+        assert_eq!(
+            (usage(&mut files, 0), usage(&mut files, 1), files.files[0].is_some(), files.open()),
+            (Some(Some(7)), Some(Some(9)), true, 1)
+        );
     }
 
     #[test]
