@@ -35,9 +35,9 @@ fn main() -> anyhow::Result<()> {
 
 /// The eBPF object is built by a cargo of its own, which inherits this script's environment.
 /// A profile override a daemon build sets there (`CARGO_PROFILE_RELEASE_*`: a lower opt-level
-/// or no LTO, for a quicker build) is for the daemon: the object the verifier checks stays the one the
-/// workspace's profile gives, whatever binary embeds it. (No rerun is asked for when they
-/// change: the object does not depend on them.)
+/// or no LTO, for a quicker build) is for the daemon: the object the verifier checks stays the
+/// one the workspace's profile gives, whatever binary embeds it. (No rerun is asked for when
+/// they change: the object does not depend on them.)
 fn keep_profile_overrides_from_the_ebpf_build() {
     let overrides: Vec<_> = std::env::vars_os()
         .map(|(key, _)| key)

@@ -1,8 +1,8 @@
-//! The image users run, as the tests build it: `cargo xtask image` writes it as an OCI archive
-//! (`cargo xtask test` builds it first, with the dev profile, and names it in `EVICTD_IMAGE`). Read here as an OCI
-//! image layout (every digest and size checked), its binary run alone in an empty root —
-//! no loader, no library, nothing but the binary — and the archive imported into a real
-//! containerd, which must name it as the DaemonSet does.
+//! The image users run, as the tests build it: `cargo xtask image` writes it as an OCI
+//! archive (`cargo xtask test` builds it first, with the dev profile, and names it in
+//! `EVICTD_IMAGE`). Read here as an OCI image layout (every digest and size checked), its
+//! binary run alone in an empty root — no loader, no library, nothing but the binary — and
+//! the archive imported into a real containerd, which must name it as the DaemonSet does.
 
 use std::{collections::HashMap, io::Read as _, path::PathBuf, process::Command};
 

@@ -1,9 +1,9 @@
 //! `cargo xtask image`: evictd's container image, written by the build itself — no daemon, no
 //! registry, no base image to pull. The release binary (the dev profile's for the tests) is
 //! linked statically (glibc's static libraries; the eBPF object is embedded in it), checked
-//! to have no program interpreter, and put alone at `/usr/local/bin/evictd` in one layer `FROM scratch`, as an OCI image
-//! layout in a tar archive (`ctr images import`, `podman load`, `skopeo copy oci-archive:…`
-//! take it). `deploy/Dockerfile` builds an equivalent image from the same binary (its
+//! to have no program interpreter, and put alone at `/usr/local/bin/evictd` in one layer
+//! `FROM scratch`, as an OCI image layout in a tar archive (`ctr images import`, `podman
+//! load`, `skopeo copy oci-archive:…` take it). `deploy/Dockerfile` builds an equivalent image from the same binary (its
 //! timestamps and history differ, so its digest does).
 
 use std::{
