@@ -174,10 +174,13 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     if !CHARGE_ITEMS.load().counts_item(item) {
         return Ok(());
     }
-    // Frees are skipped, so the sum is the gross charge since userspace last re-armed: it can
-    // only reach the watermark earlier than the net growth would, never later.
+    // Frees count too, so each CPU's sum is its net growth since userspace last re-armed: the
+    // CPUs' sums add up to the node's growth, so one of them reaches its share of the
+    // watermark no later than the node grows by the whole (negative sums included). A gross
+    // sum would also count memory mapped and unmapped again, and pages moved between LRU
+    // lists, and wake evictd thousands of times a second beside a churning workload.
     let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
-    if val <= 0 {
+    if val == 0 {
         return Ok(());
     }
     let cfg = CONFIG.get(0).ok_or(KernelError::NoConfig)?;

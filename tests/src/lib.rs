@@ -185,6 +185,17 @@ impl MemHog {
         assert!(self.command(&format!("cache {mib} {}", path.display())), "memhog did not cache {mib} MiB");
     }
 
+    /// Maps, touches and unmaps `kib` KiB, `times` times: charges of `kib` × `times` in all,
+    /// the usage flat. Returns when done.
+    pub fn churn(&mut self, kib: usize, times: usize) {
+        assert!(self.try_churn(kib, times), "memhog did not churn {kib} KiB");
+    }
+
+    /// Like `churn`, but returns false when memhog died trying.
+    pub fn try_churn(&mut self, kib: usize, times: usize) -> bool {
+        self.command(&format!("churn {kib} {times}"))
+    }
+
     fn command(&mut self, line: &str) -> bool {
         let Some(stdin) = self.stdin.as_mut() else { return false };
         if writeln!(stdin, "{line}").and_then(|()| stdin.flush()).is_err() {

@@ -152,6 +152,33 @@ async fn growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake() {
     assert!(!late.is_empty(), "632 MiB past a 512 MiB watermark sent no wake");
 }
 
+/// A workload that maps and unmaps memory over and over, beside a node a few MiB from a
+/// threshold, moves the node's usage by nothing: it wakes evictd for nothing either. Gross
+/// charge counting woke it every few hundred KiB, thousands of times a second.
+#[tokio::test]
+async fn memory_charged_and_freed_again_sends_no_wake() {
+    if !privileged("memory_charged_and_freed_again_sends_no_wake") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let watermark: u64 = 32 << 20;
+    let (probes, mut rx) = start(&cg, watermark);
+    let mut hog = MemHog::spawn_in(&cg);
+    // 1 GiB mapped and unmapped 4 MiB at a time: net growth never above 4 MiB, under any
+    // CPU's share of the watermark on a machine of fewer than 8 CPUs.
+    let cpus = aya::util::nr_cpus().expect("cpus") as u64;
+    assert!(4 << 20 < watermark / cpus, "machine too wide for this test's numbers");
+    hog.churn(4 << 10, 256);
+    let churned = charge_wakes(&mut rx, cg.id(), Duration::from_millis(500)).await;
+    let c = probes.counters().expect("counters");
+    // At least each mapping's charge and its free (huge pages make one event of 512 pages).
+    assert!(c.charge_matched >= 2 * 256, "the churn's charges and frees were not seen: {c:?}");
+    assert!(churned.is_empty(), "1 GiB charged and freed again woke evictd {} times", churned.len());
+    hog.alloc(64);
+    let grown = charge_wakes(&mut rx, cg.id(), Duration::from_secs(2)).await;
+    assert!(!grown.is_empty(), "64 MiB of growth past a 32 MiB watermark sent no wake");
+}
+
 /// With nobody reading, charge events stop at half the ring buffer and the kernel's reclaim
 /// and OOM-kill events still find room: they raise the urgency of a stop under way, and
 /// nothing else reports them.

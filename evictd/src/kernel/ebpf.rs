@@ -165,6 +165,8 @@ pub const DEFAULT_RING_BUFFER_BYTES: u32 = 64 * 1024;
 /// Per-CPU counters summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
+    /// Charge-path events that counted toward the watermark (memory stat changes of the
+    /// counted items in the node, frees included; the batched hook's charges of the node).
     pub charge_matched: u64,
     /// Charge events held back while the ring buffer was more than half full.
     pub charge_yielded: u64,

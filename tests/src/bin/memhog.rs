@@ -1,7 +1,8 @@
 //! Test workload: waits for "alloc <MiB>" lines on stdin, allocates and touches that much
 //! (kept until exit), answers "ok" on stdout; exits on EOF. "cache <MiB> <path>" writes a
 //! file of that size and syncs it: clean page cache charged to memhog's cgroup, which the
-//! kernel may reclaim. Driven line by line so a test can
+//! kernel may reclaim. "churn <KiB> <times>" maps, touches and unmaps that much, that many
+//! times: memory charged and freed again, the node's usage flat. Driven line by line so a test can
 //! move it into a cgroup first and then decide exactly how much it charges and when.
 
 use std::io::{BufRead as _, Write as _};
@@ -14,6 +15,11 @@ fn main() -> std::process::ExitCode {
         let Ok(line) = line else { break };
         if let Some(args) = line.strip_prefix("cache ") {
             if let Err(e) = cache(args) {
+                eprintln!("memhog: {line:?}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        } else if let Some(args) = line.strip_prefix("churn ") {
+            if let Err(e) = churn(args) {
                 eprintln!("memhog: {line:?}: {e}");
                 return std::process::ExitCode::FAILURE;
             }
@@ -43,4 +49,34 @@ fn cache(args: &str) -> std::io::Result<()> {
         f.write_all(&chunk)?;
     }
     f.sync_all()
+}
+
+/// `<KiB> <times>`: an anonymous mapping of that size touched page by page and unmapped, that
+/// many times. A mapping of its own each time, not the allocator's: freed memory that the
+/// allocator kept would be charged once and never again.
+fn churn(args: &str) -> std::io::Result<()> {
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "expected <KiB> <times>");
+    let (kib, times) = args.split_once(' ').ok_or_else(invalid)?;
+    let len = std::num::NonZeroUsize::new(kib.parse::<usize>().map_err(|_| invalid())? << 10)
+        .ok_or_else(invalid)?;
+    let times: usize = times.trim().parse().map_err(|_| invalid())?;
+    let page = 4096;
+    for _ in 0..times {
+        // SAFETY: a new private anonymous mapping, written only within its length, unmapped
+        // once and never used after.
+        unsafe {
+            let p = nix::sys::mman::mmap_anonymous(
+                None,
+                len,
+                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
+                nix::sys::mman::MapFlags::MAP_PRIVATE,
+            )?;
+            let bytes = p.cast::<u8>().as_ptr();
+            for off in (0..len.get()).step_by(page) {
+                bytes.add(off).write_volatile(1);
+            }
+            nix::sys::mman::munmap(p, len.get())?;
+        }
+    }
+    Ok(())
 }

@@ -16,6 +16,9 @@
 //! - The time for a process holding 1 GiB to die after SIGKILL (one probe hit per page
 //!   freed), without and with evictd.
 //! - evictd's resident memory and its CPU use while the node is idle.
+//! - What a churning workload costs evictd near a threshold: a node cgroup kept a few MiB
+//!   above one while a tenant maps, touches and unmaps memory (its usage flat); evictd's
+//!   charge wakes a second and its CPU.
 
 use std::{
     path::PathBuf,
@@ -23,7 +26,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd_tests::{api_double::free_port, dies_with_harness, evictd_binary, try_http_get};
+use evictd_tests::{
+    MemHog, TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, try_http_get,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Opts {
@@ -114,7 +119,13 @@ fn fault_loop(seconds: f64) -> f64 {
     pages as f64 / start.elapsed().as_secs_f64()
 }
 
-struct Daemon(Child);
+struct Daemon {
+    child: Child,
+    /// Its metrics endpoint.
+    addr: String,
+    /// The arguments it was started with beyond the runtime and the metrics (for errors).
+    args: Vec<String>,
+}
 
 /// The charge programs attached, as within the band near a threshold.
 const NEAR: &[&str] = &["--charge-probes", "always"];
@@ -153,18 +164,22 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        let d = Daemon(child);
-        d.wait_ready(&addr)?;
+        let mut d = Daemon { child, addr, args: args.iter().map(|a| a.to_string()).collect() };
+        d.wait_ready()?;
         std::thread::sleep(SETTLE);
         Ok(d)
     }
 
     /// Until /readyz answers 200: the first pass is done, and with it the charge programs
     /// detached when every threshold is far (a debug build takes a second or more).
-    fn wait_ready(&self, addr: &str) -> anyhow::Result<()> {
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = self.addr.clone();
         loop {
-            if try_http_get(addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+            if let Some(status) = self.child.try_wait()? {
+                anyhow::bail!("evictd ended before it was ready ({status}); its arguments: {:?}", self.args);
+            }
+            if try_http_get(&addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
                 return Ok(());
             }
             anyhow::ensure!(Instant::now() < deadline, "evictd not ready on {addr}/readyz within 60 s");
@@ -173,16 +188,63 @@ impl Daemon {
     }
 
     fn pid(&self) -> u32 {
-        self.0.id()
+        self.child.id()
+    }
+
+    /// Its charge wakes so far, from its metrics.
+    fn charge_wakes(&self) -> anyhow::Result<u64> {
+        let text = try_http_get(&self.addr, "/metrics")?;
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("evictd_wakes_total{cause=\"charge\"} "))
+            .ok_or_else(|| anyhow::anyhow!("no charge wake count in evictd's metrics"))?;
+        Ok(line.trim().parse::<f64>()? as u64)
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
         // Ours, by PID.
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
+}
+
+/// The node cgroup that hovers near a threshold, and how far above it: a few times the
+/// watermark's floor, where every charge wake comes at the floor.
+const HOVER_NODE_MIB: u64 = 1024;
+const HOVER_DISTANCE_MIB: u64 = 3;
+/// The churning workload's mapping, and how many times it maps one (5 GiB in all).
+const HOVER_CHUNK_KIB: usize = 256;
+const HOVER_CHUNKS: usize = 20_000;
+
+/// One hovering run: the churn's rate, evictd's charge wakes a second and its CPU (% of one
+/// core) while it ran.
+struct Hover {
+    churn_mib_s: f64,
+    wakes_s: f64,
+    cpu_pct: f64,
+}
+
+/// evictd watching a node cgroup of `HOVER_NODE_MIB` whose threshold is `HOVER_DISTANCE_MIB`
+/// below its free memory, while a workload in it maps, touches and unmaps
+/// `HOVER_CHUNK_KIB` at a time: memory charged and freed at GiB/s, the node's usage flat.
+fn hovering() -> anyhow::Result<Hover> {
+    let cg = TestCgroup::new(Some(HOVER_NODE_MIB << 20));
+    let mut hog = MemHog::spawn_in(&cg);
+    let threshold = format!("memory.available<{}Mi", HOVER_NODE_MIB - HOVER_DISTANCE_MIB);
+    let node = cg.dir.display().to_string();
+    let d = Daemon::start(&["--node-cgroup", &node, "--eviction-hard", &threshold])?;
+    let (w0, c0) = (d.charge_wakes()?, cpu_seconds(d.pid()).unwrap_or(0.0));
+    let t = Instant::now();
+    anyhow::ensure!(hog.try_churn(HOVER_CHUNK_KIB, HOVER_CHUNKS), "the churning workload died");
+    let secs = t.elapsed().as_secs_f64();
+    let (w1, c1) = (d.charge_wakes()?, cpu_seconds(d.pid()).unwrap_or(0.0));
+    Ok(Hover {
+        churn_mib_s: (HOVER_CHUNK_KIB * HOVER_CHUNKS) as f64 / 1024.0 / secs,
+        wakes_s: w1.saturating_sub(w0) as f64 / secs,
+        cpu_pct: (c1 - c0) / secs * 100.0,
+    })
 }
 
 /// SIGKILL → reaped, for a child holding `mib` MiB.
@@ -382,6 +444,9 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     let idle_cpu = (cpu_seconds(d.pid()).unwrap_or(0.0) - c0) / 5.0 * 100.0;
     drop(d);
 
+    let hover: Vec<Hover> = (0..3).map(|_| hovering()).collect::<anyhow::Result<_>>()?;
+    let hover_median = |f: fn(&Hover) -> f64| median(hover.iter().map(f).collect());
+
     let per_event = if bpf_runs > 0 { bpf_ns as f64 / bpf_runs as f64 } else { f64::NAN };
     let report = format!(
         "page-fault throughput ({} rounds of {}s per arm; medians): {mw:.0} pages/s without evictd, \
@@ -392,7 +457,9 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
          its own CPU {:.2}% of the fault loop's time ({:.0} ms in {:.1} s)\n\
          BPF programs: {bpf_runs} runs, {per_event:.0} ns per run on average\n\
          process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with the charge programs attached (median of 3)\n\
-         evictd ({far_label}, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n",
+         evictd ({far_label}, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n\
+         hovering {HOVER_DISTANCE_MIB} MiB above a threshold beside a workload mapping and unmapping {HOVER_CHUNK_KIB} KiB at a time \
+         ({:.0} MiB/s): {:.0} charge wakes/s, evictd's CPU {:.1}% of one core (median of 3)\n",
         o.rounds,
         o.seconds,
         far_daemon_cpu / (o.rounds as f64 * o.seconds) * 100.0,
@@ -401,6 +468,9 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
         median(exit_without),
         median(exit_with),
         rss_kib as f64 / 1024.0,
+        hover_median(|h| h.churn_mib_s),
+        hover_median(|h| h.wakes_s),
+        hover_median(|h| h.cpu_pct),
     );
     print!("{report}");
     std::fs::create_dir_all(&o.out)?;
