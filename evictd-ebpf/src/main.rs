@@ -174,11 +174,14 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     if !CHARGE_ITEMS.load().counts_item(item) {
         return Ok(());
     }
-    // Frees count too, so each CPU's sum is its net growth since userspace last re-armed: the
-    // CPUs' sums add up to the node's growth, so one of them reaches its share of the
-    // watermark no later than the node grows by the whole (negative sums included). A gross
-    // sum would also count memory mapped and unmapped again, and pages moved between LRU
-    // lists, and wake evictd thousands of times a second beside a churning workload.
+    // Frees count too, so each CPU's sum follows its net growth since userspace last re-armed
+    // rather than its gross charge, which also counts memory mapped and unmapped again and
+    // pages moved between LRU lists (beside a churning tenant near a threshold that woke
+    // evictd thousands of times a second for no growth at all). The sum is kept at zero or
+    // above: each CPU's sum is then at least its net growth of the counted items, so the
+    // sums add up to at least the node's, and some CPU reaches its share of the watermark no
+    // later than the node grows by the whole. A free never hides growth that follows it,
+    // also where its charge was not counted (a cgroup charged before it joined the scope).
     let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
     if val == 0 {
         return Ok(());
@@ -197,28 +200,33 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
         // A re-arm also forgets the memcg → id memo (a freed memcg's address can be reused).
         st.last_memcg = 0;
     }
-    // Charges come in runs from one memcg: remember its id instead of chasing three pointers.
-    let id = if memcg == st.last_memcg {
-        st.last_id
-    } else {
-        let id = memcg_cgroup_id(cfg, memcg)?;
-        st.last_memcg = memcg;
-        st.last_id = id;
-        id
-    };
+    // The cgroup's id only where it is needed: to keep to the scope, and to name the cgroup
+    // in a wake. A whole node (no scope) reads it for no free and no charge under the mark.
     // SAFETY: map value read only, u8 is Copy.
-    if cfg.flags & FLAG_SCOPE != 0 && unsafe { SCOPE.get(id) }.is_none() {
+    if cfg.flags & FLAG_SCOPE != 0 && unsafe { SCOPE.get(memo_cgroup_id(st, cfg, memcg)?) }.is_none() {
         return Ok(());
     }
     bump(COUNTER_CHARGE_MATCHED);
-    st.charge_pages += val as i64;
-    if st.charge_pages < cfg.watermark_pages_per_cpu {
+    st.charge_pages = (st.charge_pages + val as i64).max(0);
+    // Only a charge wakes evictd (at watermark 0, every page charged; never a free).
+    if val < 0 || st.charge_pages < cfg.watermark_pages_per_cpu {
         return Ok(());
     }
     let pages = st.charge_pages;
     st.charge_pages = 0;
-    emit_charge(id, pages << cfg.page_shift);
+    emit_charge(memo_cgroup_id(st, cfg, memcg)?, pages << cfg.page_shift);
     Ok(())
+}
+
+/// `memcg`'s cgroup id through this CPU's memo: charges come in runs from one memcg, and the
+/// memo saves chasing three pointers for each.
+#[inline(always)]
+fn memo_cgroup_id(st: &mut CpuState, cfg: &KernelConfig, memcg: u64) -> Result<u64, KernelError> {
+    if memcg != st.last_memcg {
+        st.last_id = memcg_cgroup_id(cfg, memcg)?;
+        st.last_memcg = memcg;
+    }
+    Ok(st.last_id)
 }
 
 /// memcg->css.cgroup->kn->id, with the offsets userspace resolved from this kernel's BTF.

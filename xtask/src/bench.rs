@@ -61,7 +61,7 @@ impl Kind {
                 "cri,fast",
             ],
             Kind::Earlyoom => &["--runs", "1", "--rates", "1024", "--kill-paths", "fast"],
-            Kind::Overhead => &["--rounds", "1", "--seconds", "0.5"],
+            Kind::Overhead => &["--rounds", "1", "--seconds", "0.5", "--hover-runs", "1"],
             Kind::Disk => &["--runs", "1", "--rates", "256", "--modes", "disk,timer-1s"],
             Kind::Scale => &["--pods", "3,6", "--runs", "2", "--files", "20000"],
         }

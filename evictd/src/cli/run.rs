@@ -406,7 +406,8 @@ impl RunArgs {
                 let is_root = dir.canonicalize().ok() == cgroups.memory_root.canonicalize().ok();
                 MemoryCgroup::new(dir, cgroups.memory_version, is_root)
             }
-        };
+        }
+        .kept_open();
         node.read().with_context(|| format!("reading the node's memory from {}", node.dir.display()))?;
         let kubepods = match &self.kubepods_cgroup {
             Some(name) => Some(NodeSignalSources::kubepods_for(&node, name).with_context(|| {

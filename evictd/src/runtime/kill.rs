@@ -606,17 +606,29 @@ pub(crate) mod tests {
             let mut pids = Vec::new();
             list_tree(&target.memory, &mut pids).map(|()| pids.into_iter().collect::<BTreeSet<i32>>())
         };
-        while private_resident_bytes(big_pid) < 15_000_000 || listed().ok().as_ref() != Some(&ours) {
+        let held = || private_resident_bytes(big_pid) >= 15_000_000;
+        let mut pinned = BTreeMap::new();
+        loop {
             // The test's set-up, not its subject: generous for an emulated VM on a busy host.
             assert!(
                 t.elapsed() < Duration::from_secs(60),
                 "the shell never held its 16 MB: {}",
                 sizes(&target)
             );
-            std::thread::sleep(Duration::from_millis(10));
+            if !held() || listed().ok().as_ref() != Some(&ours) {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            pinned.clear();
+            pin_largest(&target, 1, 0, &mut pinned).unwrap();
+            // Once in the VM matrix (Linux 6.1) the shell's memory read 4 KiB at the pinning,
+            // just after it read 16 MB: measured again after it, a pod that changed during
+            // the pinning is waited for again, not taken for the wrong pick.
+            if held() {
+                break;
+            }
+            eprintln!("the shell's 16 MB changed during the pinning: {}", sizes(&target));
         }
-        let mut pinned = BTreeMap::new();
-        pin_largest(&target, 1, 0, &mut pinned).unwrap();
         assert_eq!(
             pinned.keys().collect::<Vec<_>>(),
             [&big_pid],

@@ -26,6 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use evictd::node::memory::MemoryCgroup;
 use evictd_tests::{
     MemHog, TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, try_http_get,
 };
@@ -42,6 +43,9 @@ pub struct Opts {
     /// what; evictd's defaults when not given.
     #[arg(long, value_name = "LIST")]
     far_wake_sources: Option<String>,
+    /// Runs of the hovering measurement (a churning tenant near a threshold).
+    #[arg(long, default_value_t = 3)]
+    hover_runs: usize,
     /// Where the results go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -49,7 +53,7 @@ pub struct Opts {
 
 impl Opts {
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.rounds > 0 && self.seconds > 0.0, "nothing to run");
+        anyhow::ensure!(self.rounds > 0 && self.seconds > 0.0 && self.hover_runs > 0, "nothing to run");
         Ok(())
     }
 }
@@ -200,6 +204,30 @@ impl Daemon {
             .ok_or_else(|| anyhow::anyhow!("no charge wake count in evictd's metrics"))?;
         Ok(line.trim().parse::<f64>()? as u64)
     }
+
+    /// The charge tier it runs, from its metrics (the series at 1).
+    fn charge_tier(&self) -> anyhow::Result<String> {
+        let text = try_http_get(&self.addr, "/metrics")?;
+        text.lines()
+            .filter_map(|l| l.strip_prefix("evictd_charge_wake_tier{tier=\""))
+            .find_map(|l| l.strip_suffix("\"} 1"))
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow::anyhow!("no charge tier in evictd's metrics"))
+    }
+
+    /// Its CPU time so far, seconds.
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        cpu_seconds(self.pid())
+            .ok_or_else(|| anyhow::anyhow!("evictd (pid {}) has no CPU time to read", self.pid()))
+    }
+
+    /// An error if it ended: its numbers would be of a daemon that was not there.
+    fn still_running(&mut self) -> anyhow::Result<()> {
+        match self.child.try_wait()? {
+            Some(status) => anyhow::bail!("evictd ended during the measurement ({status})"),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Drop for Daemon {
@@ -213,38 +241,76 @@ impl Drop for Daemon {
 /// The node cgroup that hovers near a threshold, and how far above it: a few times the
 /// watermark's floor, where every charge wake comes at the floor.
 const HOVER_NODE_MIB: u64 = 1024;
-const HOVER_DISTANCE_MIB: u64 = 3;
-/// The churning workload's mapping, and how many times it maps one (5 GiB in all).
-const HOVER_CHUNK_KIB: usize = 256;
-const HOVER_CHUNKS: usize = 20_000;
+const HOVER_DISTANCE_MIB: i64 = 3;
+/// The churning workload's mapping: under a CPU's share of the watermark's floor here (a
+/// CPU's sum goes back to zero with each unmap), and over it (each mapping wakes evictd), with
+/// the charge of each pass: 5 GiB in all.
+const HOVER_CHUNKS_KIB: [usize; 2] = [256, 4096];
+const HOVER_CHURN_KIB: usize = 5 << 20;
 
 /// One hovering run: the churn's rate, evictd's charge wakes a second and its CPU (% of one
-/// core) while it ran.
+/// core) while it ran, and the charge tier that woke it.
 struct Hover {
     churn_mib_s: f64,
     wakes_s: f64,
     cpu_pct: f64,
+    tier: String,
 }
 
 /// evictd watching a node cgroup of `HOVER_NODE_MIB` whose threshold is `HOVER_DISTANCE_MIB`
-/// below its free memory, while a workload in it maps, touches and unmaps
-/// `HOVER_CHUNK_KIB` at a time: memory charged and freed at GiB/s, the node's usage flat.
-fn hovering() -> anyhow::Result<Hover> {
+/// below its free memory (measured with the workload in it), while the workload maps,
+/// touches and unmaps `chunk_kib` at a time: memory charged and freed at GiB/s, the node's
+/// usage flat.
+fn hovering(chunk_kib: usize) -> anyhow::Result<Hover> {
     let cg = TestCgroup::new(Some(HOVER_NODE_MIB << 20));
     let mut hog = MemHog::spawn_in(&cg);
-    let threshold = format!("memory.available<{}Mi", HOVER_NODE_MIB - HOVER_DISTANCE_MIB);
-    let node = cg.dir.display().to_string();
-    let d = Daemon::start(&["--node-cgroup", &node, "--eviction-hard", &threshold])?;
-    let (w0, c0) = (d.charge_wakes()?, cpu_seconds(d.pid()).unwrap_or(0.0));
+    let node = MemoryCgroup::new(&cg.dir, cg.layout.memory_version, false);
+    let available_mib = node.read()?.available() >> 20;
+    let threshold = format!("memory.available<{}Mi", available_mib - HOVER_DISTANCE_MIB);
+    let dir = cg.dir.display().to_string();
+    let mut d = Daemon::start(&["--node-cgroup", &dir, "--eviction-hard", &threshold])?;
+    let (w0, c0) = (d.charge_wakes()?, d.cpu_seconds()?);
     let t = Instant::now();
-    anyhow::ensure!(hog.try_churn(HOVER_CHUNK_KIB, HOVER_CHUNKS), "the churning workload died");
+    anyhow::ensure!(hog.try_churn(chunk_kib, HOVER_CHURN_KIB / chunk_kib), "the churning workload died");
     let secs = t.elapsed().as_secs_f64();
-    let (w1, c1) = (d.charge_wakes()?, cpu_seconds(d.pid()).unwrap_or(0.0));
+    let (w1, c1) = (d.charge_wakes()?, d.cpu_seconds()?);
+    let tier = d.charge_tier()?;
+    d.still_running()?;
     Ok(Hover {
-        churn_mib_s: (HOVER_CHUNK_KIB * HOVER_CHUNKS) as f64 / 1024.0 / secs,
+        churn_mib_s: HOVER_CHURN_KIB as f64 / 1024.0 / secs,
         wakes_s: w1.saturating_sub(w0) as f64 / secs,
         cpu_pct: (c1 - c0) / secs * 100.0,
+        tier,
     })
+}
+
+/// The hovering runs' medians, a line for each mapping size (or why they could not run: the
+/// rest of the report stands without them).
+fn hovering_report(runs: usize) -> String {
+    HOVER_CHUNKS_KIB.iter().map(|&chunk_kib| hovering_line(chunk_kib, runs)).collect::<Vec<_>>().join("\n")
+}
+
+fn hovering_line(chunk_kib: usize, runs: usize) -> String {
+    let hover = match (0..runs).map(|_| hovering(chunk_kib)).collect::<anyhow::Result<Vec<Hover>>>() {
+        Ok(h) => h,
+        Err(e) => return format!("hovering near a threshold, {chunk_kib} KiB mappings: not measured: {e:#}"),
+    };
+    let m = |f: fn(&Hover) -> f64| median(hover.iter().map(f).collect());
+    let mut tiers: Vec<&str> = hover.iter().map(|h| h.tier.as_str()).collect();
+    tiers.dedup();
+    let (wakes, cpu) = (m(|h| h.wakes_s), m(|h| h.cpu_pct));
+    let per_wake = if wakes >= 1.0 {
+        format!(", {:.0} µs of it a wake", cpu / 100.0 / wakes * 1e6)
+    } else {
+        String::new()
+    };
+    format!(
+        "hovering {HOVER_DISTANCE_MIB} MiB above a threshold beside a workload mapping and unmapping \
+         {chunk_kib} KiB at a time ({:.0} MiB/s): {wakes:.0} charge wakes/s, evictd's CPU {cpu:.1}% of one core{per_wake} \
+         (charge tier {}; median of {runs})",
+        m(|h| h.churn_mib_s),
+        tiers.join(", "),
+    )
 }
 
 /// SIGKILL → reaped, for a child holding `mib` MiB.
@@ -444,8 +510,7 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
     let idle_cpu = (cpu_seconds(d.pid()).unwrap_or(0.0) - c0) / 5.0 * 100.0;
     drop(d);
 
-    let hover: Vec<Hover> = (0..3).map(|_| hovering()).collect::<anyhow::Result<_>>()?;
-    let hover_median = |f: fn(&Hover) -> f64| median(hover.iter().map(f).collect());
+    let hover = hovering_report(o.hover_runs);
 
     let per_event = if bpf_runs > 0 { bpf_ns as f64 / bpf_runs as f64 } else { f64::NAN };
     let report = format!(
@@ -458,8 +523,7 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
          BPF programs: {bpf_runs} runs, {per_event:.0} ns per run on average\n\
          process exit after SIGKILL holding 1 GiB: {:.1} ms without, {:.1} ms with the charge programs attached (median of 3)\n\
          evictd ({far_label}, far from every threshold): RSS {:.1} MiB, idle CPU {idle_cpu:.2}% of one core (5 s, no workload)\n\
-         hovering {HOVER_DISTANCE_MIB} MiB above a threshold beside a workload mapping and unmapping {HOVER_CHUNK_KIB} KiB at a time \
-         ({:.0} MiB/s): {:.0} charge wakes/s, evictd's CPU {:.1}% of one core (median of 3)\n",
+         {hover}\n",
         o.rounds,
         o.seconds,
         far_daemon_cpu / (o.rounds as f64 * o.seconds) * 100.0,
@@ -468,9 +532,6 @@ pub fn overhead(o: &Opts) -> anyhow::Result<()> {
         median(exit_without),
         median(exit_with),
         rss_kib as f64 / 1024.0,
-        hover_median(|h| h.churn_mib_s),
-        hover_median(|h| h.wakes_s),
-        hover_median(|h| h.cpu_pct),
     );
     print!("{report}");
     std::fs::create_dir_all(&o.out)?;
