@@ -175,13 +175,14 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
         return Ok(());
     }
     // Frees count too, so each CPU's sum follows its net growth since userspace last re-armed
-    // rather than its gross charge, which also counts memory mapped and unmapped again and
-    // pages moved between LRU lists (beside a churning tenant near a threshold that woke
-    // evictd thousands of times a second for no growth at all). The sum is kept at zero or
-    // above: each CPU's sum is then at least its net growth of the counted items, so the
-    // sums add up to at least the node's, and some CPU reaches its share of the watermark no
-    // later than the node grows by the whole. A free never hides growth that follows it,
-    // also where its charge was not counted (a cgroup charged before it joined the scope).
+    // or this CPU last woke it, rather than its gross charge, which also counts memory mapped
+    // and unmapped again and pages moved between LRU lists (beside a churning tenant near a
+    // threshold that woke evictd thousands of times a second for no growth at all). The CPUs'
+    // sums add up to the node's growth, so some CPU reaches its share of the watermark no
+    // later than the node grows by the whole. Each sum is kept at minus one share or above: a
+    // free, then its charge, still cancel (an LRU move between two counted lists is a batch of
+    // up to 32 pages taken off one and put on the other), and a free whose charge was not
+    // counted (a cgroup charged before it joined the scope) delays a wake by one share at most.
     let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
     if val == 0 {
         return Ok(());
@@ -207,14 +208,16 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
         return Ok(());
     }
     bump(COUNTER_CHARGE_MATCHED);
-    st.charge_pages = (st.charge_pages + val as i64).max(0);
-    // Only a charge wakes evictd (at watermark 0, every page charged; never a free).
+    st.charge_pages = (st.charge_pages + val as i64).max(-cfg.watermark_pages_per_cpu);
+    // Only a charge wakes evictd (at watermark 0, every charge event; never a free).
     if val < 0 || st.charge_pages < cfg.watermark_pages_per_cpu {
         return Ok(());
     }
+    // The id first: a failed read leaves the sum past the mark, for the next charge to retry.
+    let id = memo_cgroup_id(st, cfg, memcg)?;
     let pages = st.charge_pages;
     st.charge_pages = 0;
-    emit_charge(memo_cgroup_id(st, cfg, memcg)?, pages << cfg.page_shift);
+    emit_charge(id, pages << cfg.page_shift);
     Ok(())
 }
 

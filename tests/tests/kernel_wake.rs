@@ -175,7 +175,10 @@ async fn memory_charged_and_freed_again_sends_no_wake() {
     // 16 MiB a CPU: a 4 MiB mapping stays under any CPU's share, however wide the machine.
     let cpus = aya::util::nr_cpus().expect("cpus") as u64;
     let watermark = (16 << 20) * cpus;
-    let tier = has_memcg_tracepoints().then_some(ChargeTier::MemcgTracepoints);
+    // The loader's own test of the tier (BTF), not tracefs, which may not be mounted.
+    let forced = LoadOptions { charge_tier: Some(ChargeTier::MemcgTracepoints), ..LoadOptions::default() };
+    let tier = KernelProbes::load(&forced).is_ok().then_some(ChargeTier::MemcgTracepoints);
+    eprintln!("memory_charged_and_freed_again_sends_no_wake: charge tier {tier:?} (None: the batched hook)");
     let (probes, mut rx) = start_with(&cg, watermark, tier);
     let mut hog = MemHog::spawn_in(&cg);
     // On one CPU: a page charged on one CPU and freed on another leaves the first CPU's sum

@@ -87,36 +87,46 @@ enum Source {
     Meminfo,
 }
 
-/// The files kept open, by source (a handful: a linear search).
+/// The files kept open, with the path each was opened at (a handful: a linear search).
 #[derive(Debug, Default)]
-pub(crate) struct KeptFiles(std::sync::Mutex<Vec<(Source, fs::File)>>);
+pub(crate) struct KeptFiles(std::sync::Mutex<Vec<(PathBuf, fs::File)>>);
 
 impl KeptFiles {
-    /// `source`'s text, through its file kept open where that still answers, else through
-    /// the file opened anew (and kept). A kept file of a removed cgroup fails (ENODEV) rather
-    /// than answer for a cgroup made again at its path; it is closed before its replacement
-    /// is opened.
-    fn read(&self, source: Source, path: impl FnOnce() -> PathBuf) -> Result<String, MemoryError> {
+    /// The text of the file at `path`, through the file kept open for that path where it still
+    /// answers, else through the file opened anew (and kept). Keyed by the path itself, so a
+    /// cgroup whose `dir` or `meminfo` changed reads the new file. A kept file of a removed
+    /// cgroup fails (ENODEV) rather than answer for a cgroup made again at its path; it is
+    /// closed before its replacement is opened.
+    fn read(&self, path: PathBuf) -> Result<String, MemoryError> {
         let mut open = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(i) = open.iter().position(|(s, _)| *s == source) {
+        if let Some(i) = open.iter().position(|(p, _)| *p == path) {
             if let Ok(text) = read_whole(&open[i].1) {
                 return Ok(text);
             }
             open.swap_remove(i);
         }
-        let path = path();
         let read = fs::File::open(&path).and_then(|file| Ok((read_whole(&file)?, file)));
-        let (text, file) = read.map_err(|source| MemoryError::Read { path, source })?;
-        open.push((source, file));
+        let (text, file) = match read {
+            Ok(r) => r,
+            Err(source) => return Err(MemoryError::Read { path, source }),
+        };
+        open.push((path, file));
         Ok(text)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().map_or(0, |open| open.len())
     }
 }
 
-/// An open file's text, read anew from its start. One `pread` is enough for a kernel's
-/// cgroup or proc file whose text fits the buffer: the kernel makes the whole text for it,
-/// and a second read only to see the end would make it all again (memory.stat sums a whole
-/// subtree on cgroup v1). Text that does not end in a newline is read on; a full buffer is
-/// read again, twice the size.
+/// An open file's text, read anew from its start, for the files a node's memory is read from:
+/// cgroup files and /proc/meminfo, each a seq file of one record that the kernel makes
+/// whole for a read from offset 0 (where a seq file of many records may end a read at any
+/// record's end). One `pread` is then enough when the text fits the buffer, and a second
+/// read only to see the end would make it all again (memory.stat sums a whole subtree on
+/// cgroup v1); a read from further on continues the text made for the first. Text that does
+/// not end in a newline is read on; a full buffer is read again, twice the size.
 fn read_whole(file: &fs::File) -> std::io::Result<String> {
     use std::os::unix::fs::FileExt as _;
     let mut buf = vec![0u8; 4096];
@@ -158,16 +168,22 @@ impl MemoryCgroup {
 
     /// `source`'s whole text.
     fn text(&self, source: Source) -> Result<String, MemoryError> {
-        let path = || match source {
+        let path = match source {
             Source::Cgroup(name) => self.dir.join(name),
             Source::Meminfo => self.meminfo.clone(),
         };
         match &self.files {
-            Files::Kept(kept) => kept.read(source, path),
-            Files::Reopened => {
-                let path = path();
-                fs::read_to_string(&path).map_err(|source| MemoryError::Read { path, source })
-            }
+            Files::Kept(kept) => kept.read(path),
+            Files::Reopened => fs::read_to_string(&path).map_err(|source| MemoryError::Read { path, source }),
+        }
+    }
+
+    /// How many files it keeps open.
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        match &self.files {
+            Files::Kept(kept) => kept.len(),
+            Files::Reopened => 0,
         }
     }
 
@@ -644,18 +660,25 @@ mod tests {
         ]);
         let kept = cg(&d, CgroupVersion::V1, false).kept_open();
         assert_eq!(kept.read().unwrap().available(), 8000 - 2000);
+        assert_eq!(kept.kept(), 4, "usage, memory.stat, the limit and meminfo");
         fs::write(d.path().join("memory.usage_in_bytes"), "5000\n").unwrap();
         let long = format!("{}total_inactive_file 500\n", "cache 1\n".repeat(2000));
         fs::write(d.path().join("memory.stat"), long).unwrap();
         assert_eq!(kept.read().unwrap().available(), 8000 - 4500);
+        assert_eq!(kept.kept(), 4);
         fs::remove_file(d.path().join("memory.usage_in_bytes")).unwrap();
         // The file kept open still reads what it held (a file system's file, unlike a
-        // cgroup's, outlives its name); opened anew, the same cgroup fails naming it.
+        // cgroup's, outlives its name): only a kept file can; opened anew, the same cgroup
+        // fails naming it.
+        assert_eq!(kept.read().unwrap().available(), 8000 - 4500, "read through the kept file");
         let err = cg(&d, CgroupVersion::V1, false).kept_open().read().unwrap_err();
         assert!(err.to_string().contains("memory.usage_in_bytes"), "{err}");
         fs::write(d.path().join("memory.usage_in_bytes"), "6000\n").unwrap();
         let clone = kept.clone();
+        assert_eq!(clone.kept(), 0, "a clone keeps no file of the original");
         assert_eq!(clone.read().unwrap().available(), 8000 - 5500, "a clone opens files of its own");
+        assert_eq!(cg(&d, CgroupVersion::V1, false).read().map(|_| ()).ok(), Some(()));
+        assert_eq!(cg(&d, CgroupVersion::V1, false).kept(), 0, "cgroups keep nothing unless asked");
     }
 
     /// Against a real cgroup: a kept file of a cgroup removed and made again at its path
@@ -673,13 +696,15 @@ mod tests {
         let _cleanup = Removed(&dir);
         fs::create_dir(&dir).unwrap();
         fs::write(dir.join(limit), "100000000").unwrap();
+        let page = procfs::page_size();
         let kept = MemoryCgroup::new(&dir, layout.memory_version, false).kept_open();
-        assert_eq!(kept.read().unwrap().capacity, 99999744, "rounded down to pages");
+        assert_eq!(kept.read().unwrap().capacity, 100_000_000 / page * page, "rounded down to pages");
         fs::remove_dir(&dir).unwrap();
         assert!(kept.read().is_err(), "a removed cgroup read");
         fs::create_dir(&dir).unwrap();
         fs::write(dir.join(limit), "200000000").unwrap();
-        assert_eq!(kept.read().unwrap().capacity, 199999488);
+        assert_eq!(kept.read().unwrap().capacity, 200_000_000 / page * page);
+        assert_eq!(kept.kept(), 4, "the files of the removed cgroup closed, the new one's kept");
     }
 
     #[test]
