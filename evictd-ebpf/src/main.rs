@@ -177,12 +177,14 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     // Frees count too, so each CPU's sum follows its net growth since userspace last re-armed
     // or this CPU last woke it, rather than its gross charge, which also counts memory mapped
     // and unmapped again and pages moved between LRU lists (beside a churning tenant near a
-    // threshold that woke evictd thousands of times a second for no growth at all). The CPUs'
-    // sums add up to the node's growth, so some CPU reaches its share of the watermark no
-    // later than the node grows by the whole. Each sum is kept at minus one share or above: a
-    // free, then its charge, still cancel (an LRU move between two counted lists is a batch of
-    // up to 32 pages taken off one and put on the other), and a free whose charge was not
-    // counted (a cgroup charged before it joined the scope) delays a wake by one share at most.
+    // threshold that woke evictd thousands of times a second for no growth at all). Each sum
+    // is kept at minus one share or above. A floor only raises a sum, so the sums add up to at
+    // least the node's counted growth, and some CPU reaches its share of the watermark no
+    // later than that grows by the whole. The floor lets a free and then a charge on one CPU
+    // cancel (an unmap and the next map, up to two shares; an LRU move between two counted
+    // lists where the batch is within a share), and bounds what a free whose charge was not
+    // counted (a cgroup charged before it joined the scope) can delay a wake: one share a CPU,
+    // the whole watermark node-wide.
     let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
     if val == 0 {
         return Ok(());

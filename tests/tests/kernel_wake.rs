@@ -172,7 +172,8 @@ async fn memory_charged_and_freed_again_sends_no_wake() {
         return;
     }
     let cg = TestCgroup::new(None);
-    // 16 MiB a CPU: a 4 MiB mapping stays under any CPU's share, however wide the machine.
+    // 16 MiB a CPU, however wide the machine: a 4 MiB mapping stays under a CPU's share, a
+    // 24 MiB one goes past it.
     let cpus = aya::util::nr_cpus().expect("cpus") as u64;
     let watermark = (16 << 20) * cpus;
     // The loader's own test of the tier (BTF), not tracefs, which may not be mounted.
@@ -192,6 +193,16 @@ async fn memory_charged_and_freed_again_sends_no_wake() {
     assert!(
         churned.is_empty(),
         "1 GiB charged and freed again woke evictd {} times (tier: {:?})",
+        churned.len(),
+        probes.charge_tier()
+    );
+    // Mappings of 1.5 shares: each unmap leaves its CPU's sum below zero, and the next map
+    // only pays that back. A sum floored at zero forgot the unmap and woke once a mapping.
+    hog.churn(24 << 10, 64);
+    let churned = charge_wakes(&mut rx, cg.id(), Duration::from_millis(500)).await;
+    assert!(
+        churned.len() <= 1,
+        "1.5 GiB charged and freed again 1.5 shares at a time woke evictd {} times (tier: {:?})",
         churned.len(),
         probes.charge_tier()
     );

@@ -340,7 +340,8 @@ impl KernelProbes {
     }
 
     /// Starts a new measurement of charge growth from "now" and asks for a wake once the
-    /// node may have grown by `watermark_bytes` (0: on every page). Also turns events on.
+    /// node may have grown by `watermark_bytes` (0: on every charge event, a page or a huge
+    /// page). Also turns events on.
     pub fn rearm(&mut self, watermark_bytes: u64) -> Result<(), EbpfError> {
         let pages = watermark_bytes / self.page_size;
         self.config.watermark_pages_per_cpu = per_cpu_watermark_pages(pages, self.ncpus, self.page_size);
@@ -479,7 +480,7 @@ fn lock(links: &Mutex<Vec<ChargeLink>>) -> MutexGuard<'_, Vec<ChargeLink>> {
 }
 
 /// The smallest per-CPU watermark of the stat tracepoints' tier, in bytes, unless the
-/// watermark is 0 (every page): 64 KiB, whatever the page size.
+/// watermark is 0 (every charge event): 64 KiB, whatever the page size.
 const PER_CPU_FLOOR_BYTES: u64 = 64 << 10;
 
 /// One CPU's share of the watermark (`pages` of `page_size` bytes), for the stat tracepoints,
@@ -524,7 +525,7 @@ mod tests {
         assert_eq!(per_cpu_watermark_pages(2048, 4, PAGE), 512);
         assert_eq!(per_cpu_watermark_pages(2048, 512, PAGE), 16, "64 KiB of 4 KiB pages");
         assert_eq!(per_cpu_watermark_pages(2048, 4096, PAGE), 16);
-        assert_eq!(per_cpu_watermark_pages(0, 4096, PAGE), 0, "--bpf-watermark 0: every page");
+        assert_eq!(per_cpu_watermark_pages(0, 4096, PAGE), 0, "--bpf-watermark 0: every charge event");
         // A watermark below the floor: one CPU still fires at the watermark, not later.
         assert_eq!(per_cpu_watermark_pages(8, 1, PAGE), 8);
         // 64 KiB pages: the floor is one page, not 16 (1 MiB).

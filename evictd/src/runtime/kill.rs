@@ -636,6 +636,7 @@ pub(crate) mod tests {
                 sizes(&target)
             );
             eprintln!("a wrong pick ({:?}), tried again; the pod: {}", pinned.keys(), sizes(&target));
+            std::thread::sleep(Duration::from_millis(10));
         }
         let mut pinned = BTreeMap::new();
         pin_largest(&target, 3, 0, &mut pinned).unwrap();

@@ -238,16 +238,25 @@ impl Drop for Daemon {
     }
 }
 
-/// The node cgroup that hovers near a threshold, and how far above it: a few times the
-/// watermark's floor, where every charge wake comes at the floor.
+/// The node cgroup that hovers near a threshold, and how far above it: the watermark there
+/// is half of it, 1.5 MiB, near its 1 MiB floor.
 const HOVER_NODE_MIB: u64 = 1024;
 const HOVER_DISTANCE_MIB: i64 = 3;
-/// The churning workload's mapping: under a CPU's share of the watermark here (a CPU's sum
-/// goes back to where it was with each unmap), and over it (each mapping wakes evictd), on a
-/// machine of 2 CPUs (3 MiB away the watermark is 1.5 MiB: 768 KiB a CPU); neither takes the
-/// node past its threshold. 5 GiB charged in all, each.
-const HOVER_CHUNKS_KIB: [usize; 2] = [256, 1024];
+/// 5 GiB charged in all by each hovering run's churning workload.
 const HOVER_CHURN_KIB: usize = 5 << 20;
+
+/// The churning workload's mappings, from one CPU's share of the watermark 3 MiB from the
+/// threshold (half the distance, over the CPUs the kernel side divides by, 64 KiB at least):
+/// a third of a share (a CPU's sum goes back to where it was with each unmap), 1.3 shares
+/// (the unmap's credit covers the next map: the mappings themselves wake nothing once
+/// running) and 2.5 shares (every mapping wakes evictd). None takes the node past its
+/// threshold.
+fn hover_chunks_kib() -> anyhow::Result<[usize; 3]> {
+    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+    let share_kib = (((HOVER_DISTANCE_MIB as usize) << 10) / 2 / cpus.max(1)).max(64);
+    let page = |kib: usize| (kib / 4).max(1) * 4;
+    Ok([page(share_kib / 3), page(share_kib * 13 / 10), page(share_kib * 5 / 2)])
+}
 
 /// One hovering run: the churn's rate, evictd's charge wakes a second and its CPU (% of one
 /// core) while it ran, and the charge tier that woke it.
@@ -288,7 +297,12 @@ fn hovering(chunk_kib: usize) -> anyhow::Result<Hover> {
 /// The hovering runs' medians, a line for each mapping size (or why they could not run: the
 /// rest of the report stands without them).
 fn hovering_report(runs: usize) -> String {
-    HOVER_CHUNKS_KIB.iter().map(|&chunk_kib| hovering_line(chunk_kib, runs)).collect::<Vec<_>>().join("\n")
+    match hover_chunks_kib() {
+        Ok(chunks) => {
+            chunks.iter().map(|&chunk_kib| hovering_line(chunk_kib, runs)).collect::<Vec<_>>().join("\n")
+        }
+        Err(e) => format!("hovering near a threshold: not measured: {e:#}"),
+    }
 }
 
 fn hovering_line(chunk_kib: usize, runs: usize) -> String {
