@@ -247,6 +247,25 @@ pub fn print_log_tail(whose: &str, path: Option<&std::path::Path>, text: &str, l
     eprintln!("--- the last {} lines of {whose}'s log{at} ---\n{}\n---", tail.len(), tail.join("\n"));
 }
 
+/// Maps `len` bytes of private anonymous memory, touches every page and unmaps it: `len` charged
+/// and freed again, through a mapping of its own (memory an allocator kept would be charged
+/// once and never again). The churn of memhog and of the overhead benchmark's fault loop.
+pub fn map_touch_unmap(len: std::num::NonZeroUsize) -> std::io::Result<()> {
+    use nix::sys::mman::{MapFlags, ProtFlags, mmap_anonymous, munmap};
+    // SAFETY: a new private anonymous mapping, written only within its length, unmapped once
+    // and never used after.
+    unsafe {
+        let p =
+            mmap_anonymous(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE)?;
+        let bytes = p.cast::<u8>().as_ptr();
+        for off in (0..len.get()).step_by(4096) {
+            bytes.add(off).write_volatile(1);
+        }
+        munmap(p, len.get())?;
+    }
+    Ok(())
+}
+
 /// The evictd binary built next to the test binaries (target/<profile>/evictd).
 pub fn evictd_binary() -> PathBuf {
     sibling_binary("evictd")

@@ -80,13 +80,6 @@ impl Clone for Files {
     }
 }
 
-/// Where a read goes: a file of the cgroup's directory, or /proc/meminfo.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Source {
-    Cgroup(&'static str),
-    Meminfo,
-}
-
 /// The files kept open, with the path each was opened at (a handful: a linear search).
 #[derive(Debug, Default)]
 pub(crate) struct KeptFiles(std::sync::Mutex<Vec<(PathBuf, fs::File)>>);
@@ -166,12 +159,8 @@ impl MemoryCgroup {
         MemoryCgroup { files: Files::Kept(Box::default()), ..self }
     }
 
-    /// `source`'s whole text.
-    fn text(&self, source: Source) -> Result<String, MemoryError> {
-        let path = match source {
-            Source::Cgroup(name) => self.dir.join(name),
-            Source::Meminfo => self.meminfo.clone(),
-        };
+    /// The whole text of the file at `path` (one of the cgroup's, or its meminfo).
+    fn text(&self, path: PathBuf) -> Result<String, MemoryError> {
         match &self.files {
             Files::Kept(kept) => kept.read(path),
             Files::Reopened => fs::read_to_string(&path).map_err(|source| MemoryError::Read { path, source }),
@@ -189,19 +178,19 @@ impl MemoryCgroup {
 
     /// A file of the cgroup holding one number.
     fn number(&self, name: &'static str) -> Result<u64, MemoryError> {
-        let text = self.text(Source::Cgroup(name))?;
+        let text = self.text(self.dir.join(name))?;
         parse_u64(&self.dir.join(name), text.trim())
     }
 
     /// A `key value` line of the cgroup's memory.stat.
     fn stat_key(&self, key: &'static str) -> Result<u64, MemoryError> {
-        let text = self.text(Source::Cgroup("memory.stat"))?;
+        let text = self.text(self.dir.join("memory.stat"))?;
         parse::stat_value(&text, key).map_err(|e| e.at(&self.dir.join("memory.stat"), key))
     }
 
     /// A `Key:   N kB` line of /proc/meminfo, in bytes.
     fn meminfo_bytes(&self, key: &'static str) -> Result<u64, MemoryError> {
-        let text = self.text(Source::Meminfo)?;
+        let text = self.text(self.meminfo.clone())?;
         parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key))
     }
 
@@ -215,7 +204,7 @@ impl MemoryCgroup {
                 if limit >= V1_UNLIMITED { (mem_total, false) } else { (limit.min(mem_total), true) }
             }
             (CgroupVersion::V2, false) => {
-                let max = self.text(Source::Cgroup("memory.max"))?;
+                let max = self.text(self.dir.join("memory.max"))?;
                 match max.trim() {
                     "max" => (mem_total, false),
                     max => (parse_u64(&self.dir.join("memory.max"), max)?.min(mem_total), true),
@@ -244,7 +233,7 @@ impl MemoryCgroup {
                 // kubelet, as anon + file from the root's memory.stat: what v1's
                 // usage_in_bytes counted. MemTotal − MemFree would add slab, page tables and
                 // buffers, and see pressure the kubelet does not.
-                let text = self.text(Source::Cgroup("memory.stat"))?;
+                let text = self.text(self.dir.join("memory.stat"))?;
                 let field =
                     |key| parse::stat_value(&text, key).map_err(|e| e.at(&self.dir.join("memory.stat"), key));
                 Ok((field("anon")?.saturating_add(field("file")?), field("inactive_file")?))
@@ -267,7 +256,7 @@ impl MemoryCgroup {
             (CgroupVersion::V1, _) => self.number("memory.usage_in_bytes"),
             (CgroupVersion::V2, true) => {
                 // One read for both fields: the adaptive poll calls this up to every ms.
-                let text = self.text(Source::Meminfo)?;
+                let text = self.text(self.meminfo.clone())?;
                 let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
                 Ok(field("MemTotal")?.saturating_sub(field("MemFree")?))
             }
@@ -294,7 +283,7 @@ impl MemoryCgroup {
     pub fn working_set_after_usage(&self, usage: u64) -> Result<u64, MemoryError> {
         match (self.version, self.is_root) {
             (CgroupVersion::V2, true) => {
-                let text = self.text(Source::Meminfo)?;
+                let text = self.text(self.meminfo.clone())?;
                 let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
                 let lru = [field("Active(anon)")?, field("Inactive(anon)")?, field("Active(file)")?];
                 Ok(lru.iter().fold(field("Unevictable")?, |sum, v| sum.saturating_add(*v)).min(usage))

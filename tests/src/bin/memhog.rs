@@ -52,31 +52,15 @@ fn cache(args: &str) -> std::io::Result<()> {
 }
 
 /// `<KiB> <times>`: an anonymous mapping of that size touched page by page and unmapped, that
-/// many times. A mapping of its own each time, not the allocator's: freed memory that the
-/// allocator kept would be charged once and never again.
+/// many times (`map_touch_unmap`).
 fn churn(args: &str) -> std::io::Result<()> {
     let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "expected <KiB> <times>");
     let (kib, times) = args.split_once(' ').ok_or_else(invalid)?;
     let len = std::num::NonZeroUsize::new(kib.parse::<usize>().map_err(|_| invalid())? << 10)
         .ok_or_else(invalid)?;
     let times: usize = times.trim().parse().map_err(|_| invalid())?;
-    let page = 4096;
     for _ in 0..times {
-        // SAFETY: a new private anonymous mapping, written only within its length, unmapped
-        // once and never used after.
-        unsafe {
-            let p = nix::sys::mman::mmap_anonymous(
-                None,
-                len,
-                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
-                nix::sys::mman::MapFlags::MAP_PRIVATE,
-            )?;
-            let bytes = p.cast::<u8>().as_ptr();
-            for off in (0..len.get()).step_by(page) {
-                bytes.add(off).write_volatile(1);
-            }
-            nix::sys::mman::munmap(p, len.get())?;
-        }
+        evictd_tests::map_touch_unmap(len)?;
     }
     Ok(())
 }

@@ -28,7 +28,8 @@ use std::{
 
 use evictd::node::memory::MemoryCgroup;
 use evictd_tests::{
-    MemHog, TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, try_http_get,
+    MemHog, TestCgroup, api_double::free_port, dies_with_harness, evictd_binary, map_touch_unmap,
+    try_http_get,
 };
 
 #[derive(clap::Args, Debug)]
@@ -93,32 +94,14 @@ impl Drop for PinnedToLastCpu {
 }
 
 fn fault_loop(seconds: f64) -> f64 {
-    const LEN: usize = 64 << 20;
-    let page = 4096;
+    const LEN: std::num::NonZeroUsize = std::num::NonZeroUsize::new(64 << 20).expect("not zero");
     let start = Instant::now();
     let mut pages = 0u64;
     while start.elapsed().as_secs_f64() < seconds {
-        // SAFETY: a private anonymous mapping of LEN bytes, written within bounds, unmapped
-        // before the next iteration.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                return 0.0;
-            }
-            let b = p.cast::<u8>();
-            for off in (0..LEN).step_by(page) {
-                b.add(off).write_volatile(1);
-            }
-            libc::munmap(p, LEN);
+        if map_touch_unmap(LEN).is_err() {
+            return 0.0;
         }
-        pages += (LEN / page) as u64;
+        pages += (LEN.get() / 4096) as u64;
     }
     pages as f64 / start.elapsed().as_secs_f64()
 }
