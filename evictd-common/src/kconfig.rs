@@ -49,19 +49,22 @@ pub enum KernelError {
     NoCpuState = 1,
     /// Following memcg → cgroup → kernfs node → id failed (`bpf_probe_read_kernel`).
     MemcgIdRead = 2,
+    /// The `NODE_SUM` map had no entry.
+    NoNodeSum = 3,
 }
 
-pub const KERNEL_ERROR_COUNT: usize = 3;
+pub const KERNEL_ERROR_COUNT: usize = 4;
 
 impl KernelError {
     pub const ALL: [KernelError; KERNEL_ERROR_COUNT] =
-        [KernelError::NoConfig, KernelError::NoCpuState, KernelError::MemcgIdRead];
+        [KernelError::NoConfig, KernelError::NoCpuState, KernelError::MemcgIdRead, KernelError::NoNodeSum];
 
     pub fn as_str(self) -> &'static str {
         match self {
             KernelError::NoConfig => "no-config",
             KernelError::NoCpuState => "no-cpu-state",
             KernelError::MemcgIdRead => "memcg-id-read",
+            KernelError::NoNodeSum => "no-node-sum",
         }
     }
 }
@@ -99,13 +102,14 @@ impl ChargeItems {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct KernelConfig {
-    /// A CPU emits a charge event once its own page sum (charges only: frees are not
-    /// subtracted, so it can only fire early) reaches this. Userspace divides its
-    /// byte watermark by the CPU count, so the node cannot grow by more than the watermark
-    /// before some CPU fires (early is harmless, late is not) — except that the share has a
-    /// floor (64 KiB) so that hundreds of CPUs do not emit per page: there the node may grow
-    /// by up to the floor per CPU. `<= 1` means every page.
-    pub watermark_pages_per_cpu: i64,
+    /// The memcg stat programs keep a page sum per CPU (charges minus frees since the last
+    /// re-arm) and add it to the node's sum, one shared counter, once it has moved this far
+    /// either way: the allocation path touches no shared cache line below it. 0: every event.
+    pub flush_pages: i64,
+    /// A charge that takes the node's sum to this emits a charge event (and takes what it
+    /// reports off the sum); the sum is kept at minus this or above. Userspace sets it so that
+    /// this plus what the CPUs can hold back (`flush_pages` each) is the watermark.
+    pub wake_pages: i64,
     /// Changing it makes every CPU restart its sum from zero at its next event.
     pub generation: u64,
     /// Minimum gap between two reclaim (or OOM) events on one CPU.
@@ -139,7 +143,7 @@ pub struct KernelConfig {
     pub batch_watermark_pages: i64,
 }
 
-const _: () = assert!(size_of::<KernelConfig>() == 88);
+const _: () = assert!(size_of::<KernelConfig>() == 96);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers, no padding (asserted above).

@@ -12,7 +12,9 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_SCOPE: &str = "SCOPE";
 /// Per-CPU running state (charge sums, rate limits, the memcg → id memo).
 pub const MAP_CPU_STATE: &str = "CPU_STATE";
+/// One-entry array: the node's charge sum, which the CPUs' sums are added to.
+pub const MAP_NODE_SUM: &str = "NODE_SUM";
 /// The `ChargeItems` mask, in read-only data, set by the loader.
 pub const GLOBAL_CHARGE_ITEMS: &str = "CHARGE_ITEMS";
 
-pub const MAPS: [&str; 5] = [MAP_EVENTS, MAP_CONFIG, MAP_COUNTERS, MAP_SCOPE, MAP_CPU_STATE];
+pub const MAPS: [&str; 6] = [MAP_EVENTS, MAP_CONFIG, MAP_COUNTERS, MAP_SCOPE, MAP_CPU_STATE, MAP_NODE_SUM];

@@ -9,6 +9,11 @@
 // binary; only the bpfel-unknown-none build is loaded into the kernel.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// The BPF target has no compare-and-swap, so core's atomic types give it no read-modify-write
+// at all; the intrinsic becomes BPF's own atomic add (its result unused: the instruction that
+// returns the old value needs a newer BPF CPU version than the programs are built for).
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 use aya_ebpf::{
     EbpfContext as _, Global,
@@ -74,6 +79,19 @@ struct BatchState {
 
 #[map]
 static BATCH_STATE: Array<BatchState> = Array::with_max_entries(1, 0);
+
+/// The node's counted growth since the last re-arm, in pages, as the CPUs add their own
+/// sums to it (each once it moved by `flush_pages`). Memory charged on one CPU and freed on
+/// another cancels here, which per-CPU sums alone cannot see: a page cache page activated by
+/// a reader and deactivated by kswapd, a process that migrated before it unmapped.
+#[repr(C)]
+struct NodeSum {
+    generation: u64,
+    pages: i64,
+}
+
+#[map]
+static NODE_SUM: Array<NodeSum> = Array::with_max_entries(1, 0);
 
 // Raw tracepoints: the kernel calls them with the tracepoint's arguments, without building
 // a trace record first, which is most of a classic tracepoint's cost on a path that runs for
@@ -174,17 +192,10 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     if !CHARGE_ITEMS.load().counts_item(item) {
         return Ok(());
     }
-    // Frees count too, so each CPU's sum follows its net growth since userspace last re-armed
-    // or this CPU last woke it, rather than its gross charge, which also counts memory mapped
-    // and unmapped again and pages moved between LRU lists (beside a churning tenant near a
-    // threshold that woke evictd thousands of times a second for no growth at all). Each sum
-    // is kept at minus one share or above. A floor only raises a sum, so the sums add up to at
-    // least the node's counted growth, and some CPU reaches its share of the watermark no
-    // later than that grows by the whole. The floor lets a free and then a charge on one CPU
-    // cancel (an unmap and the next map, up to two shares; an LRU move between two counted
-    // lists where the batch is within a share), and bounds what a free whose charge was not
-    // counted (a cgroup charged before it joined the scope) can delay a wake: one share a CPU,
-    // the whole watermark node-wide.
+    // Frees count as negative charges: the sums follow net growth, not gross charge, which
+    // also counts memory mapped and unmapped again and pages moved between LRU lists (beside a
+    // churning tenant near a threshold that woke evictd thousands of times a second for no
+    // growth at all).
     let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
     if val == 0 {
         return Ok(());
@@ -210,17 +221,82 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
         return Ok(());
     }
     bump(COUNTER_CHARGE_MATCHED);
-    st.charge_pages = (st.charge_pages + val as i64).max(-cfg.watermark_pages_per_cpu);
-    // Only a charge wakes evictd (at watermark 0, every charge event; never a free).
-    if val < 0 || st.charge_pages < cfg.watermark_pages_per_cpu {
+    // Within a flush of zero either way this CPU keeps its sum to itself: most counting
+    // events end here, with no shared cache line touched.
+    st.charge_pages += val as i64;
+    if st.charge_pages.abs() < cfg.flush_pages {
         return Ok(());
     }
-    // The id first: a failed read leaves the sum past the mark, for the next charge to retry.
+    let node = add_to_node_sum(cfg, core::mem::take(&mut st.charge_pages))?;
+    // Only a charge wakes evictd (at watermark 0, every charge event; never a free).
+    if val < 0 || node.total < cfg.wake_pages {
+        return Ok(());
+    }
+    // A failed read leaves the node's sum past the mark, for the next flush to retry.
     let id = memo_cgroup_id(st, cfg, memcg)?;
-    let pages = st.charge_pages;
-    st.charge_pages = 0;
-    emit_charge(id, pages << cfg.page_shift);
+    // What this wake reports comes off the sum; what other CPUs add meanwhile stays.
+    // SAFETY: the node's sum, in its map (add_to_node_sum).
+    unsafe { atomic_add(node.sum, -node.total) };
+    emit_charge(id, node.total << cfg.page_shift);
     Ok(())
+}
+
+/// The node's sum after a CPU added its own to it.
+struct Added {
+    sum: *mut i64,
+    total: i64,
+}
+
+/// Adds `pages` to the node's sum, kept at minus `wake_pages` or above. A floor only raises
+/// the sum, so it never makes a wake late; it bounds what frees whose charge was not counted
+/// (a cgroup charged before it joined the scope, an anonymous page zswap keeps compressed)
+/// can hold a wake back, and with it what the sum can bank from frees for a churn to spend.
+#[inline(always)]
+fn add_to_node_sum(cfg: &KernelConfig, pages: i64) -> Result<Added, KernelError> {
+    let node = NODE_SUM.get_ptr_mut(0).ok_or(KernelError::NoNodeSum)?;
+    // SAFETY: a map value that lives as long as the program; `pages` is only changed through
+    // atomics once it belongs to this generation. Two CPUs that both start a generation can
+    // lose one flush between them (a wake late by a flush at most).
+    let node = unsafe { &mut *node };
+    if node.generation != cfg.generation {
+        node.generation = cfg.generation;
+        node.pages = 0;
+    }
+    let sum = &raw mut node.pages;
+    // The sum read after this CPU's own add holds it and whatever other CPUs added before:
+    // of CPUs that add at once, the last to read sees them all, so none misses the mark; two
+    // may both see it passed, and each then emits and takes its total off (the sum is left
+    // low until the re-arm their wakes bring, which starts it again).
+    // SAFETY: `pages` is aligned (repr(C), after a u64) and lives as long as the map; it is
+    // only written atomically within a generation.
+    let mut total = unsafe {
+        atomic_add(sum, pages);
+        sum.read_volatile()
+    };
+    if total < -cfg.wake_pages {
+        // SAFETY: as above.
+        unsafe { atomic_add(sum, -cfg.wake_pages - total) };
+        total = -cfg.wake_pages;
+    }
+    Ok(Added { sum, total })
+}
+
+/// `*p += v` as one atomic instruction.
+///
+/// # Safety
+/// `p` is valid and aligned for an i64, and only changed atomically meanwhile.
+#[inline(always)]
+unsafe fn atomic_add(p: *mut i64, v: i64) {
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: the caller's.
+    unsafe {
+        core::intrinsics::atomic_xadd::<i64, i64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, v);
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    // SAFETY: the caller's.
+    unsafe {
+        core::sync::atomic::AtomicI64::from_ptr(p).fetch_add(v, core::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// `memcg`'s cgroup id through this CPU's memo: charges come in runs from one memcg, and the

@@ -196,6 +196,12 @@ impl MemHog {
         self.command(&format!("churn {kib} {times}"))
     }
 
+    /// `churn`, each mapping touched on CPU `charge_on` and unmapped on `free_on`; false when
+    /// memhog died trying.
+    pub fn try_churn_across(&mut self, kib: usize, times: usize, charge_on: usize, free_on: usize) -> bool {
+        self.command(&format!("churn-across {kib} {times} {charge_on} {free_on}"))
+    }
+
     fn command(&mut self, line: &str) -> bool {
         let Some(stdin) = self.stdin.as_mut() else { return false };
         if writeln!(stdin, "{line}").and_then(|()| stdin.flush()).is_err() {
@@ -251,6 +257,24 @@ pub fn print_log_tail(whose: &str, path: Option<&std::path::Path>, text: &str, l
 /// and freed again, through a mapping of its own (memory an allocator kept would be charged
 /// once and never again). The churn of memhog and of the overhead benchmark's fault loop.
 pub fn map_touch_unmap(len: std::num::NonZeroUsize) -> std::io::Result<()> {
+    map_touch_then_unmap(len, || Ok(()))
+}
+
+/// `map_touch_unmap` with the mapping touched on CPU `charge_on` and unmapped on `free_on`:
+/// memory charged on one CPU and freed on another (this thread moves between them).
+pub fn map_touch_unmap_across(
+    len: std::num::NonZeroUsize,
+    charge_on: usize,
+    free_on: usize,
+) -> std::io::Result<()> {
+    run_on_cpu(charge_on)?;
+    map_touch_then_unmap(len, || run_on_cpu(free_on))
+}
+
+fn map_touch_then_unmap(
+    len: std::num::NonZeroUsize,
+    before_unmap: impl FnOnce() -> std::io::Result<()>,
+) -> std::io::Result<()> {
     use nix::sys::mman::{MapFlags, ProtFlags, mmap_anonymous, munmap};
     // SAFETY: a new private anonymous mapping, written only within its length, unmapped once
     // and never used after.
@@ -261,9 +285,26 @@ pub fn map_touch_unmap(len: std::num::NonZeroUsize) -> std::io::Result<()> {
         for off in (0..len.get()).step_by(4096) {
             bytes.add(off).write_volatile(1);
         }
+        let moved = before_unmap();
         munmap(p, len.get())?;
+        moved
     }
+}
+
+/// Moves the calling thread to CPU `cpu` (the scheduler moves it there before returning).
+pub fn run_on_cpu(cpu: usize) -> std::io::Result<()> {
+    use nix::sched::{CpuSet, sched_setaffinity};
+    let mut one = CpuSet::new();
+    one.set(cpu)?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &one)?;
     Ok(())
+}
+
+/// The first `n` CPUs this process may run on, or fewer if it may run on fewer.
+pub fn allowed_cpus(n: usize) -> Vec<usize> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    let Ok(allowed) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else { return Vec::new() };
+    (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).take(n).collect()
 }
 
 /// The evictd binary built next to the test binaries (target/<profile>/evictd).

@@ -177,7 +177,7 @@ pub struct Counters {
     pub emitted: [u64; CAUSE_COUNT],
     /// Events lost to a full ring buffer, by `CAUSE_*` index.
     pub dropped: [u64; CAUSE_COUNT],
-    /// Kernel-side failures, by `KernelError` index (no-config, no-cpu-state, memcg-id-read).
+    /// Kernel-side failures, by `KernelError` index (no-config, no-cpu-state, memcg-id-read, no-node-sum).
     pub errors: [u64; KERNEL_ERROR_COUNT],
 }
 
@@ -344,7 +344,9 @@ impl KernelProbes {
     /// page). Also turns events on.
     pub fn rearm(&mut self, watermark_bytes: u64) -> Result<(), EbpfError> {
         let pages = watermark_bytes / self.page_size;
-        self.config.watermark_pages_per_cpu = per_cpu_watermark_pages(pages, self.ncpus, self.page_size);
+        let split = ChargeSplit::of(pages, self.ncpus, self.page_size);
+        self.config.flush_pages = split.flush_pages;
+        self.config.wake_pages = split.wake_pages;
         // The hook compares one counter's usage, the whole node's: no division by CPUs.
         self.config.batch_watermark_pages = pages as i64;
         self.config.generation = self.config.generation.wrapping_add(1);
@@ -479,23 +481,43 @@ fn lock(links: &Mutex<Vec<ChargeLink>>) -> MutexGuard<'_, Vec<ChargeLink>> {
     links.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The smallest per-CPU watermark of the stat tracepoints' tier, in bytes, unless the
-/// watermark is 0 (every charge event): 64 KiB, whatever the page size.
-const PER_CPU_FLOOR_BYTES: u64 = 64 << 10;
+/// The smallest flush of the stat tracepoints' tier, in bytes, unless the watermark is 0
+/// (every charge event): 64 KiB, whatever the page size.
+const MIN_FLUSH_BYTES: u64 = 64 << 10;
 
-/// One CPU's share of the watermark (`pages` of `page_size` bytes), for the stat tracepoints,
-/// which count charges per CPU. On a host with hundreds of CPUs a small watermark divides to
-/// zero pages and every page charged would be an event; the floor bounds that, at the cost of
-/// up to `PER_CPU_FLOOR_BYTES` per CPU seen late (16 MiB on 256 CPUs), which the node-wide
-/// batched hook and the reclaim tracepoints do not have. Never above the whole watermark: one
-/// CPU alone fires no later than asked.
-fn per_cpu_watermark_pages(pages: u64, ncpus: u64, page_size: u64) -> i64 {
-    if pages == 0 {
-        return 0;
+/// How finely the CPUs' sums are flushed into the node's: an eighth of a CPU's share of the
+/// watermark. Finer costs more atomic adds on one shared cache line; coarser leaves less of
+/// the watermark to absorb churn (what the CPUs hold back is not counted in the node's sum).
+const FLUSHES_PER_SHARE: u64 = 8;
+
+/// How the stat tracepoints' tier splits a watermark of `pages` between what each CPU keeps
+/// to itself and what the node's sum must reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ChargeSplit {
+    flush_pages: i64,
+    wake_pages: i64,
+}
+
+impl ChargeSplit {
+    /// A wake comes once the node's counted growth reaches the watermark: the node's sum
+    /// reaches `wake_pages` by then, since each CPU holds back less than `flush_pages`. Memory
+    /// charged and freed again cancels in the node's sum whichever CPUs did it, so a churn of
+    /// mappings up to about `wake_pages − flush_pages` wakes nothing. On a host with hundreds
+    /// of CPUs a small watermark would divide to no pages and every page charged would be a
+    /// flush: the flush has a floor, at the cost of up to `MIN_FLUSH_BYTES` a CPU seen late
+    /// (16 MiB on 256 CPUs), and the node's sum still keeps half the watermark for churn.
+    fn of(pages: u64, ncpus: u64, page_size: u64) -> Self {
+        if pages == 0 {
+            return ChargeSplit { flush_pages: 0, wake_pages: 0 };
+        }
+        let ncpus = ncpus.max(1);
+        let floor = (MIN_FLUSH_BYTES / page_size.max(1)).max(1);
+        let flush = (pages / (ncpus * FLUSHES_PER_SHARE)).max(floor).min(pages);
+        let held_back = flush.saturating_mul(ncpus);
+        let wake = pages.saturating_sub(held_back).max(pages / 2).max(flush);
+        let pages = |p: u64| i64::try_from(p).unwrap_or(i64::MAX);
+        ChargeSplit { flush_pages: pages(flush), wake_pages: pages(wake) }
     }
-    let floor = (PER_CPU_FLOOR_BYTES / page_size.max(1)).max(1);
-    let share = (pages / ncpus.max(1)).max(floor.min(pages));
-    i64::try_from(share).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -518,19 +540,26 @@ mod tests {
     }
 
     #[test]
-    fn a_many_cpu_host_keeps_a_per_cpu_floor_and_every_page_stays_every_page() {
-        // 8 MiB over 4 CPUs: 512 pages each; over 512 CPUs it would be 4 pages, and over
-        // 4096, none: each charge an event.
+    fn a_wake_comes_by_the_watermark_and_a_many_cpu_host_keeps_a_floor() {
         const PAGE: u64 = 4096;
-        assert_eq!(per_cpu_watermark_pages(2048, 4, PAGE), 512);
-        assert_eq!(per_cpu_watermark_pages(2048, 512, PAGE), 16, "64 KiB of 4 KiB pages");
-        assert_eq!(per_cpu_watermark_pages(2048, 4096, PAGE), 16);
-        assert_eq!(per_cpu_watermark_pages(0, 4096, PAGE), 0, "--bpf-watermark 0: every charge event");
-        // A watermark below the floor: one CPU still fires at the watermark, not later.
-        assert_eq!(per_cpu_watermark_pages(8, 1, PAGE), 8);
+        let split = |pages, cpus, page| {
+            let s = ChargeSplit::of(pages, cpus, page);
+            (s.flush_pages, s.wake_pages)
+        };
+        // 8 MiB over 4 CPUs: flushes of 64 pages, and what 4 CPUs hold back (256) plus the
+        // node's mark is the watermark.
+        assert_eq!(split(2048, 4, PAGE), (64, 2048 - 4 * 64));
+        // 1.5 MiB, 3 MiB from a threshold, on 2 CPUs: 96 KiB flushes, a 1 344 KiB mark.
+        assert_eq!(split(384, 2, PAGE), (24, 336));
+        // Over 512 CPUs the flush would be half a page: 64 KiB, and the mark keeps half.
+        assert_eq!(split(2048, 512, PAGE), (16, 1024));
+        assert_eq!(split(2048, 4096, PAGE), (16, 1024));
+        assert_eq!(split(0, 4096, PAGE), (0, 0), "--bpf-watermark 0: every charge event");
+        // A watermark below the floor: one flush is the whole watermark, and wakes.
+        assert_eq!(split(8, 1, PAGE), (8, 8));
         // 64 KiB pages: the floor is one page, not 16 (1 MiB).
-        assert_eq!(per_cpu_watermark_pages(2048, 4096, 64 << 10), 1);
-        assert_eq!(per_cpu_watermark_pages(2048, 0, PAGE), 2048);
+        assert_eq!(split(2048, 4096, 64 << 10), (1, 1024));
+        assert_eq!(split(2048, 0, PAGE), (256, 1792));
     }
 
     /// The names both sides agree on (`evictd_common::names`, `tracepoints`) are the ones in

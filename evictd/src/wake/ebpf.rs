@@ -1,5 +1,5 @@
-//! The eBPF wake source: the kernel's programs (loaded by `crate::kernel::ebpf`) sum charge
-//! growth per CPU and emit a record into a ring buffer when it passes the watermark, when
+//! The eBPF wake source: the kernel's programs (loaded by `crate::kernel::ebpf`) sum the
+//! node's charge growth and emit a record into a ring buffer when it passes the watermark, when
 //! reclaim starts, or when the OOM killer acts. This half drains the ring buffer, and after
 //! every pass re-arms the watermark at half the distance to the nearest memory threshold,
 //! so the kernel wakes evictd again just in time rather than on every page.

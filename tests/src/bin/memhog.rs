@@ -2,7 +2,8 @@
 //! (kept until exit), answers "ok" on stdout; exits on EOF. "cache <MiB> <path>" writes a
 //! file of that size and syncs it: clean page cache charged to memhog's cgroup, which the
 //! kernel may reclaim. "churn <KiB> <times>" maps, touches and unmaps that much, that many
-//! times: memory charged and freed again, the node's usage flat. Driven line by line so a test can
+//! times: memory charged and freed again, the node's usage flat; "churn-across <KiB> <times>
+//! <cpu> <cpu>" touches each mapping on the first CPU and unmaps it on the second. Driven line by line so a test can
 //! move it into a cgroup first and then decide exactly how much it charges and when.
 
 use std::io::{BufRead as _, Write as _};
@@ -15,6 +16,11 @@ fn main() -> std::process::ExitCode {
         let Ok(line) = line else { break };
         if let Some(args) = line.strip_prefix("cache ") {
             if let Err(e) = cache(args) {
+                eprintln!("memhog: {line:?}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        } else if let Some(args) = line.strip_prefix("churn-across ") {
+            if let Err(e) = churn_across(args) {
                 eprintln!("memhog: {line:?}: {e}");
                 return std::process::ExitCode::FAILURE;
             }
@@ -54,13 +60,33 @@ fn cache(args: &str) -> std::io::Result<()> {
 /// `<KiB> <times>`: an anonymous mapping of that size touched page by page and unmapped, that
 /// many times (`map_touch_unmap`).
 fn churn(args: &str) -> std::io::Result<()> {
-    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "expected <KiB> <times>");
-    let (kib, times) = args.split_once(' ').ok_or_else(invalid)?;
-    let len = std::num::NonZeroUsize::new(kib.parse::<usize>().map_err(|_| invalid())? << 10)
-        .ok_or_else(invalid)?;
-    let times: usize = times.trim().parse().map_err(|_| invalid())?;
+    let [kib, times] = numbers(args, "expected <KiB> <times>")?;
+    let len = mapping_len(kib)?;
     for _ in 0..times {
         evictd_tests::map_touch_unmap(len)?;
     }
     Ok(())
+}
+
+/// `<KiB> <times> <cpu> <cpu>`: `churn`, touched on the first CPU and unmapped on the second.
+fn churn_across(args: &str) -> std::io::Result<()> {
+    let [kib, times, charge_on, free_on] = numbers(args, "expected <KiB> <times> <cpu> <cpu>")?;
+    let len = mapping_len(kib)?;
+    for _ in 0..times {
+        evictd_tests::map_touch_unmap_across(len, charge_on, free_on)?;
+    }
+    Ok(())
+}
+
+/// Exactly `N` numbers separated by spaces.
+fn numbers<const N: usize>(args: &str, expected: &str) -> std::io::Result<[usize; N]> {
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, expected.to_string());
+    let parsed: Vec<usize> =
+        args.split_whitespace().map(str::parse).collect::<Result<_, _>>().map_err(|_| invalid())?;
+    parsed.try_into().map_err(|_| invalid())
+}
+
+fn mapping_len(kib: usize) -> std::io::Result<std::num::NonZeroUsize> {
+    std::num::NonZeroUsize::new(kib << 10)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a mapping of 0 KiB"))
 }

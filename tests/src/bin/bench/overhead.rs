@@ -228,17 +228,47 @@ const HOVER_DISTANCE_MIB: i64 = 3;
 /// 5 GiB charged in all by each hovering run's churning workload.
 const HOVER_CHURN_KIB: usize = 5 << 20;
 
-/// The churning workload's mappings, from one CPU's share of the watermark 3 MiB from the
-/// threshold (half the distance, over the CPUs the kernel side divides by, 64 KiB at least):
-/// a third of a share (a CPU's sum goes back to where it was with each unmap), 1.3 shares
-/// (the unmap's credit covers the next map: the mappings themselves wake nothing once
-/// running) and 2.5 shares (every mapping wakes evictd). None takes the node past its
-/// threshold.
-fn hover_chunks_kib() -> anyhow::Result<[usize; 3]> {
-    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-    let share_kib = (((HOVER_DISTANCE_MIB as usize) << 10) / 2 / cpus.max(1)).max(64);
-    let page = |kib: usize| (kib / 4).max(1) * 4;
-    Ok([page(share_kib / 3), page(share_kib * 13 / 10), page(share_kib * 5 / 2)])
+/// The watermark `HOVER_DISTANCE_MIB` above a threshold: half the distance.
+const HOVER_WATERMARK_KIB: usize = ((HOVER_DISTANCE_MIB as usize) << 10) / 2;
+
+/// A churning workload: mappings of `kib`, touched and unmapped on one CPU, or touched on one
+/// and unmapped on another (`across`).
+#[derive(Clone, Copy)]
+struct Churn {
+    kib: usize,
+    across: Option<(usize, usize)>,
+}
+
+impl Churn {
+    fn describe(&self) -> String {
+        match self.across {
+            None => format!("{} KiB mappings", self.kib),
+            Some((a, b)) => format!("{} KiB mappings touched on CPU {a} and unmapped on CPU {b}", self.kib),
+        }
+    }
+
+    fn run(&self, hog: &mut MemHog) -> bool {
+        let times = HOVER_CHURN_KIB / self.kib;
+        match self.across {
+            None => hog.try_churn(self.kib, times),
+            Some((a, b)) => hog.try_churn_across(self.kib, times, a, b),
+        }
+    }
+}
+
+/// The churning workloads, in parts of the watermark: a quarter and three quarters (memory
+/// charged and freed again cancels in the node's sum: nothing wakes evictd once running), a
+/// quarter charged on one CPU and freed on another (cancels there too), and one and a quarter
+/// (each mapping takes the node past the watermark for a moment: evictd looks each time).
+/// None takes the node past its threshold.
+fn hover_churns() -> Vec<Churn> {
+    let part = |num: usize, den: usize| (HOVER_WATERMARK_KIB * num / den / 4).max(1) * 4;
+    let mut churns = vec![Churn { kib: part(1, 4), across: None }, Churn { kib: part(3, 4), across: None }];
+    if let [a, b] = evictd_tests::allowed_cpus(2)[..] {
+        churns.push(Churn { kib: part(1, 4), across: Some((a, b)) });
+    }
+    churns.push(Churn { kib: part(5, 4), across: None });
+    churns
 }
 
 /// One hovering run: the churn's rate, evictd's charge wakes a second and its CPU (% of one
@@ -251,10 +281,9 @@ struct Hover {
 }
 
 /// evictd watching a node cgroup of `HOVER_NODE_MIB` whose threshold is `HOVER_DISTANCE_MIB`
-/// below its free memory (measured with the workload in it), while the workload maps,
-/// touches and unmaps `chunk_kib` at a time: memory charged and freed at GiB/s, the node's
-/// usage flat.
-fn hovering(chunk_kib: usize) -> anyhow::Result<Hover> {
+/// below its free memory (measured with the workload in it), while the workload `churn`s:
+/// memory charged and freed at GiB/s, the node's usage flat.
+fn hovering(churn: Churn) -> anyhow::Result<Hover> {
     let cg = TestCgroup::new(Some(HOVER_NODE_MIB << 20));
     let mut hog = MemHog::spawn_in(&cg);
     let node = MemoryCgroup::new(&cg.dir, cg.layout.memory_version, false);
@@ -264,7 +293,7 @@ fn hovering(chunk_kib: usize) -> anyhow::Result<Hover> {
     let mut d = Daemon::start(&["--node-cgroup", &dir, "--eviction-hard", &threshold])?;
     let (w0, c0) = (d.charge_wakes()?, d.cpu_seconds()?);
     let t = Instant::now();
-    anyhow::ensure!(hog.try_churn(chunk_kib, HOVER_CHURN_KIB / chunk_kib), "the churning workload died");
+    anyhow::ensure!(churn.run(&mut hog), "the churning workload died");
     let secs = t.elapsed().as_secs_f64();
     let (w1, c1) = (d.charge_wakes()?, d.cpu_seconds()?);
     let tier = d.charge_tier()?;
@@ -277,21 +306,18 @@ fn hovering(chunk_kib: usize) -> anyhow::Result<Hover> {
     })
 }
 
-/// The hovering runs' medians, a line for each mapping size (or why they could not run: the
-/// rest of the report stands without them).
+/// The hovering runs' medians, a line for each churning workload (or why it could not run:
+/// the rest of the report stands without it). Machines with one CPU have no line for a churn
+/// across CPUs.
 fn hovering_report(runs: usize) -> String {
-    match hover_chunks_kib() {
-        Ok(chunks) => {
-            chunks.iter().map(|&chunk_kib| hovering_line(chunk_kib, runs)).collect::<Vec<_>>().join("\n")
-        }
-        Err(e) => format!("hovering near a threshold: not measured: {e:#}"),
-    }
+    hover_churns().iter().map(|&churn| hovering_line(churn, runs)).collect::<Vec<_>>().join("\n")
 }
 
-fn hovering_line(chunk_kib: usize, runs: usize) -> String {
-    let hover = match (0..runs).map(|_| hovering(chunk_kib)).collect::<anyhow::Result<Vec<Hover>>>() {
+fn hovering_line(churn: Churn, runs: usize) -> String {
+    let what = churn.describe();
+    let hover = match (0..runs).map(|_| hovering(churn)).collect::<anyhow::Result<Vec<Hover>>>() {
         Ok(h) => h,
-        Err(e) => return format!("hovering near a threshold, {chunk_kib} KiB mappings: not measured: {e:#}"),
+        Err(e) => return format!("hovering near a threshold, {what}: not measured: {e:#}"),
     };
     let m = |f: fn(&Hover) -> f64| median(hover.iter().map(f).collect());
     let mut tiers: Vec<&str> = hover.iter().map(|h| h.tier.as_str()).collect();
@@ -303,8 +329,8 @@ fn hovering_line(chunk_kib: usize, runs: usize) -> String {
         String::new()
     };
     format!(
-        "hovering {HOVER_DISTANCE_MIB} MiB above a threshold beside a workload mapping and unmapping \
-         {chunk_kib} KiB at a time ({:.0} MiB/s): {wakes:.0} charge wakes/s, evictd's CPU {cpu:.1}% of one core{per_wake} \
+        "hovering {HOVER_DISTANCE_MIB} MiB above a threshold (watermark {HOVER_WATERMARK_KIB} KiB) beside a workload \
+         churning {what} ({:.0} MiB/s): {wakes:.0} charge wakes/s, evictd's CPU {cpu:.1}% of one core{per_wake} \
          (charge tier {}; median of {runs})",
         m(|h| h.churn_mib_s),
         tiers.join(", "),
