@@ -104,11 +104,12 @@ impl ChargeItems {
 pub struct KernelConfig {
     /// The memcg stat programs keep a page sum per CPU (charges minus frees since the last
     /// re-arm) and add it to the node's sum, one shared counter, once it has moved this far
-    /// either way: the allocation path touches no shared cache line below it. 0: every event.
+    /// either way: the allocation path touches no shared cache line below it.
     pub flush_pages: i64,
     /// A charge that takes the node's sum to this emits a charge event (and takes what it
     /// reports off the sum); the sum is kept at minus this or above. Userspace sets it so that
-    /// this plus what the CPUs can hold back (`flush_pages` each) is the watermark.
+    /// this and what the CPUs can hold back (under `flush_pages` each) make the watermark, but
+    /// never under half of it (hundreds of CPUs). 0: every charge event, no shared sum.
     pub wake_pages: i64,
     /// Changing it makes every CPU restart its sum from zero at its next event.
     pub generation: u64,

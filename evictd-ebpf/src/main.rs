@@ -83,15 +83,11 @@ static BATCH_STATE: Array<BatchState> = Array::with_max_entries(1, 0);
 /// The node's counted growth since the last re-arm, in pages, as the CPUs add their own
 /// sums to it (each once it moved by `flush_pages`). Memory charged on one CPU and freed on
 /// another cancels here, which per-CPU sums alone cannot see: a page cache page activated by
-/// a reader and deactivated by kswapd, a process that migrated before it unmapped.
-#[repr(C)]
-struct NodeSum {
-    generation: u64,
-    pages: i64,
-}
-
+/// a reader and deactivated by kswapd, a process that migrated before it unmapped. Two slots,
+/// by the generation's parity: userspace zeroes the next one before it re-arms, so no program
+/// ever resets a sum that other CPUs add to.
 #[map]
-static NODE_SUM: Array<NodeSum> = Array::with_max_entries(1, 0);
+static NODE_SUM: Array<i64> = Array::with_max_entries(2, 0);
 
 // Raw tracepoints: the kernel calls them with the tracepoint's arguments, without building
 // a trace record first, which is most of a classic tracepoint's cost on a path that runs for
@@ -221,54 +217,48 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
         return Ok(());
     }
     bump(COUNTER_CHARGE_MATCHED);
-    // Within a flush of zero either way this CPU keeps its sum to itself: most counting
-    // events end here, with no shared cache line touched.
+    if cfg.wake_pages == 0 {
+        // `--bpf-watermark 0`: every charge event wakes evictd, and no free does; nothing
+        // shared is touched.
+        if val > 0 {
+            emit_charge(memo_cgroup_id(st, cfg, memcg)?, (val as i64) << cfg.page_shift);
+        }
+        return Ok(());
+    }
+    // Within a flush either way this CPU keeps its sum to itself: most counting events end
+    // here, with no shared cache line touched.
     st.charge_pages += val as i64;
     if st.charge_pages.abs() < cfg.flush_pages {
         return Ok(());
     }
-    let node = add_to_node_sum(cfg, core::mem::take(&mut st.charge_pages))?;
-    // Only a charge wakes evictd (at watermark 0, every charge event; never a free).
-    if val < 0 || node.total < cfg.wake_pages {
+    let sum = NODE_SUM.get_ptr_mut((cfg.generation & 1) as u32).ok_or(KernelError::NoNodeSum)?;
+    let total = add_to_node_sum(sum, cfg, core::mem::take(&mut st.charge_pages));
+    // Only a charge wakes evictd.
+    if val < 0 || total < cfg.wake_pages {
         return Ok(());
     }
     // A failed read leaves the node's sum past the mark, for the next flush to retry.
     let id = memo_cgroup_id(st, cfg, memcg)?;
     // What this wake reports comes off the sum; what other CPUs add meanwhile stays.
     // SAFETY: the node's sum, in its map (add_to_node_sum).
-    unsafe { atomic_add(node.sum, -node.total) };
-    emit_charge(id, node.total << cfg.page_shift);
+    unsafe { atomic_add(sum, -total) };
+    emit_charge(id, total << cfg.page_shift);
     Ok(())
 }
 
-/// The node's sum after a CPU added its own to it.
-struct Added {
-    sum: *mut i64,
-    total: i64,
-}
-
-/// Adds `pages` to the node's sum, kept at minus `wake_pages` or above. A floor only raises
-/// the sum, so it never makes a wake late; it bounds what frees whose charge was not counted
-/// (a cgroup charged before it joined the scope, an anonymous page zswap keeps compressed)
-/// can hold a wake back, and with it what the sum can bank from frees for a churn to spend.
+/// Adds `pages` to the node's sum (`sum`, this generation's slot of `NODE_SUM`) and returns
+/// it, kept at minus `wake_pages` or above. A floor only raises the sum, so it never makes a
+/// wake late; it bounds what frees whose charge was not counted (a cgroup charged before it
+/// joined the scope, an anonymous page zswap keeps compressed) can hold a wake back, and with
+/// it what the sum can bank from frees for a churn to spend.
 #[inline(always)]
-fn add_to_node_sum(cfg: &KernelConfig, pages: i64) -> Result<Added, KernelError> {
-    let node = NODE_SUM.get_ptr_mut(0).ok_or(KernelError::NoNodeSum)?;
-    // SAFETY: a map value that lives as long as the program; `pages` is only changed through
-    // atomics once it belongs to this generation. Two CPUs that both start a generation can
-    // lose one flush between them (a wake late by a flush at most).
-    let node = unsafe { &mut *node };
-    if node.generation != cfg.generation {
-        node.generation = cfg.generation;
-        node.pages = 0;
-    }
-    let sum = &raw mut node.pages;
+fn add_to_node_sum(sum: *mut i64, cfg: &KernelConfig, pages: i64) -> i64 {
     // The sum read after this CPU's own add holds it and whatever other CPUs added before:
     // of CPUs that add at once, the last to read sees them all, so none misses the mark; two
     // may both see it passed, and each then emits and takes its total off (the sum is left
-    // low until the re-arm their wakes bring, which starts it again).
-    // SAFETY: `pages` is aligned (repr(C), after a u64) and lives as long as the map; it is
-    // only written atomically within a generation.
+    // low until the re-arm their wakes bring, which moves to the other slot).
+    // SAFETY: a map value, aligned and as long-lived as the program, that programs change
+    // only by atomic adds (userspace zeroes it only while no generation uses it).
     let mut total = unsafe {
         atomic_add(sum, pages);
         sum.read_volatile()
@@ -278,7 +268,7 @@ fn add_to_node_sum(cfg: &KernelConfig, pages: i64) -> Result<Added, KernelError>
         unsafe { atomic_add(sum, -cfg.wake_pages - total) };
         total = -cfg.wake_pages;
     }
-    Ok(Added { sum, total })
+    total
 }
 
 /// `*p += v` as one atomic instruction.

@@ -172,7 +172,7 @@ async fn memory_charged_and_freed_again_sends_no_wake() {
         return;
     }
     let cg = TestCgroup::new(None);
-    let watermark = churn_watermark();
+    let watermark = CHURN_WATERMARK;
     let (probes, mut rx) =
         start_with(&cg, watermark, stat_tier_if_any("memory_charged_and_freed_again_sends_no_wake"));
     let mut hog = MemHog::spawn_in(&cg);
@@ -189,15 +189,15 @@ async fn memory_charged_and_freed_again_sends_no_wake() {
         churned.len(),
         probes.charge_tier()
     );
-    // Mappings of three quarters of the watermark: 1.5 times a CPU's share of it on two CPUs,
-    // where a sum per CPU floored at zero forgot each unmap and woke once a mapping.
-    let big = (watermark * 3 / 4) >> 10;
-    hog.churn(big as usize, 64);
+    // Mappings of half the watermark: on two CPUs the whole share a sum per CPU had, which,
+    // floored at zero, forgot each unmap and woke once a mapping.
+    let big = watermark / 2;
+    hog.churn((big >> 10) as usize, 64);
     let churned = charge_wakes(&mut rx, cg.id(), Duration::from_millis(500)).await;
     assert!(
         churned.len() <= 1,
         "{} MiB mappings, charged and freed again 64 times under a {} MiB watermark, woke evictd {} times (tier: {:?})",
-        big >> 10,
+        big >> 20,
         watermark >> 20,
         churned.len(),
         probes.charge_tier()
@@ -223,7 +223,7 @@ async fn memory_charged_on_one_cpu_and_freed_on_another_sends_no_wake() {
         return;
     };
     let cg = TestCgroup::new(None);
-    let watermark = churn_watermark();
+    let watermark = CHURN_WATERMARK;
     let (probes, mut rx) = start_with(&cg, watermark, stat_tier_if_any(TEST));
     let mut hog = MemHog::spawn_in(&cg);
     assert!(hog.try_churn_across(4 << 10, 256, charge_on, free_on), "memhog did not churn across CPUs");
@@ -242,10 +242,9 @@ async fn memory_charged_on_one_cpu_and_freed_on_another_sends_no_wake() {
     assert!(!grown.is_empty(), "twice the watermark of growth sent no wake");
 }
 
-/// 16 MiB a CPU, however wide the machine: a 4 MiB mapping is well under the watermark.
-fn churn_watermark() -> u64 {
-    (16 << 20) * aya::util::nr_cpus().expect("cpus") as u64
-}
+/// The churn tests' watermark: a 4 MiB mapping is well under it, and on a host of up to 256
+/// CPUs (holding back 64 KiB each at most) its mark stays above mappings of half of it.
+const CHURN_WATERMARK: u64 = 32 << 20;
 
 /// The memcg stat tier where this kernel has it (the loader's own test of the tier, by BTF,
 /// not tracefs, which may not be mounted); `None`, the batched hook, where it has not.

@@ -22,7 +22,7 @@ use evictd_common::{
     COUNTER_CHARGE_YIELDED, COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE,
     COUNTER_RATE_LIMITED, ChargeItems, FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
     KERNEL_ERROR_COUNT, KernelConfig,
-    names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_SCOPE},
+    names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_NODE_SUM, MAP_SCOPE},
 };
 
 mod attach;
@@ -349,7 +349,9 @@ impl KernelProbes {
         self.config.wake_pages = split.wake_pages;
         // The hook compares one counter's usage, the whole node's: no division by CPUs.
         self.config.batch_watermark_pages = pages as i64;
-        self.config.generation = self.config.generation.wrapping_add(1);
+        let generation = self.config.generation.wrapping_add(1);
+        self.zero_node_sum(generation)?;
+        self.config.generation = generation;
         self.config.flags |= FLAG_CHARGE | FLAG_RECLAIM | FLAG_OOM;
         if self.batch {
             self.config.flags |= FLAG_BATCH;
@@ -450,6 +452,15 @@ impl KernelProbes {
         Ok(c)
     }
 
+    /// Zeroes the node's sum that `generation` will add to. The programs still add to the
+    /// other slot until the config names this generation.
+    fn zero_node_sum(&mut self, generation: u64) -> Result<(), EbpfError> {
+        let mut map: Array<_, i64> =
+            Array::try_from(self.ebpf.map_mut(MAP_NODE_SUM).ok_or(EbpfError::MissingMap(MAP_NODE_SUM))?)
+                .map_err(map_err(MAP_NODE_SUM))?;
+        map.set((generation & 1) as u32, 0, 0).map_err(map_err(MAP_NODE_SUM))
+    }
+
     fn write_config(&mut self) -> Result<(), EbpfError> {
         let mut map: Array<_, KernelConfig> =
             Array::try_from(self.ebpf.map_mut(MAP_CONFIG).ok_or(EbpfError::MissingMap(MAP_CONFIG))?)
@@ -499,13 +510,15 @@ struct ChargeSplit {
 }
 
 impl ChargeSplit {
-    /// A wake comes once the node's counted growth reaches the watermark: the node's sum
-    /// reaches `wake_pages` by then, since each CPU holds back less than `flush_pages`. Memory
-    /// charged and freed again cancels in the node's sum whichever CPUs did it, so a churn of
-    /// mappings up to about `wake_pages − flush_pages` wakes nothing. On a host with hundreds
-    /// of CPUs a small watermark would divide to no pages and every page charged would be a
-    /// flush: the flush has a floor, at the cost of up to `MIN_FLUSH_BYTES` a CPU seen late
-    /// (16 MiB on 256 CPUs), and the node's sum still keeps half the watermark for churn.
+    /// The mark is the watermark less what the CPUs can hold back (a flush less a page each),
+    /// so a wake comes once the node's counted growth reaches the watermark. Memory charged
+    /// and freed again cancels in the node's sum whichever CPUs did it, so a churn of mappings
+    /// up to about the mark less a flush wakes nothing. On a host with hundreds of CPUs a
+    /// small watermark would divide to no pages and every page charged would be a flush: the
+    /// flush has a floor (`MIN_FLUSH_BYTES`), and the mark keeps half the watermark at least,
+    /// so that churn still cancels. Where the CPUs could hold back more than half, a wake may
+    /// then come up to what they hold back past half the watermark (64 KiB a CPU: 16 MiB on
+    /// 256 CPUs); the per-CPU shares before the node's sum were late by as much.
     fn of(pages: u64, ncpus: u64, page_size: u64) -> Self {
         if pages == 0 {
             return ChargeSplit { flush_pages: 0, wake_pages: 0 };
@@ -513,10 +526,17 @@ impl ChargeSplit {
         let ncpus = ncpus.max(1);
         let floor = (MIN_FLUSH_BYTES / page_size.max(1)).max(1);
         let flush = (pages / (ncpus * FLUSHES_PER_SHARE)).max(floor).min(pages);
-        let held_back = flush.saturating_mul(ncpus);
-        let wake = pages.saturating_sub(held_back).max(pages / 2).max(flush);
+        let held_back = (flush - 1).saturating_mul(ncpus);
+        let wake = pages.saturating_sub(held_back).max(pages / 2).max(1);
         let pages = |p: u64| i64::try_from(p).unwrap_or(i64::MAX);
         ChargeSplit { flush_pages: pages(flush), wake_pages: pages(wake) }
+    }
+
+    /// The most the node's counted growth can reach without a wake: the mark, less a page,
+    /// and what every CPU holds back.
+    #[cfg(test)]
+    fn latest_wake(&self, ncpus: u64) -> i64 {
+        self.wake_pages - 1 + (self.flush_pages - 1) * ncpus as i64
     }
 }
 
@@ -546,20 +566,31 @@ mod tests {
             let s = ChargeSplit::of(pages, cpus, page);
             (s.flush_pages, s.wake_pages)
         };
-        // 8 MiB over 4 CPUs: flushes of 64 pages, and what 4 CPUs hold back (256) plus the
-        // node's mark is the watermark.
-        assert_eq!(split(2048, 4, PAGE), (64, 2048 - 4 * 64));
-        // 1.5 MiB, 3 MiB from a threshold, on 2 CPUs: 96 KiB flushes, a 1 344 KiB mark.
-        assert_eq!(split(384, 2, PAGE), (24, 336));
+        // 8 MiB over 4 CPUs: flushes of 64 pages, and the mark is what 4 CPUs cannot hold
+        // back (63 each).
+        assert_eq!(split(2048, 4, PAGE), (64, 2048 - 4 * 63));
+        // 1.5 MiB, 3 MiB from a threshold, on 2 CPUs: 96 KiB flushes, a 1 352 KiB mark.
+        assert_eq!(split(384, 2, PAGE), (24, 338));
         // Over 512 CPUs the flush would be half a page: 64 KiB, and the mark keeps half.
         assert_eq!(split(2048, 512, PAGE), (16, 1024));
         assert_eq!(split(2048, 4096, PAGE), (16, 1024));
         assert_eq!(split(0, 4096, PAGE), (0, 0), "--bpf-watermark 0: every charge event");
-        // A watermark below the floor: one flush is the whole watermark, and wakes.
-        assert_eq!(split(8, 1, PAGE), (8, 8));
-        // 64 KiB pages: the floor is one page, not 16 (1 MiB).
-        assert_eq!(split(2048, 4096, 64 << 10), (1, 1024));
-        assert_eq!(split(2048, 0, PAGE), (256, 1792));
+        // A watermark below the flush floor is one flush.
+        assert_eq!(split(8, 1, PAGE), (8, 4));
+        // 64 KiB pages: the floor is one page, not 16 (1 MiB), and a CPU holds nothing back.
+        assert_eq!(split(2048, 4096, 64 << 10), (1, 2048));
+        assert_eq!(split(2048, 0, PAGE), (256, 1793));
+        // Wherever the CPUs can hold back half the watermark or less, no wake comes later
+        // than the node's growth by the watermark.
+        for pages in [1, 2, 8, 16, 100, 256, 384, 2048, 1 << 20] {
+            for cpus in [1, 2, 3, 4, 16, 64, 256, 4096] {
+                let s = ChargeSplit::of(pages, cpus, PAGE);
+                assert!(s.wake_pages >= 1 && s.flush_pages >= 1, "{pages} pages, {cpus} CPUs: {s:?}");
+                if (s.flush_pages - 1) * cpus as i64 <= pages as i64 / 2 {
+                    assert!(s.latest_wake(cpus) < pages as i64, "{pages} pages, {cpus} CPUs: {s:?}");
+                }
+            }
+        }
     }
 
     /// The names both sides agree on (`evictd_common::names`, `tracepoints`) are the ones in

@@ -257,9 +257,10 @@ impl Churn {
 }
 
 /// The churning workloads, in parts of the watermark: a quarter and three quarters (memory
-/// charged and freed again cancels in the node's sum: nothing wakes evictd once running), a
-/// quarter charged on one CPU and freed on another (cancels there too), and one and a quarter
-/// (each mapping takes the node past the watermark for a moment: evictd looks each time).
+/// charged and freed again cancels in the node's sum: on up to 5 CPUs nothing wakes evictd
+/// once running; from 6, what the CPUs hold back at the flush's floor puts the mark under
+/// three quarters and a flush), a quarter charged on one CPU and freed on another (cancels there too), and one
+/// and a quarter (each mapping takes the node past the watermark for a moment: evictd looks).
 /// None takes the node past its threshold.
 fn hover_churns() -> Vec<Churn> {
     let part = |num: usize, den: usize| (HOVER_WATERMARK_KIB * num / den / 4).max(1) * 4;
