@@ -20,6 +20,10 @@ pub const FLAG_BATCH: u32 = 1 << 4;
 /// sysbox) adds its own node's levels to that.
 pub const BATCH_MAX_DEPTH: usize = 17;
 
+/// Slots of the node's charge sum, one per generation in turn: a CPU stalled inside a program
+/// while userspace re-armed would otherwise add to a slot zeroed for a newer generation.
+pub const NODE_SUM_SLOTS: u32 = 8;
+
 /// Stat items are indices of `enum node_stat_item` followed by `enum memcg_stat_item`
 /// (the kernel numbers them in one space); 128 bits cover both with room to spare.
 pub const STAT_ITEM_WORDS: usize = 2;
@@ -109,9 +113,12 @@ pub struct KernelConfig {
     /// A charge that takes the node's sum to this emits a charge event (and takes what it
     /// reports off the sum); the sum is kept at minus this or above. Userspace sets it so that
     /// this and what the CPUs can hold back (under `flush_pages` each) make the watermark, but
-    /// never under half of it (hundreds of CPUs). 0: every charge event, no shared sum.
+    /// never under half of it (where the CPUs could hold back more). 0: every charge event, no
+    /// shared sum.
     pub wake_pages: i64,
-    /// Changing it makes every CPU restart its sum from zero at its next event.
+    /// Changing it makes every CPU restart its sum from zero at its next event, and picks the
+    /// node's sum the CPUs add to (`NODE_SUM_SLOTS`), which userspace zeroes before it writes
+    /// the config that names it.
     pub generation: u64,
     /// Minimum gap between two reclaim (or OOM) events on one CPU.
     pub min_interval_ns: u64,

@@ -30,8 +30,8 @@ use evictd_common::{
     BATCH_MAX_DEPTH, CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL,
     CGROUP_KIND_DEFAULT, CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_CHARGE_YIELDED, COUNTER_COUNT,
     COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED, ChargeItems,
-    FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, KernelError, STAT_ITEM_WORDS,
-    WakeEvent,
+    FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, KernelError, NODE_SUM_SLOTS,
+    STAT_ITEM_WORDS, WakeEvent,
     tracepoints::{
         Field, MEMCG_STAT_ARG_ITEM, MEMCG_STAT_ARG_MEMCG, MEMCG_STAT_ARG_VAL, OOM_ANON_RSS, OOM_FILE_RSS,
         OOM_PID, OOM_SHMEM_RSS,
@@ -83,11 +83,11 @@ static BATCH_STATE: Array<BatchState> = Array::with_max_entries(1, 0);
 /// The node's counted growth since the last re-arm, in pages, as the CPUs add their own
 /// sums to it (each once it moved by `flush_pages`). Memory charged on one CPU and freed on
 /// another cancels here, which per-CPU sums alone cannot see: a page cache page activated by
-/// a reader and deactivated by kswapd, a process that migrated before it unmapped. Two slots,
-/// by the generation's parity: userspace zeroes the next one before it re-arms, so no program
-/// ever resets a sum that other CPUs add to.
+/// a reader and deactivated by kswapd, a process that migrated before it unmapped. A slot per
+/// generation in turn: userspace zeroes the next one before it re-arms, so no program ever
+/// resets a sum that other CPUs add to.
 #[map]
-static NODE_SUM: Array<i64> = Array::with_max_entries(2, 0);
+static NODE_SUM: Array<i64> = Array::with_max_entries(NODE_SUM_SLOTS, 0);
 
 // Raw tracepoints: the kernel calls them with the tracepoint's arguments, without building
 // a trace record first, which is most of a classic tracepoint's cost on a path that runs for
@@ -231,7 +231,9 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     if st.charge_pages.abs() < cfg.flush_pages {
         return Ok(());
     }
-    let sum = NODE_SUM.get_ptr_mut((cfg.generation & 1) as u32).ok_or(KernelError::NoNodeSum)?;
+    // The slot of the generation this CPU's sum belongs to (the config may change meanwhile).
+    let sum =
+        NODE_SUM.get_ptr_mut((st.generation % NODE_SUM_SLOTS as u64) as u32).ok_or(KernelError::NoNodeSum)?;
     let total = add_to_node_sum(sum, cfg, core::mem::take(&mut st.charge_pages));
     // Only a charge wakes evictd.
     if val < 0 || total < cfg.wake_pages {
@@ -239,9 +241,14 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     }
     // A failed read leaves the node's sum past the mark, for the next flush to retry.
     let id = memo_cgroup_id(st, cfg, memcg)?;
-    // What this wake reports comes off the sum; what other CPUs add meanwhile stays.
-    // SAFETY: the node's sum, in its map (add_to_node_sum).
-    unsafe { atomic_add(sum, -total) };
+    // What this wake reports comes off the sum; what other CPUs add meanwhile stays. Not if
+    // userspace re-armed meanwhile: the slot may be a newer generation's by now.
+    // SAFETY: `cfg` points into the config map, which userspace rewrites whole; a volatile
+    // read sees the generation it holds now.
+    if unsafe { (&raw const cfg.generation).read_volatile() } == st.generation {
+        // SAFETY: the node's sum, in its map (add_to_node_sum).
+        unsafe { atomic_add(sum, -total) };
+    }
     emit_charge(id, total << cfg.page_shift);
     Ok(())
 }
@@ -256,9 +263,9 @@ fn add_to_node_sum(sum: *mut i64, cfg: &KernelConfig, pages: i64) -> i64 {
     // The sum read after this CPU's own add holds it and whatever other CPUs added before:
     // of CPUs that add at once, the last to read sees them all, so none misses the mark; two
     // may both see it passed, and each then emits and takes its total off (the sum is left
-    // low until the re-arm their wakes bring, which moves to the other slot).
+    // low until the re-arm their wakes bring, which moves to the next slot).
     // SAFETY: a map value, aligned and as long-lived as the program, that programs change
-    // only by atomic adds (userspace zeroes it only while no generation uses it).
+    // only by atomic adds (userspace zeroes it while generations of other slots run).
     let mut total = unsafe {
         atomic_add(sum, pages);
         sum.read_volatile()
@@ -294,6 +301,9 @@ unsafe fn atomic_add(p: *mut i64, v: i64) {
 #[inline(always)]
 fn memo_cgroup_id(st: &mut CpuState, cfg: &KernelConfig, memcg: u64) -> Result<u64, KernelError> {
     if memcg != st.last_memcg {
+        // The two stat programs share this CPU's state: should one run inside the other (an
+        // uncharge from an interrupt), it finds no memo rather than an id of another memcg.
+        st.last_memcg = 0;
         st.last_id = memcg_cgroup_id(cfg, memcg)?;
         st.last_memcg = memcg;
     }

@@ -149,10 +149,8 @@ async fn growth_below_the_watermark_sends_nothing_and_past_it_sends_a_wake() {
     let watermark: u64 = 512 << 20;
     let (_probes, mut rx) = start(&cg, watermark);
     let mut hog = MemHog::spawn_in(&cg);
-    // Per CPU the watermark is 512 MiB / CPUs; 32 MiB stays below it on any machine with
-    // fewer than 16 CPUs.
-    let cpus = aya::util::nr_cpus().expect("cpus") as u64;
-    assert!(32 << 20 < watermark / cpus, "machine too wide for this test's numbers");
+    // The node's sum wakes at half the watermark at the earliest, however many CPUs hold back
+    // a flush: 32 MiB stays below it.
     hog.alloc(32);
     let early = charge_wakes(&mut rx, cg.id(), Duration::from_millis(500)).await;
     assert!(early.is_empty(), "32 MiB under a 512 MiB watermark woke evictd: {early:?}");

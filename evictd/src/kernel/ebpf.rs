@@ -21,7 +21,7 @@ use evictd_common::{
     CAUSE_COUNT, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, COUNTER_CHARGE_MATCHED,
     COUNTER_CHARGE_YIELDED, COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE,
     COUNTER_RATE_LIMITED, ChargeItems, FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
-    KERNEL_ERROR_COUNT, KernelConfig,
+    KERNEL_ERROR_COUNT, KernelConfig, NODE_SUM_SLOTS,
     names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_NODE_SUM, MAP_SCOPE},
 };
 
@@ -452,13 +452,13 @@ impl KernelProbes {
         Ok(c)
     }
 
-    /// Zeroes the node's sum that `generation` will add to. The programs still add to the
-    /// other slot until the config names this generation.
+    /// Zeroes the node's sum that `generation` will add to. The programs add to the slots of
+    /// older generations until the config names this one.
     fn zero_node_sum(&mut self, generation: u64) -> Result<(), EbpfError> {
         let mut map: Array<_, i64> =
             Array::try_from(self.ebpf.map_mut(MAP_NODE_SUM).ok_or(EbpfError::MissingMap(MAP_NODE_SUM))?)
                 .map_err(map_err(MAP_NODE_SUM))?;
-        map.set((generation & 1) as u32, 0, 0).map_err(map_err(MAP_NODE_SUM))
+        map.set((generation % u64::from(NODE_SUM_SLOTS)) as u32, 0, 0).map_err(map_err(MAP_NODE_SUM))
     }
 
     fn write_config(&mut self) -> Result<(), EbpfError> {
@@ -516,9 +516,10 @@ impl ChargeSplit {
     /// up to about the mark less a flush wakes nothing. On a host with hundreds of CPUs a
     /// small watermark would divide to no pages and every page charged would be a flush: the
     /// flush has a floor (`MIN_FLUSH_BYTES`), and the mark keeps half the watermark at least,
-    /// so that churn still cancels. Where the CPUs could hold back more than half, a wake may
-    /// then come up to what they hold back past half the watermark (64 KiB a CPU: 16 MiB on
-    /// 256 CPUs); the per-CPU shares before the node's sum were late by as much.
+    /// so that churn still cancels. Where the CPUs could hold back more than half (a watermark
+    /// under twice the floor a CPU: near a threshold on any node, everywhere under 32 MiB on
+    /// 256 CPUs), a wake may then come up to what they hold back past half the watermark; the
+    /// per-CPU shares before the node's sum were late by as much.
     fn of(pages: u64, ncpus: u64, page_size: u64) -> Self {
         if pages == 0 {
             return ChargeSplit { flush_pages: 0, wake_pages: 0 };
