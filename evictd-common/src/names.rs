@@ -12,8 +12,8 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_SCOPE: &str = "SCOPE";
 /// Per-CPU running state (charge sums, rate limits, the memcg → id memo).
 pub const MAP_CPU_STATE: &str = "CPU_STATE";
-/// Two-entry array: the node's charge sum, which the CPUs' sums are added to, one slot by
-/// the generation's parity.
+/// The node's charge sum, which the CPUs' sums are added to: an array of one slot per
+/// generation in turn (`NODE_SUM_SLOTS`).
 pub const MAP_NODE_SUM: &str = "NODE_SUM";
 /// The `ChargeItems` mask, in read-only data, set by the loader.
 pub const GLOBAL_CHARGE_ITEMS: &str = "CHARGE_ITEMS";

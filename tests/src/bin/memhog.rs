@@ -3,8 +3,9 @@
 //! file of that size and syncs it: clean page cache charged to memhog's cgroup, which the
 //! kernel may reclaim. "churn <KiB> <times>" maps, touches and unmaps that much, that many
 //! times: memory charged and freed again, the node's usage flat; "churn-across <KiB> <times>
-//! <cpu> <cpu>" touches each mapping on the first CPU and unmaps it on the second. Driven line by line so a test can
-//! move it into a cgroup first and then decide exactly how much it charges and when.
+//! <cpu> <cpu>" touches each mapping on the first CPU and unmaps it on the second. Driven
+//! line by line so a test can move it into a cgroup first and then decide exactly how much it
+//! charges and when.
 
 use std::io::{BufRead as _, Write as _};
 
