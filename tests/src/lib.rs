@@ -293,10 +293,15 @@ fn map_touch_then_unmap(
 
 /// Moves the calling thread to CPU `cpu` (the scheduler moves it there before returning).
 pub fn run_on_cpu(cpu: usize) -> std::io::Result<()> {
+    pin_to_cpu(0, cpu)
+}
+
+/// Lets process `pid` (0: the calling thread) run on CPU `cpu` only.
+pub fn pin_to_cpu(pid: u32, cpu: usize) -> std::io::Result<()> {
     use nix::sched::{CpuSet, sched_setaffinity};
     let mut one = CpuSet::new();
     one.set(cpu)?;
-    sched_setaffinity(nix::unistd::Pid::from_raw(0), &one)?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(pid as i32), &one)?;
     Ok(())
 }
 

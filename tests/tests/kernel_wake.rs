@@ -262,11 +262,8 @@ fn has_memcg_tracepoints() -> bool {
 
 /// `pid` (a process of the test's) on the first CPU this test may run on.
 fn pin_to_one_cpu(pid: u32) {
-    use nix::sched::{CpuSet, sched_setaffinity};
     let cpu = *evictd_tests::allowed_cpus(1).first().expect("a CPU");
-    let mut one = CpuSet::new();
-    one.set(cpu).expect("a CPU in the set");
-    sched_setaffinity(nix::unistd::Pid::from_raw(pid as i32), &one).expect("pinning memhog");
+    evictd_tests::pin_to_cpu(pid, cpu).expect("pinning memhog");
 }
 
 /// With nobody reading, charge events stop at half the ring buffer and the kernel's reclaim
