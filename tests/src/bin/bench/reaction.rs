@@ -229,6 +229,42 @@ pub(crate) struct Sample {
     /// evictd's decision, from the pass's first look at the thresholds to the record: the
     /// pods' usage read and ranked (its `decide_us`, ms).
     pub decide_ms: Option<f64>,
+    /// Where detection went before the decision, from evictd's record (ms).
+    pub before_pass: Option<BeforePass>,
+}
+
+/// The time from the crossing to the pass that decided, in three parts from the clocks of
+/// evictd's record (all CLOCK_MONOTONIC): the wake's own timestamp (the kernel's, where the
+/// wake came from an eBPF program), when evictd's daemon received it, and when the pass had
+/// read the node.
+#[derive(Clone, Debug)]
+pub(crate) struct BeforePass {
+    /// The crossing to the wake the pass answered: how far past the crossing the wake was
+    /// sent (negative: a wake from before the logged crossing, which is taken at the end of
+    /// the victim's 1 MiB step that crossed).
+    pub wake_ms: f64,
+    /// The wake's timestamp to the daemon receiving it (0 where the wake has no kernel
+    /// timestamp: PSI, eventfd, the poll, the timer).
+    pub delivery_ms: f64,
+    /// Received to the node read: the batch's wait, the pass's start and its reads.
+    pub observe_ms: f64,
+    /// What the wake was (evictd's name for its cause).
+    pub cause: String,
+}
+
+impl BeforePass {
+    fn of(crossing_ns: u64, r: &Reaction) -> Option<BeforePass> {
+        let (kernel, received, observed) = r.wake?;
+        let cause = r.wake_cause.clone().unwrap_or_default();
+        let ms = |a: u64, b: u64| (b as f64 - a as f64) / 1e6;
+        let sent = kernel.unwrap_or(received);
+        Some(BeforePass {
+            wake_ms: ms(crossing_ns, sent),
+            delivery_ms: ms(sent, received),
+            observe_ms: ms(received, observed),
+            cause,
+        })
+    }
 }
 
 /// The kernel's OOM kills on the whole machine, global and memcg alike (`/proc/vmstat`):
@@ -302,6 +338,10 @@ struct Reaction {
     phases: Option<(f64, f64, f64)>,
     /// evictd's decision time (ms).
     decide_ms: Option<f64>,
+    /// The wake the deciding pass answered (its kernel timestamp, when received) and when
+    /// the pass read the node.
+    wake: Option<(Option<u64>, u64, u64)>,
+    wake_cause: Option<String>,
 }
 
 impl Running {
@@ -326,16 +366,25 @@ impl Running {
                         Some((c, p["stop_sandbox_ms"].as_f64()?, p["memory_released_ms"].as_f64()?))
                     }),
                     decide_ms: ev["decide_us"].as_f64().map(|us| us / 1e3),
+                    wake: ev["wake_received_ns"]
+                        .as_u64()
+                        .zip(ev["observed_ns"].as_u64())
+                        .map(|(received, observed)| (ev["wake_kernel_ts_ns"].as_u64(), received, observed)),
+                    wake_cause: ev["wake_cause"].as_str().map(str::to_owned),
                 })
             }
             // The hog is the only process called that; earlyoom's line comes just before its
             // kill(2), and is stamped when this process reads it (an upper bound).
-            Running::Earlyoom(e) => e
-                .kills()
-                .into_iter()
-                .skip(mark)
-                .find(|k| k.comm == "hog")
-                .map(|k| Reaction { decided_ns: k.read_ns, reading: None, phases: None, decide_ms: None }),
+            Running::Earlyoom(e) => {
+                e.kills().into_iter().skip(mark).find(|k| k.comm == "hog").map(|k| Reaction {
+                    decided_ns: k.read_ns,
+                    reading: None,
+                    phases: None,
+                    decide_ms: None,
+                    wake: None,
+                    wake_cause: None,
+                })
+            }
         }
     }
 
@@ -669,6 +718,10 @@ pub(crate) async fn one_run(
         victim_gib: last.map_or(0.0, |(_, mib)| mib as f64 / 1024.0),
         oom_first,
         phases: reaction.as_ref().and_then(|r| r.phases),
+        before_pass: crossing
+            .zip(reaction.as_ref())
+            .and_then(|(c, r)| BeforePass::of(c, r))
+            .filter(|_| !oom_first),
         decide_ms: reaction.and_then(|r| r.decide_ms),
     };
     let client = ctd.client();

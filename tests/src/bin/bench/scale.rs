@@ -363,13 +363,15 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     std::fs::create_dir_all(&o.out)?;
     let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     let mut csv = String::from(
-        "pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first,rt_faults\n",
+        "pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first,rt_faults,\
+         wake_ms,delivery_ms,observe_ms,wake_cause\n",
     );
     for r in runs {
         let s = &r.sample;
+        let b = s.before_pass.as_ref();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{:.2},{},{}",
+            "{},{},{},{},{},{},{},{:.2},{},{},{},{},{},{}",
             r.pods,
             walker_state(r.walking),
             s.run,
@@ -379,7 +381,11 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             f(s.decide_ms),
             s.victim_gib,
             s.oom_first,
-            r.rt_faults
+            r.rt_faults,
+            f(b.map(|b| b.wake_ms)),
+            f(b.map(|b| b.delivery_ms)),
+            f(b.map(|b| b.observe_ms)),
+            b.map_or("", |b| b.cause.as_str())
         );
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
@@ -421,6 +427,7 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             b.idle_anon_kib
         );
     }
+    before_pass_table(runs);
     plot_cost_curve(&o.out, &cells)?;
     for name in ["scale.csv", "scale-steps.csv"] {
         eprintln!("[bench] wrote {}", o.out.join(name).display());
@@ -506,6 +513,47 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
         IDLE.as_secs()
     );
     cells
+}
+
+/// Detection taken apart, one row per N and walker state: the crossing to the wake, the wake
+/// to evictd receiving it, received to the node read, and the decision (p50 and max, ms), and
+/// which wakes the deciding passes answered.
+fn before_pass_table(runs: &[Run]) {
+    let mut groups: BTreeMap<(usize, bool), Vec<&Sample>> = BTreeMap::new();
+    for r in runs {
+        groups.entry((r.pods, r.walking)).or_default().push(&r.sample);
+    }
+    println!(
+        "{:>5} {:<7} | {:>13} | {:>13} | {:>13} | {:>13} | wakes",
+        "pods", "walker", "wake p50/max", "deliv p50/max", "obs p50/max", "dec p50/max"
+    );
+    for ((pods, walking), ss) in &groups {
+        let b: Vec<&reaction::BeforePass> = ss.iter().filter_map(|s| s.before_pass.as_ref()).collect();
+        let cell = |v: Vec<f64>| -> String {
+            let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if v.is_empty() { "-".into() } else { format!("{:.2} / {max:.2}", crate::overhead::median(v)) }
+        };
+        let mut causes: BTreeMap<&str, usize> = BTreeMap::new();
+        for x in &b {
+            *causes.entry(x.cause.as_str()).or_default() += 1;
+        }
+        let causes: Vec<String> = causes.iter().map(|(c, n)| format!("{c} {n}")).collect();
+        println!(
+            "{pods:>5} {:<7} | {:>13} | {:>13} | {:>13} | {:>13} | {}",
+            walker_state(*walking),
+            cell(b.iter().map(|x| x.wake_ms).collect()),
+            cell(b.iter().map(|x| x.delivery_ms).collect()),
+            cell(b.iter().map(|x| x.observe_ms).collect()),
+            cell(ss.iter().filter_map(|s| s.decide_ms).collect()),
+            causes.join(", ")
+        );
+    }
+    println!(
+        "(detection taken apart, ms: wake = the crossing to the wake the deciding pass answered (its kernel \
+         timestamp where it has one; negative: sent before the end of the victim's 1 MiB step that crossed); \
+         deliv = the wake's timestamp to evictd's daemon receiving it; obs = received to the node read; dec = \
+         evictd's decision time)"
+    );
 }
 
 /// The cost curve: detection and decision p50/p99 against N, the walker idle and walking.
