@@ -174,6 +174,11 @@ impl MemHog {
         assert!(self.try_alloc(mib), "memhog did not allocate {mib} MiB (killed by its limit?)");
     }
 
+    /// Allocates and touches `kib` KiB more; returns once it is charged.
+    pub fn alloc_kib(&mut self, kib: usize) {
+        assert!(self.command(&format!("alloc-kib {kib}")), "memhog did not allocate {kib} KiB");
+    }
+
     /// Like `alloc`, but returns false when memhog died trying (e.g. OOM-killed).
     pub fn try_alloc(&mut self, mib: usize) -> bool {
         self.command(&format!("alloc {mib}"))

@@ -241,6 +241,91 @@ fn the_adaptive_poll_alone_wakes_at_half_the_distance_until_the_crossing() {
     );
 }
 
+/// Within twice the watermark's 1 MiB floor of a threshold, the poll's level is the whole
+/// distance, so the wake lands on the threshold: the node approaching in 128 KiB steps, each
+/// followed by a timer pass that re-arms the poll where memory then is, is seen crossed by a
+/// poll wake within two steps and one charge batch of the threshold (the kernel charges a
+/// cgroup's counter 64 pages at a time per CPU, so its usage moves in 256 KiB steps). With a
+/// level of the floor past every pass, no step after the last pass reaches it, and only the
+/// timer sees the crossing.
+#[test]
+fn near_a_threshold_the_poll_wakes_on_it_not_a_floor_past_it() {
+    wakes_on_the_threshold("near_a_threshold_the_poll_wakes_on_it_not_a_floor_past_it", "poll", "poll", 128);
+}
+
+/// The same for the eBPF charge programs, whose watermark is the poll's step, in steps of
+/// two charge batches: the batched hook (kernels with BPF trampolines) takes the first batch
+/// after a re-arm as its baseline, so a step of one batch or less is never counted.
+#[test]
+fn near_a_threshold_the_charge_programs_wake_on_it_not_a_floor_past_it() {
+    wakes_on_the_threshold(
+        "near_a_threshold_the_charge_programs_wake_on_it_not_a_floor_past_it",
+        "ebpf",
+        "charge",
+        512,
+    );
+}
+
+/// The node approaching the threshold in steps of `step_kib`, a timer pass after each: some
+/// wake of `source` (its `cause`) must see the threshold crossed, by at most two steps and a
+/// batch.
+fn wakes_on_the_threshold(test: &str, source: &str, cause: &str, step_kib: usize) {
+    if !privileged(test) {
+        return;
+    }
+    let node = TestCgroup::new(Some(1 << 30));
+    let mut hog = MemHog::spawn_in(&node);
+    let sources = format!("{source},timer");
+    let (mut evictd, rx, reader) = evictd_on(
+        &node,
+        &["--wake-sources", &sources, "--housekeeping-interval", "150ms", "--duration", "120s"],
+    );
+    // The first summary: evictd has loaded its programs (seconds in the VM matrix's TCG).
+    wait_first_summary(&rx, Duration::from_secs(60));
+    // The passes' lines for `d`: (cause, distance to the threshold).
+    let passes_for = |d: Duration| -> Vec<(String, i64)> {
+        let until = std::time::Instant::now() + d;
+        let mut got = Vec::new();
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(v) if v["type"] == "event" => {
+                    let distance = v["threshold_distance_bytes"].as_i64().expect("distance read");
+                    got.push((v["cause"].as_str().unwrap_or_default().to_owned(), distance));
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        got
+    };
+    let last_distance = passes_for(Duration::from_millis(400)).last().map(|(_, d)| *d).expect("a timer pass");
+    // To ~3 MiB from the threshold, then the steps.
+    hog.alloc(usize::try_from(last_distance >> 20).expect("below the threshold") - 3);
+    let _ = passes_for(Duration::from_millis(500));
+    let mut seen = Vec::new();
+    for _ in 0..(6 << 10) / step_kib {
+        hog.alloc_kib(step_kib);
+        // At least one timer pass after each step.
+        seen.extend(passes_for(Duration::from_millis(400)));
+        if seen.iter().any(|(_, d)| *d < 0) {
+            break;
+        }
+    }
+    let _ = evictd.kill();
+    let _ = evictd.wait();
+    drop(hog);
+    let _ = reader.join();
+    let crossed: Vec<&(String, i64)> = seen.iter().filter(|(_, d)| *d < 0).collect();
+    assert!(!crossed.is_empty(), "6 MiB of steps and no pass saw the threshold crossed: {seen:?}");
+    let within = -((2 * step_kib + 256) as i64) << 10;
+    assert!(
+        crossed.iter().any(|(c, d)| c == cause && *d >= within),
+        "no {cause} wake saw the threshold crossed by at most two {step_kib} KiB steps and a charge batch; \
+         the passes near it (cause, distance): {:?}",
+        seen.iter().filter(|(_, d)| *d < 4 << 20).collect::<Vec<_>>()
+    );
+}
+
 /// With the poll running, the eBPF charge programs are attached only within the band below
 /// the threshold (here 1 GiB/s × 120 ms ≈ 123 MiB; detached beyond twice that): detached far
 /// away — growth there sends no charge event —, attached near, where charge events flow,

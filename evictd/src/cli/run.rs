@@ -148,7 +148,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "TIER", default_value = "auto", value_parser = charge_tier_flag_values())]
     pub charge_tier: String,
     /// Charge growth after which the kernel wakes evictd: `auto` (half the distance to the
-    /// nearest memory threshold) or a quantity such as `64Mi` (`0`: every charge event).
+    /// nearest memory threshold, the whole distance within 2 MiB of it) or a quantity such as
+    /// `64Mi` (`0`: every charge event).
     #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
     pub bpf_watermark: String,
     /// eBPF ring buffer size (a power of two, at least 4Ki): ~1300 wake events at 64Ki, of

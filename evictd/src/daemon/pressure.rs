@@ -240,8 +240,9 @@ impl Pressure {
                 return (records, self.observe(now_ns()));
             }
         }
-        let obs = self.observe(now_ns());
+        // Stamped as the read begins (memory is read first), as the observations are.
         let observed_ns = monotonic_ns();
+        let obs = self.observe(now_ns());
         let mut decided = self.decide_and_act(pods, &obs, now_ns()).await;
         for rec in &mut decided {
             rec.observed_ns = observed_ns;

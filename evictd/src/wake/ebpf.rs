@@ -1,8 +1,9 @@
 //! The eBPF wake source: the kernel's programs (loaded by `crate::kernel::ebpf`) sum the
 //! node's charge growth and emit a record into a ring buffer when it passes the watermark, when
 //! reclaim starts, or when the OOM killer acts. This half drains the ring buffer, and after
-//! every pass re-arms the watermark at half the distance to the nearest memory threshold,
-//! so the kernel wakes evictd again just in time rather than on every page.
+//! every pass re-arms the watermark at half the distance to the nearest memory threshold (the
+//! whole distance near it), so the kernel wakes evictd again just in time rather than on
+//! every page.
 //!
 //! With the adaptive poll running, the charge programs are attached only within a band
 //! below the nearest threshold, wide enough for the fastest fill the poll is set for to not
@@ -40,14 +41,25 @@ const SLOW_WALK: Duration = Duration::from_secs(10);
 /// How far ahead the kernel should wake evictd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Watermark {
-    /// Half the distance to the nearest memory threshold, at least `MIN_AUTO_WATERMARK`.
+    /// Half the distance to the nearest memory threshold, at least `MIN_AUTO_WATERMARK`;
+    /// within twice that of it, the whole distance (`watermark_for`).
     Auto,
     /// A fixed number of bytes of growth (0: every page, for measuring).
     Fixed(u64),
 }
 
-/// Below this, wakes would come faster than observing is worth.
+/// Below this, wakes on the way to a threshold would come faster than observing is worth,
+/// and memory a tenant charges and frees again within it cancels in the count; only the
+/// rationed steps that land a wake on a threshold (`FineSteps`) go below it.
 pub const MIN_AUTO_WATERMARK: u64 = 1 << 20;
+/// The smallest fine step (`FineSteps`): after a pass that read memory closer than this to a
+/// threshold, the wake comes at most this far past it, plus what the kernel holds back from
+/// the count (the CPUs' unflushed charge, `ChargeSplit`; the batched hook's first batch
+/// after a re-arm, which sets its baseline).
+pub const MIN_NEAR_WATERMARK: u64 = 64 << 10;
+/// At most this many steps below `MIN_AUTO_WATERMARK` a source arms per `FINE_WINDOW`.
+const FINE_STEPS: u32 = 16;
+const FINE_WINDOW: Duration = Duration::from_millis(100);
 /// With no memory threshold at all, still look after this much growth.
 const NO_THRESHOLD_WATERMARK: u64 = 256 << 20;
 
@@ -72,14 +84,48 @@ impl Distance {
     }
 }
 
-/// The watermark for a given distance to the nearest threshold. Not knowing the distance
-/// means assuming the threshold is near: the floor, never the no-threshold default.
-pub fn watermark_for(mode: Watermark, distance: Distance) -> u64 {
+/// The watermark for a given distance to the nearest threshold: half of it, in steps that
+/// shrink towards the threshold, down to `MIN_AUTO_WATERMARK`; closer than twice that, the
+/// whole distance, so that the wake lands on the threshold rather than up to a floor past it
+/// — below the floor (at least `MIN_NEAR_WATERMARK`) only as `fine` allows. Past the
+/// threshold (met: the distance is below 0), and when the distance is not known (the
+/// threshold may be right there), the floor; never the no-threshold default.
+pub fn watermark_for(mode: Watermark, distance: Distance, fine: &mut FineSteps) -> u64 {
     match (mode, distance) {
         (Watermark::Fixed(b), _) => b,
         (Watermark::Auto, Distance::NoMemoryThreshold) => NO_THRESHOLD_WATERMARK,
         (Watermark::Auto, Distance::Unknown) => MIN_AUTO_WATERMARK,
-        (Watermark::Auto, Distance::Known(d)) => (d.max(0) as u64 / 2).max(MIN_AUTO_WATERMARK),
+        (Watermark::Auto, Distance::Known(d)) if d < 0 => MIN_AUTO_WATERMARK,
+        (Watermark::Auto, Distance::Known(d)) if (d as u64) / 2 >= MIN_AUTO_WATERMARK => d as u64 / 2,
+        (Watermark::Auto, Distance::Known(d)) if d as u64 >= MIN_AUTO_WATERMARK => d as u64,
+        (Watermark::Auto, Distance::Known(d)) if fine.take(Instant::now()) => {
+            (d as u64).max(MIN_NEAR_WATERMARK)
+        }
+        (Watermark::Auto, Distance::Known(_)) => MIN_AUTO_WATERMARK,
+    }
+}
+
+/// A source's budget of steps below `MIN_AUTO_WATERMARK`: `FINE_STEPS` per `FINE_WINDOW`.
+/// An approach takes a few: the first wake comes early by what the kernel held back, and
+/// every pass re-arms every source, so at 1 GiB/s the eventfd's and the poll's wakes in the
+/// last MiB each take one too (4 a window left some crossings to the floor). A tenant
+/// churning memory within 1 MiB of a threshold, each churn a wake under a fine step, gets at
+/// most `FINE_STEPS` such wakes a window (~2 % of a CPU), and beyond them the floor's
+/// tolerance of ~1 MiB of churn that cancels.
+#[derive(Debug, Default)]
+pub struct FineSteps {
+    window: Option<Instant>,
+    taken: u32,
+}
+
+impl FineSteps {
+    fn take(&mut self, now: Instant) -> bool {
+        if self.window.is_none_or(|w| now.duration_since(w) >= FINE_WINDOW) {
+            self.window = Some(now);
+            self.taken = 0;
+        }
+        self.taken += 1;
+        self.taken <= FINE_STEPS
     }
 }
 
@@ -119,6 +165,7 @@ struct EbpfWake {
     probes: KernelProbes,
     mode: Watermark,
     watermark: Option<u64>,
+    fine: FineSteps,
     /// `None`: the charge programs stay attached (no poll to watch while they are not).
     band: Option<Band>,
     /// The last attach or detach failed (warned once until one works again).
@@ -182,6 +229,7 @@ pub fn start(
         probes,
         mode: opts.watermark,
         watermark: None,
+        fine: FineSteps::default(),
         band,
         band_failing: false,
         scope,
@@ -206,7 +254,7 @@ impl WakeSource for EbpfWake {
             self.follow_band(band, distance);
         }
         self.follow_scope()?;
-        let w = watermark_for(self.mode, distance);
+        let w = watermark_for(self.mode, distance, &mut self.fine);
         self.probes.rearm(w)?;
         self.watermark = Some(w);
         Ok(())
@@ -478,12 +526,52 @@ mod tests {
     }
 
     #[test]
-    fn watermark_is_half_the_distance_with_a_floor() {
-        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(1 << 30)), 1 << 29);
-        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(1000)), MIN_AUTO_WATERMARK);
-        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(-5)), MIN_AUTO_WATERMARK);
-        assert_eq!(watermark_for(Watermark::Auto, Distance::NoMemoryThreshold), NO_THRESHOLD_WATERMARK);
-        assert_eq!(watermark_for(Watermark::Fixed(0), Distance::Known(1 << 30)), 0);
+    fn watermark_is_half_the_distance_then_the_distance_near_the_threshold() {
+        let known = |d: i64| watermark_for(Watermark::Auto, Distance::Known(d), &mut FineSteps::default());
+        assert_eq!(known(1 << 30), 1 << 29);
+        assert_eq!(known(2 << 20), MIN_AUTO_WATERMARK);
+        // Within twice the floor, the whole distance: the wake lands on the threshold.
+        assert_eq!(known((2 << 20) - 4096), (2 << 20) - 4096);
+        assert_eq!(known(300 << 10), 300 << 10);
+        assert_eq!(known(1000), MIN_NEAR_WATERMARK);
+        // On it, not met yet: the next page crosses.
+        assert_eq!(known(0), MIN_NEAR_WATERMARK);
+        // Past it (a soft threshold's grace period, an evicted pod's memory awaited): the
+        // floor, not a wake on every page.
+        assert_eq!(known(-5), MIN_AUTO_WATERMARK);
+        // From anywhere below the threshold: within 2 MiB a wake at most the near floor past
+        // it, never in steps smaller than that floor; beyond, half the distance.
+        for d in (0..256).map(|k| k * (37 << 10)) {
+            let (w, d) = (known(d), d as u64);
+            if d < 2 * MIN_AUTO_WATERMARK {
+                assert!(w <= d.max(MIN_NEAR_WATERMARK) && w >= MIN_NEAR_WATERMARK, "{d}: {w}");
+            } else {
+                assert_eq!(w, d / 2, "{d}");
+            }
+        }
+        let mut fine = FineSteps::default();
+        assert_eq!(
+            watermark_for(Watermark::Auto, Distance::NoMemoryThreshold, &mut fine),
+            NO_THRESHOLD_WATERMARK
+        );
+        assert_eq!(watermark_for(Watermark::Fixed(0), Distance::Known(1 << 30), &mut fine), 0);
+    }
+
+    /// Steps below the floor are rationed: a tenant churning memory 100 KiB from a threshold
+    /// gets `FINE_STEPS` of them a window, then the floor until the window ends.
+    #[test]
+    fn steps_below_the_floor_are_rationed() {
+        let mut fine = FineSteps::default();
+        let near = Distance::Known(100 << 10);
+        let steps: Vec<u64> =
+            (0..FINE_STEPS + 2).map(|_| watermark_for(Watermark::Auto, near, &mut fine)).collect();
+        assert!(steps[..FINE_STEPS as usize].iter().all(|w| *w == 100 << 10), "{steps:?}");
+        assert!(steps[FINE_STEPS as usize..].iter().all(|w| *w == MIN_AUTO_WATERMARK), "{steps:?}");
+        // Between 1 and 2 MiB the whole distance takes nothing from the budget.
+        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(3 << 19), &mut fine), 3 << 19);
+        let start = fine.window.unwrap();
+        assert!(fine.take(start + FINE_WINDOW), "a new window");
+        assert!(!FineSteps { window: Some(start), taken: FINE_STEPS }.take(start + FINE_WINDOW / 2));
     }
 
     /// A node whose memory cannot be read has no "nearest threshold",
@@ -495,7 +583,11 @@ mod tests {
         let unreadable = Observations::new();
         assert_eq!(Distance::of(&policy.thresholds, &unreadable), Distance::Unknown);
         assert_eq!(
-            watermark_for(Watermark::Auto, Distance::of(&policy.thresholds, &unreadable)),
+            watermark_for(
+                Watermark::Auto,
+                Distance::of(&policy.thresholds, &unreadable),
+                &mut FineSteps::default()
+            ),
             MIN_AUTO_WATERMARK
         );
         let no_memory: Vec<Threshold> =

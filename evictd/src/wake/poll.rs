@@ -3,8 +3,9 @@
 //! memory usage — one small cgroup file; memory.stat too once usage is past the level — at
 //! an interval set by how far the node is from the level the last pass armed and how fast
 //! memory could fill (earlyoom's idea): about a second when far, a millisecond when near.
-//! Past the level it says "look now", once per arming. The level follows the eBPF watermark's rule, half the distance to the nearest
-//! memory threshold, so a fill at up to `--poll-fill-rate` is seen before it crosses.
+//! Past the level it says "look now", once per arming. The level follows the eBPF
+//! watermark's rule, half the distance to the nearest memory threshold (the whole distance
+//! near it), so a fill at up to `--poll-fill-rate` is seen before it crosses.
 //!
 //! The level is a working set (`MemoryCgroup::working_set_estimate`: usage less the inactive
 //! file pages). Usage is read first, one small file: it is never below the working set, so
@@ -26,7 +27,7 @@ use tokio::sync::{Notify, mpsc};
 
 use super::{
     NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource,
-    ebpf::{Distance, MIN_AUTO_WATERMARK, Watermark, watermark_for},
+    ebpf::{Distance, FineSteps, MIN_AUTO_WATERMARK, Watermark, watermark_for},
 };
 use crate::{node::memory::MemoryCgroup, vocab::ChargeTier};
 
@@ -64,6 +65,8 @@ struct Arm {
 struct PollWake {
     node: MemoryCgroup,
     arm: Arc<Arm>,
+    /// Its own ration of levels below the watermark's floor.
+    fine: FineSteps,
     task: SourceTask<()>,
 }
 
@@ -86,7 +89,7 @@ pub fn start(node: &MemoryCgroup, fill_rate: u64, tx: mpsc::Sender<Wake>) -> Box
         fill_rate_mib_s = fill_rate >> 20,
         "adaptive poll wake source started ({MIN_INTERVAL:?} to {MAX_INTERVAL:?})"
     );
-    Box::new(PollWake { node: node.clone(), arm, task })
+    Box::new(PollWake { node: node.clone(), arm, fine: FineSteps::default(), task })
 }
 
 async fn poll_node(node: MemoryCgroup, arm: Arc<Arm>, fill_rate: u64, tx: mpsc::Sender<Wake>) {
@@ -154,11 +157,13 @@ impl WakeSource for PollWake {
         Some(ChargeTier::AdaptivePoll)
     }
 
-    /// The next level is the working set now (as the poll estimates it) plus half the
-    /// distance to the nearest memory threshold. A node that cannot be read arms level 0:
+    /// The next level is the working set now (as the poll estimates it) plus the eBPF
+    /// watermark's step (`watermark_for`: half the distance to the nearest memory threshold,
+    /// the whole distance near it). A node that cannot be read arms level 0:
     /// the next read that works wakes a pass at once.
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
-        let step = watermark_for(Watermark::Auto, Distance::of(node.thresholds, node.observations));
+        let step =
+            watermark_for(Watermark::Auto, Distance::of(node.thresholds, node.observations), &mut self.fine);
         let level = self.node.working_set_estimate().map_or(0, |w| w.saturating_add(step));
         self.arm.level.store(level, Ordering::Release);
         self.arm.generation.fetch_add(1, Ordering::AcqRel);

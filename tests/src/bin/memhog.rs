@@ -1,11 +1,11 @@
-//! Test workload: waits for "alloc <MiB>" lines on stdin, allocates and touches that much
-//! (kept until exit), answers "ok" on stdout; exits on EOF. "cache <MiB> <path>" writes a
-//! file of that size and syncs it: clean page cache charged to memhog's cgroup, which the
-//! kernel may reclaim. "churn <KiB> <times>" maps, touches and unmaps that much, that many
-//! times: memory charged and freed again, the node's usage flat; "churn-across <KiB> <times>
-//! <cpu> <cpu>" touches each mapping on the first CPU and unmaps it on the second. Driven
-//! line by line so a test can move it into a cgroup first and then decide exactly how much it
-//! charges and when.
+//! Test workload: waits for "alloc <MiB>" (or "alloc-kib <KiB>") lines on stdin, allocates
+//! and touches that much (kept until exit), answers "ok" on stdout; exits on EOF. "cache
+//! <MiB> <path>" writes a file of that size and syncs it: clean page cache charged to
+//! memhog's cgroup, which the kernel may reclaim. "churn <KiB> <times>" maps, touches and
+//! unmaps that much, that many times: memory charged and freed again, the node's usage flat;
+//! "churn-across <KiB> <times> <cpu> <cpu>" touches each mapping on the first CPU and unmaps
+//! it on the second. Driven line by line so a test can move it into a cgroup first and then
+//! decide exactly how much it charges and when.
 
 use std::io::{BufRead as _, Write as _};
 
@@ -33,6 +33,9 @@ fn main() -> std::process::ExitCode {
         } else if let Some(mib) = line.strip_prefix("alloc ").and_then(|n| n.trim().parse::<usize>().ok()) {
             // vec![1; n] touches every page, so the memory is really charged.
             kept.push(vec![1u8; mib << 20]);
+        } else if let Some(kib) = line.strip_prefix("alloc-kib ").and_then(|n| n.trim().parse::<usize>().ok())
+        {
+            kept.push(vec![1u8; kib << 10]);
         } else {
             eprintln!("memhog: unknown command {line:?}");
             return std::process::ExitCode::FAILURE;

@@ -235,18 +235,17 @@ pub(crate) struct Sample {
 
 /// The time from the crossing to the pass that decided, in three parts from the clocks of
 /// evictd's record (all CLOCK_MONOTONIC): the wake's own timestamp (the kernel's, where the
-/// wake came from an eBPF program), when evictd's daemon received it, and when the pass had
-/// read the node.
+/// wake came from an eBPF program), when evictd's daemon received it, and when the pass began
+/// to read the node.
 #[derive(Clone, Debug)]
 pub(crate) struct BeforePass {
     /// The crossing to the wake the pass answered: how far past the crossing the wake was
-    /// sent (negative: a wake from before the logged crossing, which is taken at the end of
-    /// the victim's 1 MiB step that crossed).
+    /// sent (negative: before it, as the crossing is placed from the log: `Bursts`).
     pub wake_ms: f64,
     /// The wake's timestamp to the daemon receiving it (0 where the wake has no kernel
     /// timestamp: PSI, eventfd, the poll, the timer).
     pub delivery_ms: f64,
-    /// Received to the node read: the batch's wait, the pass's start and its reads.
+    /// Received to the node's read beginning: the batch's wait and the pass's start.
     pub observe_ms: f64,
     /// What the wake was (evictd's name for its cause).
     pub cause: String,
@@ -683,7 +682,15 @@ pub(crate) async fn one_run(
     let watched = watcher.join().unwrap_or_default();
     let log = alloc_log(&pod.ctl_dir.join("alloc.log"));
     let crossing = watched.mem_available_crossed_ns.or_else(|| {
-        crossing_ns(&log, reaction.as_ref(), node.capacity, threshold, available_at_go, work.hold_mib)
+        crossing_ns(
+            &log,
+            reaction.as_ref(),
+            node.capacity,
+            threshold,
+            available_at_go,
+            work.hold_mib,
+            cell.rate,
+        )
     });
     let achieved_rate = match (log.first(), log.last()) {
         (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 / ((b.0 - a.0) as f64 / 1e9),
@@ -735,7 +742,10 @@ pub(crate) async fn one_run(
 /// the workload's allocation plus a little it does not log (page tables, the log's page
 /// cache, the rest of the machine); that offset is calibrated with the reading the reactor
 /// decided on where it reports one (evictd: only that amount is taken from it, the *time*
-/// comes from the log), else with memory.available read just before `go`.
+/// comes from the log), else with memory.available read just before `go`. Both the
+/// allocation at the reading and the crossing are placed within the workload's bursts
+/// (`Bursts`), not at the ends of its 1 MiB steps: a wake on the threshold comes within the
+/// step that crosses it, and the pass reads the node before that step is logged.
 fn crossing_ns(
     log: &[(u64, u64)],
     reaction: Option<&Reaction>,
@@ -743,14 +753,60 @@ fn crossing_ns(
     threshold: u64,
     available_at_go: u64,
     hold_mib: u64,
+    rate_mib_s: u64,
 ) -> Option<u64> {
+    let bursts = Bursts { log, rate_mib_s: rate_mib_s.max(1) };
     let from_reading = reaction.and_then(|r| r.reading).and_then(|(observed, available)| {
-        let mib = log.iter().take_while(|(t, _)| *t <= observed).last()?.1;
-        Some(capacity as i64 - available - (mib * MI) as i64)
+        let mib = bursts.allocated_at(observed)?;
+        Some(capacity as f64 - available as f64 - mib * MI as f64)
     });
-    let offset = from_reading.unwrap_or(capacity as i64 - available_at_go as i64 - (hold_mib * MI) as i64);
-    let limit = (capacity - threshold) as i64;
-    log.iter().find(|(_, mib)| (mib * MI) as i64 + offset > limit).map(|(t, _)| *t)
+    let offset = from_reading.unwrap_or(capacity as f64 - available_at_go as f64 - (hold_mib * MI) as f64);
+    // The allocation, in MiB, at which the node's working set passes the threshold.
+    let at_mib = ((capacity - threshold) as f64 - offset) / MI as f64;
+    bursts.time_of(at_mib)
+}
+
+/// The workload's allocation log read as what the hog does: it touches each MiB in a burst
+/// that begins when that MiB is due (`start + n / rate`, or at once when it runs late) and
+/// ends with the MiB's log line, then sleeps until the next is due; within a burst the pages
+/// are touched at an even pace.
+struct Bursts<'a> {
+    /// (ns, MiB) lines; the first is the start and the MiB held before it.
+    log: &'a [(u64, u64)],
+    rate_mib_s: u64,
+}
+
+impl Bursts<'_> {
+    /// When the burst that ends with line `i` began.
+    fn begin(&self, i: usize) -> Option<u64> {
+        let (start, hold) = *self.log.first()?;
+        let (prev, _) = *self.log.get(i.checked_sub(1)?)?;
+        let (_, mib) = *self.log.get(i)?;
+        let due = start + mib.checked_sub(1 + hold)? * 1_000_000_000 / self.rate_mib_s;
+        Some(prev.max(due))
+    }
+
+    /// MiB allocated at time `t` (fractional within a burst); `None` before the log starts.
+    fn allocated_at(&self, t: u64) -> Option<f64> {
+        let i = self.log.iter().rposition(|(lt, _)| *lt <= t)?;
+        let (_, done) = self.log[i];
+        let Some((end, _)) = self.log.get(i + 1).copied() else { return Some(done as f64) };
+        let begin = self.begin(i + 1)?;
+        if t <= begin || end <= begin {
+            return Some(done as f64);
+        }
+        Some(done as f64 + (t - begin) as f64 / (end - begin) as f64)
+    }
+
+    /// When `mib` MiB were allocated: within the burst that reached it; `None` when the log
+    /// never got there.
+    fn time_of(&self, mib: f64) -> Option<u64> {
+        let i = self.log.iter().position(|(_, m)| *m as f64 >= mib)?;
+        let (end, m) = self.log[i];
+        let Some(begin) = self.begin(i) else { return Some(end) };
+        let into = (mib - (m - 1) as f64).clamp(0.0, 1.0);
+        Some(begin + (into * end.saturating_sub(begin) as f64) as u64)
+    }
 }
 
 /// Whether the runtime reports the container as killed by the kernel OOM killer.
@@ -903,5 +959,35 @@ mod tests {
         assert!((p.p50 - 0.6).abs() < 0.001, "{}", p.p50);
         assert!((p.p99 - 4.0).abs() < 0.005, "{}", p.p99);
         assert!(percentiles(std::iter::empty()).is_none());
+    }
+
+    /// A hog at 1000 MiB/s holding 10 MiB: MiB 11 in a 0.4 ms burst from the start, MiB 12
+    /// due at 1 ms but slow (1.3 ms), so MiB 13 runs late, at once after it. Times in µs.
+    #[test]
+    fn the_crossing_is_placed_within_the_burst_that_passes_it() {
+        let us = 1_000;
+        let log = [(0, 10), (400 * us, 11), (2_300 * us, 12), (2_900 * us, 13)];
+        let b = Bursts { log: &log, rate_mib_s: 1000 };
+        // Asleep after MiB 11 until MiB 12 is due: exactly 11; halfway through MiB 12: 11.5.
+        assert_eq!(b.allocated_at(700 * us), Some(11.0));
+        assert_eq!(b.allocated_at(1_650 * us), Some(11.5));
+        // The late burst of MiB 13 began at MiB 12's line, not when it was due (2 ms).
+        assert_eq!(b.allocated_at(2_600 * us), Some(12.5));
+        assert_eq!(b.time_of(11.25), Some(1_325 * us));
+        assert_eq!(b.time_of(12.0), Some(2_300 * us), "MiB 12 is reached at its line");
+        assert_eq!(b.time_of(13.5), None, "never got past 13 MiB");
+        assert_eq!(b.allocated_at(0), Some(10.0));
+        // A node of 1000 MiB under a 100 MiB threshold, read 0.25 MiB past it halfway through
+        // MiB 12's burst: 888.75 MiB beside the workload, so the crossing was at 11.25 MiB.
+        let reaction = Reaction {
+            decided_ns: 0,
+            reading: Some((1_650 * us, (100 << 20) - (MI / 4) as i64)),
+            phases: None,
+            decide_ms: None,
+            wake: None,
+            wake_cause: None,
+        };
+        let crossing = crossing_ns(&log, Some(&reaction), 1000 * MI, 100 * MI, 0, 10, 1000);
+        assert_eq!(crossing, Some(1_325 * us));
     }
 }

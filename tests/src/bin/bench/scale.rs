@@ -550,9 +550,9 @@ fn before_pass_table(runs: &[Run]) {
     }
     println!(
         "(detection taken apart, ms: wake = the crossing to the wake the deciding pass answered (its kernel \
-         timestamp where it has one; negative: sent before the end of the victim's 1 MiB step that crossed); \
-         deliv = the wake's timestamp to evictd's daemon receiving it; obs = received to the node read; dec = \
-         evictd's decision time)"
+         timestamp where it has one; negative: before the crossing as placed within the victim's bursts); \
+         deliv = the wake's timestamp to evictd's daemon receiving it; obs = received to the node's read \
+         beginning; dec = evictd's decision time)"
     );
 }
 
