@@ -68,9 +68,9 @@ struct CpuState {
 #[map]
 static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
-/// The batched hook's baseline: the watched counter's usage at the first charge seen after
-/// the last re-arm. Shared by all CPUs (the hook runs ~4 times per MiB, not per page); two
-/// CPUs racing on it can only emit one extra wake.
+/// The batched hook's baseline: the watched counter's usage before the first charge seen
+/// after the last re-arm. Shared by all CPUs (the hook runs ~4 times per MiB, not per page);
+/// two CPUs racing on it can only emit one extra wake.
 #[repr(C)]
 struct BatchState {
     generation: u64,
@@ -113,22 +113,24 @@ pub fn mod_memcg_state(ctx: RawTracePointContext) -> i32 {
 
 #[fexit(function = "page_counter_try_charge")]
 pub fn page_counter_try_charge(ctx: FExitContext) -> i32 {
-    count_failure(first_argument(&ctx).and_then(try_batch_charge));
+    count_failure(counter_and_pages(&ctx).and_then(|(c, n)| try_batch_charge(c, n)));
     0
 }
 
 #[fexit(function = "page_counter_charge")]
 pub fn page_counter_charge(ctx: FExitContext) -> i32 {
-    count_failure(first_argument(&ctx).and_then(try_batch_charge));
+    count_failure(counter_and_pages(&ctx).and_then(|(c, n)| try_batch_charge(c, n)));
     0
 }
 
-/// The counter, as a plain number: the verifier types a tracing program's arguments as BTF
-/// pointers and allows them no arithmetic by offsets known only at run time (ours come from
-/// BTF through the config), so it is read through the helper instead of `ctx.arg(0)`.
+/// The counter and the pages charged, as plain numbers: the verifier types a tracing
+/// program's arguments as BTF pointers and allows them no arithmetic by offsets known only at
+/// run time (ours come from BTF through the config), so they are read through the helper
+/// instead of `ctx.arg(n)`.
 #[inline(always)]
-fn first_argument(ctx: &FExitContext) -> Result<u64, KernelError> {
-    read_u64(ctx.as_ptr() as u64)
+fn counter_and_pages(ctx: &FExitContext) -> Result<(u64, u64), KernelError> {
+    let args = ctx.as_ptr() as u64;
+    Ok((read_u64(args)?, read_u64(args + 8)?))
 }
 
 #[tracepoint]
@@ -321,7 +323,7 @@ fn memcg_cgroup_id(cfg: &KernelConfig, memcg: u64) -> Result<u64, KernelError> {
 /// watched counter's usage with the baseline and emits once it grew by the watermark. The
 /// event names the cgroup charged, for `--trace`.
 #[inline(always)]
-fn try_batch_charge(counter: u64) -> Result<(), KernelError> {
+fn try_batch_charge(counter: u64, nr_pages: u64) -> Result<(), KernelError> {
     let cfg = CONFIG.get(0).ok_or(KernelError::NoConfig)?;
     if cfg.flags & FLAG_BATCH == 0 {
         return Ok(());
@@ -338,7 +340,7 @@ fn try_batch_charge(counter: u64) -> Result<(), KernelError> {
     let mut id = charged_id;
     for _ in 0..BATCH_MAX_DEPTH {
         if id == cfg.batch_watch_id {
-            return watched_counter_charged(cfg, c, charged_id);
+            return watched_counter_charged(cfg, c, charged_id, nr_pages);
         }
         c = read_u64(c + cfg.counter_parent_off as u64)?;
         if c == 0 {
@@ -350,16 +352,23 @@ fn try_batch_charge(counter: u64) -> Result<(), KernelError> {
 }
 
 #[inline(always)]
-fn watched_counter_charged(cfg: &KernelConfig, counter: u64, charged_id: u64) -> Result<(), KernelError> {
+fn watched_counter_charged(
+    cfg: &KernelConfig,
+    counter: u64,
+    charged_id: u64,
+    nr_pages: u64,
+) -> Result<(), KernelError> {
     let usage = read_u64(counter + cfg.counter_usage_off as u64)? as i64;
     let st = BATCH_STATE.get_ptr_mut(0).ok_or(KernelError::NoCpuState)?;
     // SAFETY: a map value; concurrent CPUs can only cause an extra or a late-by-one-batch
     // wake (see BatchState).
     let st = unsafe { &mut *st };
     if st.generation != cfg.generation {
+        // The usage before this charge: the batch that starts a generation counts too, so
+        // the wake comes with the batch that reaches the watermark, not the one after it.
+        // (A failed try_charge gave its pages back: an early wake at worst.)
         st.generation = cfg.generation;
-        st.baseline_pages = usage;
-        return Ok(());
+        st.baseline_pages = usage - nr_pages as i64;
     }
     bump(COUNTER_CHARGE_MATCHED);
     let grown = usage - st.baseline_pages;

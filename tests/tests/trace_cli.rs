@@ -254,8 +254,8 @@ fn near_a_threshold_the_poll_wakes_on_it_not_a_floor_past_it() {
 }
 
 /// The same for the eBPF charge programs, whose watermark is the poll's step, in steps of
-/// two charge batches: the batched hook (kernels with BPF trampolines) takes the first batch
-/// after a re-arm as its baseline, so a step of one batch or less is never counted.
+/// two charge batches (the kernel charges a counter 64 pages at a time per CPU, and the
+/// batched hook of kernels with BPF trampolines sees only those).
 #[test]
 fn near_a_threshold_the_charge_programs_wake_on_it_not_a_floor_past_it() {
     wakes_on_the_threshold(
@@ -268,17 +268,19 @@ fn near_a_threshold_the_charge_programs_wake_on_it_not_a_floor_past_it() {
 
 /// The node approaching the threshold in steps of `step_kib`, a timer pass after each: some
 /// wake of `source` (its `cause`) must see the threshold crossed, by at most two steps and a
-/// batch.
+/// batch. A timer pass can come between the crossing step and the source's wake (its read,
+/// or its ring buffer's delivery, under QEMU's TCG milliseconds), see the crossing first and
+/// re-arm at the floor: then the approach is made once more, with a new workload. On the
+/// old rule every approach fails.
 fn wakes_on_the_threshold(test: &str, source: &str, cause: &str, step_kib: usize) {
     if !privileged(test) {
         return;
     }
     let node = TestCgroup::new(Some(1 << 30));
-    let mut hog = MemHog::spawn_in(&node);
     let sources = format!("{source},timer");
     let (mut evictd, rx, reader) = evictd_on(
         &node,
-        &["--wake-sources", &sources, "--housekeeping-interval", "150ms", "--duration", "120s"],
+        &["--wake-sources", &sources, "--housekeeping-interval", "150ms", "--duration", "180s"],
     );
     // The first summary: evictd has loaded its programs (seconds in the VM matrix's TCG).
     wait_first_summary(&rx, Duration::from_secs(60));
@@ -298,31 +300,40 @@ fn wakes_on_the_threshold(test: &str, source: &str, cause: &str, step_kib: usize
         }
         got
     };
-    let last_distance = passes_for(Duration::from_millis(400)).last().map(|(_, d)| *d).expect("a timer pass");
-    // To ~3 MiB from the threshold, then the steps.
-    hog.alloc(usize::try_from(last_distance >> 20).expect("below the threshold") - 3);
-    let _ = passes_for(Duration::from_millis(500));
-    let mut seen = Vec::new();
-    for _ in 0..(6 << 10) / step_kib {
-        hog.alloc_kib(step_kib);
-        // At least one timer pass after each step.
-        seen.extend(passes_for(Duration::from_millis(400)));
-        if seen.iter().any(|(_, d)| *d < 0) {
+    let within = -((2 * step_kib + 256) as i64) << 10;
+    let mut attempts = Vec::new();
+    for _ in 0..2 {
+        let mut hog = MemHog::spawn_in(&node);
+        let last_distance =
+            passes_for(Duration::from_millis(500)).last().map(|(_, d)| *d).expect("a timer pass");
+        // To a few MiB from the threshold, then the steps.
+        hog.alloc(usize::try_from(last_distance >> 20).expect("below the threshold") - 3);
+        let _ = passes_for(Duration::from_millis(500));
+        let mut seen = Vec::new();
+        for _ in 0..(6 << 10) / step_kib {
+            hog.alloc_kib(step_kib);
+            // At least one timer pass after each step.
+            seen.extend(passes_for(Duration::from_millis(400)));
+            if seen.iter().any(|(_, d)| *d < 0) {
+                break;
+            }
+        }
+        drop(hog);
+        let crossed: Vec<&(String, i64)> = seen.iter().filter(|(_, d)| *d < 0).collect();
+        assert!(!crossed.is_empty(), "6 MiB of steps and no pass saw the threshold crossed: {seen:?}");
+        if crossed.iter().any(|(c, d)| c == cause && *d >= within) {
+            attempts.clear();
             break;
         }
+        attempts.push(seen.into_iter().filter(|(_, d)| *d < 4 << 20).collect::<Vec<_>>());
     }
     let _ = evictd.kill();
     let _ = evictd.wait();
-    drop(hog);
     let _ = reader.join();
-    let crossed: Vec<&(String, i64)> = seen.iter().filter(|(_, d)| *d < 0).collect();
-    assert!(!crossed.is_empty(), "6 MiB of steps and no pass saw the threshold crossed: {seen:?}");
-    let within = -((2 * step_kib + 256) as i64) << 10;
     assert!(
-        crossed.iter().any(|(c, d)| c == cause && *d >= within),
-        "no {cause} wake saw the threshold crossed by at most two {step_kib} KiB steps and a charge batch; \
-         the passes near it (cause, distance): {:?}",
-        seen.iter().filter(|(_, d)| *d < 4 << 20).collect::<Vec<_>>()
+        attempts.is_empty(),
+        "no {cause} wake saw the threshold crossed by at most two {step_kib} KiB steps and a charge batch, in \
+         two approaches; the passes near it (cause, distance): {attempts:?}"
     );
 }
 

@@ -54,8 +54,8 @@ pub enum Watermark {
 pub const MIN_AUTO_WATERMARK: u64 = 1 << 20;
 /// The smallest fine step (`FineSteps`): after a pass that read memory closer than this to a
 /// threshold, the wake comes at most this far past it, plus what the kernel holds back from
-/// the count (the CPUs' unflushed charge, `ChargeSplit`; the batched hook's first batch
-/// after a re-arm, which sets its baseline).
+/// the count (the CPUs' unflushed charge, `ChargeSplit`; on the batched hook, the rest of
+/// the 64-page batch that reaches it).
 pub const MIN_NEAR_WATERMARK: u64 = 64 << 10;
 /// At most this many steps below `MIN_AUTO_WATERMARK` a source arms per `FINE_WINDOW`.
 const FINE_STEPS: u32 = 16;
@@ -561,17 +561,20 @@ mod tests {
     /// gets `FINE_STEPS` of them a window, then the floor until the window ends.
     #[test]
     fn steps_below_the_floor_are_rationed() {
+        let start = Instant::now();
         let mut fine = FineSteps::default();
-        let near = Distance::Known(100 << 10);
-        let steps: Vec<u64> =
-            (0..FINE_STEPS + 2).map(|_| watermark_for(Watermark::Auto, near, &mut fine)).collect();
-        assert!(steps[..FINE_STEPS as usize].iter().all(|w| *w == 100 << 10), "{steps:?}");
-        assert!(steps[FINE_STEPS as usize..].iter().all(|w| *w == MIN_AUTO_WATERMARK), "{steps:?}");
-        // Between 1 and 2 MiB the whole distance takes nothing from the budget.
-        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(3 << 19), &mut fine), 3 << 19);
-        let start = fine.window.unwrap();
+        let taken: Vec<bool> = (0..FINE_STEPS + 2).map(|_| fine.take(start)).collect();
+        assert!(taken[..FINE_STEPS as usize].iter().all(|t| *t), "{taken:?}");
+        assert!(!taken[FINE_STEPS as usize..].iter().any(|t| *t), "{taken:?}");
+        assert!(!fine.take(start + FINE_WINDOW / 2), "still the same window");
         assert!(fine.take(start + FINE_WINDOW), "a new window");
-        assert!(!FineSteps { window: Some(start), taken: FINE_STEPS }.take(start + FINE_WINDOW / 2));
+        // What the watermark makes of it: the distance while steps are left, else the floor;
+        // between 1 and 2 MiB the whole distance takes nothing from the budget.
+        let near = Distance::Known(100 << 10);
+        let mut spent = FineSteps { window: Some(Instant::now()), taken: FINE_STEPS };
+        assert_eq!(watermark_for(Watermark::Auto, near, &mut spent), MIN_AUTO_WATERMARK);
+        assert_eq!(watermark_for(Watermark::Auto, Distance::Known(3 << 19), &mut spent), 3 << 19);
+        assert_eq!(watermark_for(Watermark::Auto, near, &mut FineSteps::default()), 100 << 10);
     }
 
     /// A node whose memory cannot be read has no "nearest threshold",

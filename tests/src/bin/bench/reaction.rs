@@ -247,6 +247,9 @@ pub(crate) struct BeforePass {
     pub delivery_ms: f64,
     /// Received to the node's read beginning: the batch's wait and the pass's start.
     pub observe_ms: f64,
+    /// The node's read beginning to the decision, less the decision's own time: the read
+    /// (builds before 2026-11-27 stamped the reading once read: ~0 there).
+    pub read_ms: Option<f64>,
     /// What the wake was (evictd's name for its cause).
     pub cause: String,
 }
@@ -261,6 +264,7 @@ impl BeforePass {
             wake_ms: ms(crossing_ns, sent),
             delivery_ms: ms(sent, received),
             observe_ms: ms(received, observed),
+            read_ms: r.decide_ms.map(|d| ms(observed, r.decided_ns) - d),
             cause,
         })
     }

@@ -364,14 +364,14 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     let mut csv = String::from(
         "pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first,rt_faults,\
-         wake_ms,delivery_ms,observe_ms,wake_cause\n",
+         wake_ms,delivery_ms,observe_ms,wake_cause,read_ms\n",
     );
     for r in runs {
         let s = &r.sample;
         let b = s.before_pass.as_ref();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{:.2},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{:.2},{},{},{},{},{},{},{}",
             r.pods,
             walker_state(r.walking),
             s.run,
@@ -385,7 +385,8 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             f(b.map(|b| b.wake_ms)),
             f(b.map(|b| b.delivery_ms)),
             f(b.map(|b| b.observe_ms)),
-            b.map_or("", |b| b.cause.as_str())
+            b.map_or("", |b| b.cause.as_str()),
+            f(b.and_then(|b| b.read_ms))
         );
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
@@ -524,8 +525,8 @@ fn before_pass_table(runs: &[Run]) {
         groups.entry((r.pods, r.walking)).or_default().push(&r.sample);
     }
     println!(
-        "{:>5} {:<7} | {:>13} | {:>13} | {:>13} | {:>13} | wakes",
-        "pods", "walker", "wake p50/max", "deliv p50/max", "obs p50/max", "dec p50/max"
+        "{:>5} {:<7} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | wakes",
+        "pods", "walker", "wake p50/max", "deliv p50/max", "obs p50/max", "read p50/max", "dec p50/max"
     );
     for ((pods, walking), ss) in &groups {
         let b: Vec<&reaction::BeforePass> = ss.iter().filter_map(|s| s.before_pass.as_ref()).collect();
@@ -539,11 +540,12 @@ fn before_pass_table(runs: &[Run]) {
         }
         let causes: Vec<String> = causes.iter().map(|(c, n)| format!("{c} {n}")).collect();
         println!(
-            "{pods:>5} {:<7} | {:>13} | {:>13} | {:>13} | {:>13} | {}",
+            "{pods:>5} {:<7} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {}",
             walker_state(*walking),
             cell(b.iter().map(|x| x.wake_ms).collect()),
             cell(b.iter().map(|x| x.delivery_ms).collect()),
             cell(b.iter().map(|x| x.observe_ms).collect()),
+            cell(b.iter().filter_map(|x| x.read_ms).collect()),
             cell(ss.iter().filter_map(|s| s.decide_ms).collect()),
             causes.join(", ")
         );
@@ -552,7 +554,7 @@ fn before_pass_table(runs: &[Run]) {
         "(detection taken apart, ms: wake = the crossing to the wake the deciding pass answered (its kernel \
          timestamp where it has one; negative: before the crossing as placed within the victim's bursts); \
          deliv = the wake's timestamp to evictd's daemon receiving it; obs = received to the node's read \
-         beginning; dec = evictd's decision time)"
+         beginning; read = the node's read, up to the decision; dec = evictd's decision time)"
     );
 }
 
