@@ -107,11 +107,12 @@ pub fn watermark_for(mode: Watermark, distance: Distance, fine: &mut FineSteps) 
 
 /// A source's budget of steps below `MIN_AUTO_WATERMARK`: `FINE_STEPS` per `FINE_WINDOW`.
 /// An approach takes a few: the first wake comes early by what the kernel held back, and
-/// every pass re-arms every source, so at 1 GiB/s the eventfd's and the poll's wakes in the
-/// last MiB each take one too (4 a window left some crossings to the floor). A tenant
-/// churning memory within 1 MiB of a threshold, each churn a wake under a fine step, gets at
-/// most `FINE_STEPS` such wakes a window (~2 % of a CPU), and beyond them the floor's
-/// tolerance of ~1 MiB of churn that cancels.
+/// every pass re-arms every source, so the other sources' wakes in the last MiB (eventfd,
+/// PSI, reclaim, the timer) each take one too. A tenant churning memory within 1 MiB of a
+/// threshold, each churn a wake under a fine step, gets at most `FINE_STEPS` such wakes a
+/// window (~2 % of a CPU), and beyond them the floor's tolerance of ~1 MiB of churn that
+/// cancels; so can a storm of other wakes there use them up, and the floor is then the
+/// rule this replaced.
 #[derive(Debug, Default)]
 pub struct FineSteps {
     window: Option<Instant>,
@@ -124,7 +125,7 @@ impl FineSteps {
             self.window = Some(now);
             self.taken = 0;
         }
-        self.taken += 1;
+        self.taken = self.taken.saturating_add(1);
         self.taken <= FINE_STEPS
     }
 }
