@@ -8,7 +8,10 @@
 use std::{
     collections::HashSet,
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{
+        Arc, Mutex, MutexGuard, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -247,14 +250,20 @@ impl RingLosses {
 }
 
 pub struct KernelProbes {
-    ebpf: Ebpf,
+    /// The maps a pass writes, taken out of the object: a pass never waits on `charge`.
+    config_map: Array<MapData, KernelConfig>,
+    node_sum: Array<MapData, i64>,
+    scope_map: HashMap<MapData, u64, u8>,
     counters: CounterMap,
     config: KernelConfig,
     page_size: u64,
     ncpus: u64,
     scope: HashSet<u64>,
-    /// Shared, weakly, with the act step (`charge_switch`).
-    charge: Arc<Mutex<Vec<ChargeLink>>>,
+    /// The programs, with the charge programs' links; shared, weakly, with the tasks that
+    /// attach and detach them (`charge_switch`).
+    charge: Arc<ChargePrograms>,
+    /// Some charge program attached at load.
+    has_charge: bool,
     /// The batched charge hook is attached (it then replaces the memcg stat tracepoints).
     batch: bool,
     pub programs: Vec<ProgramStatus>,
@@ -288,12 +297,13 @@ impl KernelProbes {
         let Attached { programs, charge, batch, reclaim_order_off } =
             attach::attach_all(&mut ebpf, &tracefs, &btf, opts.charge_tier)?;
 
-        let ring = RingBuf::try_from(ebpf.take_map(MAP_EVENTS).ok_or(EbpfError::MissingMap(MAP_EVENTS))?)
-            .map_err(map_err(MAP_EVENTS))?;
+        let ring = RingBuf::try_from(take_map(&mut ebpf, MAP_EVENTS)?).map_err(map_err(MAP_EVENTS))?;
         let counters = Arc::new(
-            PerCpuArray::try_from(ebpf.take_map(MAP_COUNTERS).ok_or(EbpfError::MissingMap(MAP_COUNTERS))?)
-                .map_err(map_err(MAP_COUNTERS))?,
+            PerCpuArray::try_from(take_map(&mut ebpf, MAP_COUNTERS)?).map_err(map_err(MAP_COUNTERS))?,
         );
+        let config_map = Array::try_from(take_map(&mut ebpf, MAP_CONFIG)?).map_err(map_err(MAP_CONFIG))?;
+        let node_sum = Array::try_from(take_map(&mut ebpf, MAP_NODE_SUM)?).map_err(map_err(MAP_NODE_SUM))?;
+        let scope_map = HashMap::try_from(take_map(&mut ebpf, MAP_SCOPE)?).map_err(map_err(MAP_SCOPE))?;
         let losses = RingLosses {
             counters: counters.clone(),
             ring_bytes: opts.ring_buffer_bytes as usize,
@@ -324,14 +334,22 @@ impl KernelProbes {
             config.counter_parent_off = b.counter_parent_off;
             config.cgroup_memory_css_off = b.cgroup_memory_css_off;
         }
+        let has_charge = !charge.is_empty();
+        let charge = Arc::new(ChargePrograms {
+            attached: AtomicBool::new(has_charge),
+            loaded: Mutex::new(Loaded { ebpf, links: charge }),
+        });
         let probes = KernelProbes {
-            ebpf,
+            config_map,
+            node_sum,
+            scope_map,
             counters,
             config,
             page_size,
             ncpus: ncpus.max(1),
             scope: HashSet::new(),
-            charge: Arc::new(Mutex::new(charge)),
+            charge,
+            has_charge,
             batch: batch.is_some(),
             programs,
             items,
@@ -379,41 +397,23 @@ impl KernelProbes {
     /// Whether any charge program attached at load (kernels without the memcg stat
     /// tracepoints have none).
     pub fn has_charge_programs(&self) -> bool {
-        !lock(&self.charge).is_empty()
+        self.has_charge
     }
 
-    /// Whether any charge program is attached now.
+    /// Whether any charge program is attached now. Never waits for an attach under way.
     pub fn charge_attached(&self) -> bool {
-        lock(&self.charge).iter().any(|c| c.link.is_some())
+        self.charge.attached.load(Ordering::Acquire)
     }
 
-    /// Attaches again every charge program that attached at load and is detached now.
-    pub fn attach_charge(&mut self) -> Result<(), EbpfError> {
-        let mut charge = lock(&self.charge);
-        for c in charge.iter_mut().filter(|c| c.link.is_none()) {
-            let prog = charge_program(&mut self.ebpf, c.spec.program)?;
-            let id = prog.attach(c.spec.name).map_err(charge_err("attaching", c.spec.program))?;
-            c.link = Some(prog.take_link(id).map_err(charge_err("taking the link of", c.spec.program))?);
-        }
-        Ok(())
-    }
-
-    /// Detaches every attached charge program; it stays loaded, with its maps.
-    pub fn detach_charge(&self) {
-        detach(&self.charge);
-    }
-
-    /// A handle that detaches the charge programs from another task (the act step's), for
-    /// as long as these probes live.
+    /// A handle that attaches and detaches the charge programs from another task (the wake
+    /// source's attaches, the act step's detach), for as long as these probes live.
     pub fn charge_switch(&self) -> ChargeSwitch {
         ChargeSwitch(Arc::downgrade(&self.charge))
     }
 
     /// Counts charge only in these memory cgroups (`None`: everywhere, i.e. the whole node).
     pub fn set_scope(&mut self, ids: Option<&[u64]>) -> Result<(), EbpfError> {
-        let mut map: HashMap<_, u64, u8> =
-            HashMap::try_from(self.ebpf.map_mut(MAP_SCOPE).ok_or(EbpfError::MissingMap(MAP_SCOPE))?)
-                .map_err(map_err(MAP_SCOPE))?;
+        let map = &mut self.scope_map;
         let wanted: HashSet<u64> = ids.unwrap_or_default().iter().copied().collect();
         for stale in self.scope.difference(&wanted) {
             // A cgroup that vanished may already be gone from the map: not an error.
@@ -455,41 +455,89 @@ impl KernelProbes {
     /// Zeroes the node's sum that `generation` will add to. The programs add to the slots of
     /// older generations until the config names this one.
     fn zero_node_sum(&mut self, generation: u64) -> Result<(), EbpfError> {
-        let mut map: Array<_, i64> =
-            Array::try_from(self.ebpf.map_mut(MAP_NODE_SUM).ok_or(EbpfError::MissingMap(MAP_NODE_SUM))?)
-                .map_err(map_err(MAP_NODE_SUM))?;
-        map.set((generation % u64::from(NODE_SUM_SLOTS)) as u32, 0, 0).map_err(map_err(MAP_NODE_SUM))
+        self.node_sum
+            .set((generation % u64::from(NODE_SUM_SLOTS)) as u32, 0, 0)
+            .map_err(map_err(MAP_NODE_SUM))
     }
 
     fn write_config(&mut self) -> Result<(), EbpfError> {
-        let mut map: Array<_, KernelConfig> =
-            Array::try_from(self.ebpf.map_mut(MAP_CONFIG).ok_or(EbpfError::MissingMap(MAP_CONFIG))?)
-                .map_err(map_err(MAP_CONFIG))?;
-        map.set(0, self.config, 0).map_err(map_err(MAP_CONFIG))
+        self.config_map.set(0, self.config, 0).map_err(map_err(MAP_CONFIG))
     }
 }
 
-/// The charge programs' links as the act step holds them: it detaches them while a killed
-/// pod exits, and the wake source attaches them again near a threshold. Weak, so that a wake
-/// source that is dropped takes its programs off the kernel with it.
+/// The loaded object and the charge programs' links. Dropping it takes every program off
+/// the kernel.
+struct Loaded {
+    ebpf: Ebpf,
+    links: Vec<ChargeLink>,
+}
+
+/// The charge programs, attached and detached by whichever task holds `loaded`; `attached`
+/// says where they are without waiting for it.
+struct ChargePrograms {
+    loaded: Mutex<Loaded>,
+    attached: AtomicBool,
+}
+
+impl ChargePrograms {
+    fn attach(&self) -> Result<(), EbpfError> {
+        let mut loaded = lock(&self.loaded);
+        let Loaded { ebpf, links } = &mut *loaded;
+        let mut result = Ok(());
+        for c in links.iter_mut().filter(|c| c.link.is_none()) {
+            result = attach_one(ebpf, c);
+            if result.is_err() {
+                break;
+            }
+        }
+        self.attached.store(links.iter().any(|c| c.link.is_some()), Ordering::Release);
+        result
+    }
+
+    /// Returns how many were attached.
+    fn detach(&self) -> usize {
+        let mut loaded = lock(&self.loaded);
+        let n = loaded.links.iter_mut().filter_map(|c| c.link.take()).count();
+        self.attached.store(false, Ordering::Release);
+        n
+    }
+}
+
+fn attach_one(ebpf: &mut Ebpf, c: &mut ChargeLink) -> Result<(), EbpfError> {
+    let prog = charge_program(ebpf, c.spec.program)?;
+    let id = prog.attach(c.spec.name).map_err(charge_err("attaching", c.spec.program))?;
+    c.link = Some(prog.take_link(id).map_err(charge_err("taking the link of", c.spec.program))?);
+    Ok(())
+}
+
+/// The charge programs as the tasks beside the daemon's thread hold them: the act step
+/// detaches them while a killed pod exits, and the wake source attaches them near a
+/// threshold. An attach can take tens of milliseconds: when a tracepoint lost its last
+/// program moments before, the kernel waits for an RCU grace period before it takes a new
+/// one (5–20 ms here, up to ~60 ms). Weak, so that a wake source that is dropped takes its
+/// programs off the kernel with it.
 #[derive(Clone)]
-pub struct ChargeSwitch(Weak<Mutex<Vec<ChargeLink>>>);
+pub struct ChargeSwitch(Weak<ChargePrograms>);
 
 impl ChargeSwitch {
     /// Detaches every attached charge program. Returns how many were attached.
     pub fn detach(&self) -> usize {
-        self.0.upgrade().map_or(0, |links| detach(&links))
+        self.0.upgrade().map_or(0, |c| c.detach())
+    }
+
+    /// Attaches every charge program that is detached; nothing once the probes are gone.
+    pub fn attach(&self) -> Result<(), EbpfError> {
+        self.0.upgrade().map_or(Ok(()), |c| c.attach())
     }
 }
 
-/// A program's link, once dropped, detaches it.
-fn detach(links: &Mutex<Vec<ChargeLink>>) -> usize {
-    lock(links).iter_mut().filter_map(|c| c.link.take()).count()
+/// The programs stay consistent whatever a panicking holder did: each is attached or not.
+fn lock(loaded: &Mutex<Loaded>) -> MutexGuard<'_, Loaded> {
+    loaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The links stay consistent whatever a panicking holder did: each is attached or not.
-fn lock(links: &Mutex<Vec<ChargeLink>>) -> MutexGuard<'_, Vec<ChargeLink>> {
-    links.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, EbpfError> {
+    ebpf.take_map(name).ok_or(EbpfError::MissingMap(name))
 }
 
 /// The smallest flush of the stat tracepoints' tier, in bytes, unless the watermark is 0

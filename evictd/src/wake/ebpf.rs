@@ -12,7 +12,10 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, atomic::Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -28,7 +31,7 @@ use super::{
     NodeNow, SourceKind, SourceTask, Wake, WakeError, WakeOptions, WakeSource, WakeStats, monotonic_ns,
 };
 use crate::{
-    kernel::ebpf::{Counters, KernelProbes, RingLosses, WakeRing},
+    kernel::ebpf::{ChargeSwitch, Counters, KernelProbes, RingLosses, WakeRing},
     node::{cgroup_names, signals::NodeSignalSources},
     vocab::{ChargeTier, OnKilled, WakeCause},
 };
@@ -169,8 +172,10 @@ struct EbpfWake {
     fine: FineSteps,
     /// `None`: the charge programs stay attached (no poll to watch while they are not).
     band: Option<Band>,
+    /// The attach or detach under way on the blocking pool (`follow_band`).
+    band_move: Option<JoinHandle<()>>,
     /// The last attach or detach failed (warned once until one works again).
-    band_failing: bool,
+    band_failing: Arc<AtomicBool>,
     /// When a cgroup plays the node, only its subtree's charge counts.
     scope: Option<PathBuf>,
     /// The scope's walk of that subtree, on the blocking pool, and when it began: at 110
@@ -232,7 +237,8 @@ pub fn start(
         watermark: None,
         fine: FineSteps::default(),
         band,
-        band_failing: false,
+        band_move: None,
+        band_failing: Arc::new(AtomicBool::new(false)),
         scope,
         scope_walk: None,
         scope_stale: false,
@@ -378,41 +384,55 @@ impl EbpfWake {
         Ok(())
     }
 
-    /// Attaches the charge programs on entering the band, detaches them on leaving it. A
-    /// failure keeps the source (its reclaim and OOM programs, and the poll, still watch) and
-    /// is tried again at the next pass.
+    /// Attaches the charge programs on entering the band, detaches them on leaving it, on the
+    /// blocking pool: an attach moments after the act step detached them waits for an RCU
+    /// grace period (5–20 ms here), and the pass, the daemon's thread with it, must not. One
+    /// move at a time; the first pass after it ends follows the band from where it left the
+    /// programs. Meanwhile the poll watches, as it does while they are detached.
     fn follow_band(&mut self, band: Band, distance: Distance) {
+        if self.band_move.as_ref().is_some_and(|m| !m.is_finished()) {
+            return;
+        }
         let attached = self.probes.charge_attached();
         let wanted = band.wants_attached(distance, attached);
         if wanted == attached {
             return;
         }
-        let t = Instant::now();
-        let done = if wanted {
-            self.probes.attach_charge()
-        } else {
-            self.probes.detach_charge();
-            Ok(())
-        };
-        if let Err(e) = done {
-            if !self.band_failing {
-                tracing::warn!("{e}; tried again at every pass");
-            }
-            self.band_failing = true;
-            return;
-        }
-        self.band_failing = false;
-        tracing::info!(
-            ?distance,
-            took_us = t.elapsed().as_micros() as u64,
-            "charge programs {}",
-            if wanted {
-                "attached: a memory threshold is near"
-            } else {
-                "detached: every memory threshold is far"
-            }
-        );
+        let (switch, failing) = (self.probes.charge_switch(), self.band_failing.clone());
+        self.band_move = Some(tokio::task::spawn_blocking(move || {
+            move_charge_programs(&switch, wanted, distance, &failing)
+        }));
     }
+}
+
+/// Attaches (`attach`) or detaches the charge programs. A failure keeps the source (its
+/// reclaim and OOM programs, and the poll, still watch) and is tried again at the next pass
+/// that finds the programs where the band does not want them.
+fn move_charge_programs(switch: &ChargeSwitch, attach: bool, distance: Distance, failing: &AtomicBool) {
+    let t = Instant::now();
+    let done = if attach {
+        switch.attach()
+    } else {
+        switch.detach();
+        Ok(())
+    };
+    if let Err(e) = done {
+        if !failing.swap(true, Ordering::Relaxed) {
+            tracing::warn!("{e}; tried again at every pass");
+        }
+        return;
+    }
+    failing.store(false, Ordering::Relaxed);
+    tracing::info!(
+        ?distance,
+        took_us = t.elapsed().as_micros() as u64,
+        "charge programs {}",
+        if attach {
+            "attached: a memory threshold is near"
+        } else {
+            "detached: every memory threshold is far"
+        }
+    );
 }
 
 /// Drains the eBPF ring buffer on every readiness and forwards each event.
