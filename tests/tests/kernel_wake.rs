@@ -466,25 +466,41 @@ async fn a_ring_buffer_reader_that_ended_is_reported_by_its_source() {
     assert!(err.to_string().contains("ring-buffer reader stopped"), "{err}");
 }
 
-/// The eBPF source on a cgroup playing the node, armed to wake on every charge.
-fn ebpf_source_on(cg: &TestCgroup, tx: mpsc::Sender<Wake>) -> Box<dyn wake::WakeSource> {
-    let opts = WakeOptions {
+/// Wake options for a source under test: 1 GiB/s fills, a second's timer.
+fn wake_options() -> WakeOptions {
+    WakeOptions {
         sources: vec![SourceKind::Ebpf],
         housekeeping: Duration::from_secs(1),
         poll_fill_rate: 1 << 30,
         disk_fill_rates: FillRates { bytes: 1 << 30, inodes: 1 << 20 },
         charge_probes_near: false,
         load: LoadOptions::default(),
-        watermark: Watermark::Fixed(0),
-    };
-    let signals = NodeSignalSources {
+        watermark: Watermark::Auto,
+    }
+}
+
+/// The node's signals with `cg` playing the node.
+fn signals_of(cg: &TestCgroup) -> NodeSignalSources {
+    NodeSignalSources {
         node: MemoryCgroup::new(&cg.dir, cg.layout.memory_version, false),
         kubepods: None,
         nodefs: "/".into(),
         imagefs: "/".into(),
         containerfs: None,
         pids: PidSources::default(),
+    }
+}
+
+/// The eBPF source on a cgroup playing the node, armed to wake on every charge.
+fn ebpf_source_on(cg: &TestCgroup, tx: mpsc::Sender<Wake>) -> Box<dyn wake::WakeSource> {
+    let opts = WakeOptions {
+        sources: vec![SourceKind::Ebpf],
+        charge_probes_near: false,
+        load: LoadOptions::default(),
+        watermark: Watermark::Fixed(0),
+        ..wake_options()
     };
+    let signals = signals_of(cg);
     let mut source =
         wake::ebpf::start(&opts, &signals, tx, Arc::new(WakeStats::default())).expect("the eBPF source");
     let observations = Default::default();
@@ -592,21 +608,11 @@ async fn a_pass_does_not_wait_for_the_charge_programs_to_attach() {
     let opts = WakeOptions {
         // The band is the poll's: the charge programs follow it only where the poll runs.
         sources: vec![SourceKind::Ebpf, SourceKind::Poll],
-        housekeeping: Duration::from_secs(1),
-        poll_fill_rate: 1 << 30,
-        disk_fill_rates: FillRates { bytes: 1 << 30, inodes: 1 << 20 },
         charge_probes_near: true,
         load: LoadOptions { charge_tier: Some(tier), ..LoadOptions::default() },
-        watermark: Watermark::Auto,
+        ..wake_options()
     };
-    let signals = NodeSignalSources {
-        node: MemoryCgroup::new(&cg.dir, cg.layout.memory_version, false),
-        kubepods: None,
-        nodefs: "/".into(),
-        imagefs: "/".into(),
-        containerfs: None,
-        pids: PidSources::default(),
-    };
+    let signals = signals_of(&cg);
     let mut source =
         wake::ebpf::start(&opts, &signals, tx, Arc::new(WakeStats::default())).expect("the eBPF source");
     let observations = Default::default();

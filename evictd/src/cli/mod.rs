@@ -131,7 +131,7 @@ fn run_daemon(args: RunArgs) -> anyhow::Result<()> {
     // from here on is locked as it is touched.
     daemon::realtime::enter(opts.realtime_priority);
     daemon::protect::protect(opts.protection);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = daemon::realtime::daemon_runtime()?;
     let ran = rt.block_on(daemon::run(opts));
     // A blocking read still under way (a policy read stuck on a stalled process or disk)
     // must not hold the exit: the kubelet gives the pod only its grace period.

@@ -4,17 +4,76 @@
 //! before every ordinary task; the kernel's RT throttling (95 % by default) still bounds it.
 //! Threads it creates later (the blocking pool, metrics) start as ordinary threads again
 //! (`SCHED_RESET_ON_FORK`), but for the decision's reader (`Reader`), which takes the
-//! same priority.
+//! same priority. The blocking pool's threads are made at start and kept (`daemon_runtime`).
 
 use std::{
     io,
     panic::AssertUnwindSafe,
     sync::{
-        Arc,
+        Arc, Condvar, Mutex,
         atomic::{AtomicUsize, Ordering},
         mpsc,
     },
+    time::Duration,
 };
+
+/// Blocking-pool threads made at start. A pass and the act step hand work to tokio's
+/// blocking pool (the charge programs' attach, detaching them for an exit, the reaps), and
+/// tokio panics, ending the daemon, when it has no thread for such work and the kernel
+/// refuses a new one — a tenant's fork bomb exhausting the node's PIDs, the very pressure
+/// evictd is there to relieve. Kept threads take the work; when all are busy and a new one
+/// is refused, the work waits for the first to be free.
+const BLOCKING_SPARES: usize = 4;
+/// An idle blocking thread is kept for the daemon's life (tokio's default ends it after 10 s,
+/// and with the last one gone the next hand-off needs a new thread).
+const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// How long the start waits for the spare threads to come up.
+const SPARES_START: Duration = Duration::from_secs(2);
+
+/// The daemon's runtime: one thread (the caller's) for the loop, and a blocking pool that
+/// keeps `BLOCKING_SPARES` threads from the start.
+pub fn daemon_runtime() -> io::Result<tokio::runtime::Runtime> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("evictd-blocking")
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
+        .build()?;
+    let started = start_spares(&rt);
+    if started < BLOCKING_SPARES {
+        tracing::warn!(
+            started,
+            wanted = BLOCKING_SPARES,
+            "fewer blocking threads than wanted: the kernel refused the others"
+        );
+    }
+    Ok(rt)
+}
+
+/// Makes the pool's spare threads; returns how many run. Tokio makes a thread only for a
+/// task that finds none idle: the tasks wait for each other, so each takes a thread.
+fn start_spares(rt: &tokio::runtime::Runtime) -> usize {
+    let gate = Arc::new((Mutex::new(0usize), Condvar::new()));
+    // A refusal of the first thread panics in tokio; the warning above says it.
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        for _ in 0..BLOCKING_SPARES {
+            let gate = gate.clone();
+            drop(rt.spawn_blocking(move || {
+                let (count, all_in) = &*gate;
+                let mut n = count.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                *n += 1;
+                all_in.notify_all();
+                // Held until every spare is in (or the start gave up on them).
+                let _held = all_in.wait_timeout_while(n, SPARES_START, |n| *n < BLOCKING_SPARES);
+            }));
+        }
+    }));
+    let (count, all_in) = &*gate;
+    let n = count.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (n, _) = all_in
+        .wait_timeout_while(n, SPARES_START, |n| *n < BLOCKING_SPARES)
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *n
+}
 
 /// Puts the calling thread under SCHED_FIFO at `priority` (1–99); 0 leaves it alone.
 /// Refused (no CAP_SYS_NICE, an RT budget of 0 in a cgroup): said once, and evictd runs on.
@@ -168,12 +227,12 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn the_reader_runs_jobs_in_order_on_its_own_thread() {
         let reader = Reader::spawn(0).expect("a thread");
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let order = Arc::new(Mutex::new(Vec::new()));
         let (a, b) = (order.clone(), order.clone());
         let here = std::thread::current().id();
         #[allow(clippy::disallowed_methods, reason = "sleeps on the reader's thread, not tokio's")]
         let slow = reader.read(move || {
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(50));
             a.lock().map(|mut o| o.push(1)).ok();
             std::thread::current().id()
         });
@@ -213,6 +272,89 @@ mod tests {
                 .expect("an answer");
             let pages = (bytes / 4096) as i64;
             assert!(in_reserve < pages / 8, "{in_reserve} faults for {pages} pages within the reader's reserve");
+        }
+    }
+
+    /// This process in a pids cgroup of its own (the host's v1 pids hierarchy, or cgroup v2
+    /// with the pids controller), limited to the tasks it has: the kernel refuses every new
+    /// thread. Put back where it was, and the cgroup removed, on drop.
+    struct NoNewThreads {
+        dir: std::path::PathBuf,
+        home: std::path::PathBuf,
+    }
+
+    impl NoNewThreads {
+        fn here() -> Option<Self> {
+            let v1 = std::path::Path::new("/sys/fs/cgroup/pids");
+            let v2 = std::path::Path::new("/sys/fs/cgroup");
+            let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+            let (root, at) = if v1.join("cgroup.procs").exists() {
+                let line = own
+                    .lines()
+                    .find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "pids")))?;
+                (v1, line.split(':').nth(2)?.to_string())
+            } else if std::fs::read_to_string(v2.join("cgroup.controllers"))
+                .ok()?
+                .split_whitespace()
+                .any(|c| c == "pids")
+            {
+                std::fs::write(v2.join("cgroup.subtree_control"), "+pids").ok()?;
+                (v2, own.lines().find_map(|l| l.strip_prefix("0::"))?.to_string())
+            } else {
+                return None;
+            };
+            let dir = root.join(format!("evictd-test-no-threads-{}", std::process::id()));
+            std::fs::create_dir(&dir).ok()?;
+            let home = root.join(at.trim_start_matches('/'));
+            let cage = NoNewThreads { dir, home };
+            std::fs::write(cage.dir.join("cgroup.procs"), std::process::id().to_string())
+                .expect("joining the pids cgroup");
+            let tasks = std::fs::read_to_string(cage.dir.join("pids.current")).expect("pids.current");
+            std::fs::write(cage.dir.join("pids.max"), tasks.trim()).expect("setting pids.max");
+            Some(cage)
+        }
+    }
+
+    impl Drop for NoNewThreads {
+        fn drop(&mut self) {
+            let _ = std::fs::write(self.home.join("cgroup.procs"), std::process::id().to_string());
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+
+    rusty_fork_test! {
+        /// Work handed to the blocking pool runs when the kernel refuses every new thread (a
+        /// fork bomb has the node's PIDs): the daemon's runtime made its threads at start and
+        /// keeps them, so a refusal only queues the work; more work than threads waits for
+        /// the first to be free. The control: tokio's default runtime, which has no thread
+        /// yet, panics on the same hand-off (that panic would end the daemon). In a process
+        /// of its own: it limits its own threads. Takes 10.5 s: the kept threads must outlive
+        /// tokio's default keep-alive.
+        #[test]
+        fn work_for_the_blocking_pool_runs_when_no_thread_can_be_made() {
+            let test = "work_for_the_blocking_pool_runs_when_no_thread_can_be_made";
+            // More than the threads kept: some wait for a free one.
+            const HAND_OFFS: usize = 10;
+            let daemon = daemon_runtime().expect("the daemon's runtime");
+            let plain = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            // Idle for longer than tokio keeps an idle blocking thread by default (10 s).
+            daemon.block_on(async { tokio::time::sleep(Duration::from_millis(10_500)).await });
+            let Some(_cage) = NoNewThreads::here() else {
+                crate::skip(test, "no pids cgroup controller to limit this process's threads with");
+                return;
+            };
+            let refused = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                plain.block_on(async { tokio::task::spawn_blocking(|| ()).await.is_ok() })
+            }));
+            assert!(refused.is_err(), "tokio's default runtime made a thread: the limit does not hold");
+            let done = daemon.block_on(async {
+                let mut work = tokio::task::JoinSet::new();
+                for i in 0..HAND_OFFS {
+                    work.spawn_blocking(move || i);
+                }
+                work.join_all().await.len()
+            });
+            assert_eq!(done, HAND_OFFS);
         }
     }
 

@@ -167,6 +167,13 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
                 );
                 runs.push(Run { pods: n, walking, sample, rt_faults: faults });
             }
+            // evictd's own log beside the CSV: what it says of a run whose numbers stand out
+            // (how long an attach took, a read given up on) is there to explain it.
+            if let Running::Evictd(evictd) = &running {
+                let log = o.out.join(format!("scale-evictd-{n}-{}.log", walker_state(walking)));
+                std::fs::create_dir_all(&o.out)?;
+                std::fs::write(&log, evictd.log()).map_err(|e| anyhow::anyhow!("{}: {e}", log.display()))?;
+            }
             if walking {
                 let (cpu0, t0) = walker0;
                 step.walker_busy_pct =
