@@ -17,62 +17,89 @@ use std::{
     time::Duration,
 };
 
+use crate::kernel::sched::set_fifo;
+
 /// Blocking-pool threads made at start. A pass and the act step hand work to tokio's
-/// blocking pool (the charge programs' attach, detaching them for an exit, the reaps), and
-/// tokio panics, ending the daemon, when it has no thread for such work and the kernel
-/// refuses a new one — a tenant's fork bomb exhausting the node's PIDs, the very pressure
-/// evictd is there to relieve. Kept threads take the work; when all are busy and a new one
-/// is refused, the work waits for the first to be free.
+/// blocking pool (a fast kill's reaps, the scope's walk, a policy read), and tokio panics,
+/// ending the daemon, when it has no thread for such work and the kernel refuses a new one
+/// — a tenant's fork bomb exhausting the node's PIDs, the very pressure evictd is there to
+/// relieve. Kept threads take the work; when all are busy and a new one is refused, the work
+/// waits for the first to be free.
 const BLOCKING_SPARES: usize = 4;
-/// An idle blocking thread is kept for the daemon's life (tokio's default ends it after 10 s,
-/// and with the last one gone the next hand-off needs a new thread).
+/// Every blocking thread is kept for the daemon's life: tokio's default ends an idle one
+/// after 10 s, and with the last one gone the next hand-off needs a new thread.
 const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// Blocking threads at most (tokio's default is 512): one fast kill's reaps and the rest,
+/// with room for reads stuck in the kernel; past it, work queues.
+const BLOCKING_MAX: usize = 64;
 /// How long the start waits for the spare threads to come up.
 const SPARES_START: Duration = Duration::from_secs(2);
 
 /// The daemon's runtime: one thread (the caller's) for the loop, and a blocking pool that
-/// keeps `BLOCKING_SPARES` threads from the start.
+/// keeps `BLOCKING_SPARES` threads from the start, and every thread it makes later.
 pub fn daemon_runtime() -> io::Result<tokio::runtime::Runtime> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("evictd-blocking")
         .thread_keep_alive(BLOCKING_KEEP_ALIVE)
+        .max_blocking_threads(BLOCKING_MAX)
         .build()?;
     let started = start_spares(&rt);
     if started < BLOCKING_SPARES {
         tracing::warn!(
             started,
             wanted = BLOCKING_SPARES,
-            "fewer blocking threads than wanted: the kernel refused the others"
+            "fewer blocking threads than wanted came up within {SPARES_START:?} (the kernel refuses new \
+             threads while the node's PIDs are exhausted): a hand-off that finds none may end evictd"
         );
     }
     Ok(rt)
 }
 
-/// Makes the pool's spare threads; returns how many run. Tokio makes a thread only for a
-/// task that finds none idle: the tasks wait for each other, so each takes a thread.
+/// The spares' meeting point: how many have come, and whether the start stopped waiting.
+struct Gate {
+    arrived: usize,
+    released: bool,
+}
+
+/// Makes the pool's spare threads; returns how many came up. Tokio makes a thread only for
+/// a task that finds none idle: the tasks wait for each other, so each takes a thread.
 fn start_spares(rt: &tokio::runtime::Runtime) -> usize {
-    let gate = Arc::new((Mutex::new(0usize), Condvar::new()));
-    // A refusal of the first thread panics in tokio; the warning above says it.
-    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+    let gate = Arc::new((Mutex::new(Gate { arrived: 0, released: false }), Condvar::new()));
+    // Tokio's refusal of the pool's first thread is a panic; the warning says it instead.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let spawned = std::panic::catch_unwind(AssertUnwindSafe(|| {
         for _ in 0..BLOCKING_SPARES {
             let gate = gate.clone();
-            drop(rt.spawn_blocking(move || {
-                let (count, all_in) = &*gate;
-                let mut n = count.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                *n += 1;
-                all_in.notify_all();
-                // Held until every spare is in (or the start gave up on them).
-                let _held = all_in.wait_timeout_while(n, SPARES_START, |n| *n < BLOCKING_SPARES);
-            }));
+            drop(rt.spawn_blocking(move || hold(&gate)));
         }
     }));
-    let (count, all_in) = &*gate;
-    let n = count.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let (n, _) = all_in
-        .wait_timeout_while(n, SPARES_START, |n| *n < BLOCKING_SPARES)
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    *n
+    std::panic::set_hook(hook);
+    let (gate, arrivals) = &*gate;
+    let mut g = lock_gate(gate);
+    if spawned.is_ok() {
+        g = arrivals
+            .wait_timeout_while(g, SPARES_START, |g| g.arrived < BLOCKING_SPARES)
+            .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+    }
+    // A spare that comes later (refused now, run by the first thread made later) leaves at once.
+    g.released = true;
+    arrivals.notify_all();
+    g.arrived
+}
+
+/// A spare at the gate until the start stops waiting.
+fn hold(gate: &(Mutex<Gate>, Condvar)) {
+    let (gate, arrivals) = gate;
+    let mut g = lock_gate(gate);
+    g.arrived += 1;
+    arrivals.notify_all();
+    let _released = arrivals.wait_while(g, |g| !g.released);
+}
+
+fn lock_gate(gate: &Mutex<Gate>) -> std::sync::MutexGuard<'_, Gate> {
+    gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Puts the calling thread under SCHED_FIFO at `priority` (1–99); 0 leaves it alone.
@@ -208,14 +235,6 @@ impl Reader {
     }
 }
 
-fn set_fifo(priority: u8) -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: i32::from(priority) };
-    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call's
-    // duration.
-    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param) };
-    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
-}
-
 #[cfg(test)]
 mod tests {
     use rusty_fork::rusty_fork_test;
@@ -277,41 +296,56 @@ mod tests {
 
     /// This process in a pids cgroup of its own (the host's v1 pids hierarchy, or cgroup v2
     /// with the pids controller), limited to the tasks it has: the kernel refuses every new
-    /// thread. Put back where it was, and the cgroup removed, on drop.
+    /// thread. Put back where it was, the cgroup removed and the controller handed back as
+    /// it was, on drop.
     struct NoNewThreads {
         dir: std::path::PathBuf,
         home: std::path::PathBuf,
+        /// cgroup v2's root, where this enabled the pids controller for its children.
+        enabled_in: Option<std::path::PathBuf>,
     }
 
     impl NoNewThreads {
-        fn here() -> Option<Self> {
+        /// The cage, or why there can be none here.
+        fn here() -> Result<Self, String> {
             let v1 = std::path::Path::new("/sys/fs/cgroup/pids");
             let v2 = std::path::Path::new("/sys/fs/cgroup");
-            let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+            let read =
+                |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+            let own = read(std::path::Path::new("/proc/self/cgroup"))?;
+            let mut enabled_in = None;
             let (root, at) = if v1.join("cgroup.procs").exists() {
-                let line = own
+                let path = own
                     .lines()
-                    .find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "pids")))?;
-                (v1, line.split(':').nth(2)?.to_string())
-            } else if std::fs::read_to_string(v2.join("cgroup.controllers"))
-                .ok()?
-                .split_whitespace()
-                .any(|c| c == "pids")
-            {
-                std::fs::write(v2.join("cgroup.subtree_control"), "+pids").ok()?;
-                (v2, own.lines().find_map(|l| l.strip_prefix("0::"))?.to_string())
+                    .find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "pids")))
+                    .and_then(|l| l.split(':').nth(2))
+                    .ok_or("no pids line in /proc/self/cgroup")?;
+                (v1, path.to_string())
+            } else if read(&v2.join("cgroup.controllers"))?.split_whitespace().any(|c| c == "pids") {
+                let control = v2.join("cgroup.subtree_control");
+                if !read(&control)?.split_whitespace().any(|c| c == "pids") {
+                    std::fs::write(&control, "+pids")
+                        .map_err(|e| format!("enabling pids in {}: {e}", control.display()))?;
+                    enabled_in = Some(v2.to_path_buf());
+                }
+                (
+                    v2,
+                    own.lines()
+                        .find_map(|l| l.strip_prefix("0::"))
+                        .ok_or("no v2 line in /proc/self/cgroup")?
+                        .to_string(),
+                )
             } else {
-                return None;
+                return Err("no pids controller, in a v1 hierarchy or in cgroup v2".into());
             };
             let dir = root.join(format!("evictd-test-no-threads-{}", std::process::id()));
-            std::fs::create_dir(&dir).ok()?;
-            let home = root.join(at.trim_start_matches('/'));
-            let cage = NoNewThreads { dir, home };
+            std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let cage = NoNewThreads { dir, home: root.join(at.trim_start_matches('/')), enabled_in };
             std::fs::write(cage.dir.join("cgroup.procs"), std::process::id().to_string())
                 .expect("joining the pids cgroup");
             let tasks = std::fs::read_to_string(cage.dir.join("pids.current")).expect("pids.current");
             std::fs::write(cage.dir.join("pids.max"), tasks.trim()).expect("setting pids.max");
-            Some(cage)
+            Ok(cage)
         }
     }
 
@@ -319,17 +353,29 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::write(self.home.join("cgroup.procs"), std::process::id().to_string());
             let _ = std::fs::remove_dir(&self.dir);
+            if let Some(root) = &self.enabled_in {
+                let _ = std::fs::write(root.join("cgroup.subtree_control"), "-pids");
+            }
         }
+    }
+
+    /// This process's threads named `name`.
+    fn threads_named(name: &str) -> usize {
+        let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim() == name)
+            .count()
     }
 
     rusty_fork_test! {
         /// Work handed to the blocking pool runs when the kernel refuses every new thread (a
         /// fork bomb has the node's PIDs): the daemon's runtime made its threads at start and
-        /// keeps them, so a refusal only queues the work; more work than threads waits for
-        /// the first to be free. The control: tokio's default runtime, which has no thread
-        /// yet, panics on the same hand-off (that panic would end the daemon). In a process
-        /// of its own: it limits its own threads. Takes 10.5 s: the kept threads must outlive
-        /// tokio's default keep-alive.
+        /// keeps them past tokio's default keep-alive, so a refusal only queues the work; more
+        /// work than threads waits for the first to be free. The control: tokio's default
+        /// runtime, which has no thread yet, panics on the same hand-off (that panic would end
+        /// the daemon). In a process of its own: it limits its own threads. Takes 11 s: the
+        /// kept threads must outlive tokio's default keep-alive (10 s).
         #[test]
         fn work_for_the_blocking_pool_runs_when_no_thread_can_be_made() {
             let test = "work_for_the_blocking_pool_runs_when_no_thread_can_be_made";
@@ -337,11 +383,11 @@ mod tests {
             const HAND_OFFS: usize = 10;
             let daemon = daemon_runtime().expect("the daemon's runtime");
             let plain = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-            // Idle for longer than tokio keeps an idle blocking thread by default (10 s).
-            daemon.block_on(async { tokio::time::sleep(Duration::from_millis(10_500)).await });
-            let Some(_cage) = NoNewThreads::here() else {
-                crate::skip(test, "no pids cgroup controller to limit this process's threads with");
-                return;
+            daemon.block_on(async { tokio::time::sleep(Duration::from_secs(11)).await });
+            assert_eq!(threads_named("evictd-blocking"), BLOCKING_SPARES, "the spare threads, kept");
+            let _cage = match NoNewThreads::here() {
+                Ok(cage) => cage,
+                Err(why) => return crate::skip(test, &format!("cannot limit this process's threads: {why}")),
             };
             let refused = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 plain.block_on(async { tokio::task::spawn_blocking(|| ()).await.is_ok() })
@@ -352,9 +398,9 @@ mod tests {
                 for i in 0..HAND_OFFS {
                     work.spawn_blocking(move || i);
                 }
-                work.join_all().await.len()
+                tokio::time::timeout(Duration::from_secs(10), work.join_all()).await.map(|d| d.len())
             });
-            assert_eq!(done, HAND_OFFS);
+            assert_eq!(done, Ok(HAND_OFFS), "work queued behind the kept threads must run");
         }
     }
 

@@ -29,6 +29,7 @@ use evictd_common::{
 };
 
 mod attach;
+pub mod mover;
 
 use attach::{Attached, ChargeLink, charge_err, charge_program};
 
@@ -337,6 +338,7 @@ impl KernelProbes {
         let has_charge = !charge.is_empty();
         let charge = Arc::new(ChargePrograms {
             attached: AtomicBool::new(has_charge),
+            complete: AtomicBool::new(true),
             loaded: Mutex::new(Loaded { ebpf, links: charge }),
         });
         let probes = KernelProbes {
@@ -405,8 +407,13 @@ impl KernelProbes {
         self.charge.attached.load(Ordering::Acquire)
     }
 
-    /// A handle that attaches and detaches the charge programs from another task (the wake
-    /// source's attaches, the act step's detach), for as long as these probes live.
+    /// Whether every charge program is attached now (an attach may have failed for some).
+    pub fn charge_complete(&self) -> bool {
+        self.charge.complete.load(Ordering::Acquire)
+    }
+
+    /// A handle that attaches and detaches the charge programs from another thread (the
+    /// mover's, the act step's), for as long as these probes live.
     pub fn charge_switch(&self) -> ChargeSwitch {
         ChargeSwitch(Arc::downgrade(&self.charge))
     }
@@ -472,33 +479,43 @@ struct Loaded {
     links: Vec<ChargeLink>,
 }
 
-/// The charge programs, attached and detached by whichever task holds `loaded`; `attached`
-/// says where they are without waiting for it.
+/// The charge programs, attached and detached by whichever task holds `loaded` (the
+/// mover's thread, `mover`); `attached` and `complete` say where they are without waiting
+/// for it.
 struct ChargePrograms {
     loaded: Mutex<Loaded>,
+    /// Some charge program is attached.
     attached: AtomicBool,
+    /// Every charge program is attached.
+    complete: AtomicBool,
 }
 
 impl ChargePrograms {
-    fn attach(&self) -> Result<(), EbpfError> {
+    /// Attaches every detached program; returns how many it attached.
+    fn attach(&self) -> Result<usize, EbpfError> {
         let mut loaded = lock(&self.loaded);
         let Loaded { ebpf, links } = &mut *loaded;
-        let mut result = Ok(());
+        let mut result = Ok(0);
         for c in links.iter_mut().filter(|c| c.link.is_none()) {
-            result = attach_one(ebpf, c);
-            if result.is_err() {
-                break;
+            match attach_one(ebpf, c) {
+                Ok(()) => result = result.map(|n| n + 1),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
         }
         self.attached.store(links.iter().any(|c| c.link.is_some()), Ordering::Release);
+        self.complete.store(links.iter().all(|c| c.link.is_some()), Ordering::Release);
         result
     }
 
-    /// Returns how many were attached.
+    /// Detaches every attached program; returns how many were attached.
     fn detach(&self) -> usize {
         let mut loaded = lock(&self.loaded);
         let n = loaded.links.iter_mut().filter_map(|c| c.link.take()).count();
         self.attached.store(false, Ordering::Release);
+        self.complete.store(loaded.links.is_empty(), Ordering::Release);
         n
     }
 }
@@ -510,24 +527,30 @@ fn attach_one(ebpf: &mut Ebpf, c: &mut ChargeLink) -> Result<(), EbpfError> {
     Ok(())
 }
 
-/// The charge programs as the tasks beside the daemon's thread hold them: the act step
-/// detaches them while a killed pod exits, and the wake source attaches them near a
-/// threshold. An attach can take tens of milliseconds: when a tracepoint lost its last
-/// program moments before, the kernel waits for an RCU grace period before it takes a new
-/// one (5–20 ms here, up to ~60 ms). Weak, so that a wake source that is dropped takes its
-/// programs off the kernel with it.
+/// The charge programs as the threads beside the daemon's hold them: the mover attaches
+/// and detaches them (`mover`), and without a mover the act step detaches them while a
+/// killed pod exits. Weak, so that a wake source that is dropped takes its programs off the
+/// kernel with it (once a move under way ends).
 #[derive(Clone)]
 pub struct ChargeSwitch(Weak<ChargePrograms>);
 
 impl ChargeSwitch {
-    /// Detaches every attached charge program. Returns how many were attached.
-    pub fn detach(&self) -> usize {
-        self.0.upgrade().map_or(0, |c| c.detach())
+    /// Detaches every attached charge program: how many were attached; `None` once the
+    /// probes are gone.
+    pub fn detach(&self) -> Option<usize> {
+        self.0.upgrade().map(|c| c.detach())
     }
 
-    /// Attaches every charge program that is detached; nothing once the probes are gone.
-    pub fn attach(&self) -> Result<(), EbpfError> {
-        self.0.upgrade().map_or(Ok(()), |c| c.attach())
+    /// Attaches every charge program that is detached: how many it attached; `None` once
+    /// the probes are gone. Can take tens of milliseconds: right after a tracepoint lost its
+    /// last program the kernel waits for an RCU grace period before it takes a new one.
+    pub fn attach(&self) -> Option<Result<usize, EbpfError>> {
+        self.0.upgrade().map(|c| c.attach())
+    }
+
+    /// The probes are gone.
+    pub fn gone(&self) -> bool {
+        self.0.strong_count() == 0
     }
 }
 

@@ -48,7 +48,10 @@ const REAP_MIN_BYTES: u64 = 1 << 20;
 /// The largest victims reaped, at most, each on a blocking thread of its own: a pod of
 /// thousands of processes (a fork bomb) must not make thousands of threads, and the
 /// largest hold most of the memory.
-const REAP_MAX: usize = 16;
+pub const REAP_MAX: usize = 16;
+/// How long a kill waits for its reaps: the caller waits for the cgroup to empty anyway,
+/// and a reap that could not get a thread must not hold the pass.
+const REAP_WAIT: Duration = Duration::from_secs(2);
 
 /// Where and how the pod's processes can be killed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,7 +128,8 @@ struct Victim {
 
 /// Kills every process of the pod, then frees the largest victims' memory in parallel with
 /// their own exit; `on_killed` runs beside the reaps, on the blocking pool. Returns once
-/// every reap has ended; the caller waits for the cgroup to empty as for any stop.
+/// every reap has ended (at most `REAP_WAIT`); the caller waits for the cgroup to empty as
+/// for any stop.
 pub async fn fast_kill(target: &KillTarget, on_killed: Option<&OnKilled>) -> Result<KillReport, KillError> {
     let t = Instant::now();
     let (method, victims) = match target.method() {
@@ -406,14 +410,26 @@ async fn reap(mut victims: Vec<Victim>) -> usize {
         reaps.spawn_blocking(move || process_mrelease(&v.fd));
     }
     let mut reaped = 0;
-    while let Some(r) = reaps.join_next().await {
-        match r {
-            Ok(Ok(())) => reaped += 1,
-            // The victim finished its own teardown first.
-            Ok(Err(e)) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Ok(Err(e)) => tracing::debug!("process_mrelease: {e}"),
-            Err(e) => tracing::debug!("process_mrelease task: {e}"),
+    let joined = tokio::time::timeout(REAP_WAIT, async {
+        while let Some(r) = reaps.join_next().await {
+            match r {
+                Ok(Ok(())) => reaped += 1,
+                // The victim finished its own teardown first.
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Ok(Err(e)) => tracing::debug!("process_mrelease: {e}"),
+                Err(e) => tracing::debug!("process_mrelease task: {e}"),
+            }
         }
+    })
+    .await;
+    if joined.is_err() {
+        // Reaps under way go on where they run; those still queued (every blocking thread
+        // busy, and the kernel refusing a new one) are dropped.
+        tracing::warn!(
+            reaped,
+            left = reaps.len(),
+            "reaps still running or queued after {REAP_WAIT:?}: not waited for"
+        );
     }
     reaped
 }

@@ -12,10 +12,7 @@
 
 use std::{
     path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -31,7 +28,13 @@ use super::{
     NodeNow, SourceKind, SourceTask, Wake, WakeError, WakeOptions, WakeSource, WakeStats, monotonic_ns,
 };
 use crate::{
-    kernel::ebpf::{ChargeSwitch, Counters, KernelProbes, RingLosses, WakeRing},
+    kernel::{
+        ebpf::{
+            Counters, KernelProbes, RingLosses, WakeRing,
+            mover::{ChargeMover, Why},
+        },
+        sched,
+    },
     node::{cgroup_names, signals::NodeSignalSources},
     vocab::{ChargeTier, OnKilled, WakeCause},
 };
@@ -172,10 +175,11 @@ struct EbpfWake {
     fine: FineSteps,
     /// `None`: the charge programs stay attached (no poll to watch while they are not).
     band: Option<Band>,
-    /// The attach or detach under way on the blocking pool (`follow_band`).
-    band_move: Option<JoinHandle<()>>,
-    /// The last attach or detach failed (warned once until one works again).
-    band_failing: Arc<AtomicBool>,
+    /// The thread that attaches and detaches the charge programs for the band; `None` where
+    /// there is no band, or its thread could not be made (the pass moves them itself).
+    mover: Option<ChargeMover>,
+    /// The pass's own last move failed (warned once until one works again).
+    band_failing: bool,
     /// When a cgroup plays the node, only its subtree's charge counts.
     scope: Option<PathBuf>,
     /// The scope's walk of that subtree, on the blocking pool, and when it began: at 110
@@ -222,6 +226,16 @@ pub fn start(
     let band =
         (opts.charge_probes_near && opts.sources.contains(&SourceKind::Poll) && probes.has_charge_programs())
             .then(|| Band::for_fill_rate(opts.poll_fill_rate));
+    // On the thread that starts the source, the daemon's: the mover takes its priority.
+    let mover = band.and_then(|_| {
+        ChargeMover::start(probes.charge_switch(), sched::fifo_priority())
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "cannot start the charge programs' mover thread ({e}): passes attach them themselves"
+                )
+            })
+            .ok()
+    });
     if let Some(b) = band {
         tracing::info!(
             attach_within_mib = b.attach_within >> 20,
@@ -237,8 +251,8 @@ pub fn start(
         watermark: None,
         fine: FineSteps::default(),
         band,
-        band_move: None,
-        band_failing: Arc::new(AtomicBool::new(false)),
+        mover,
+        band_failing: false,
         scope,
         scope_walk: None,
         scope_stale: false,
@@ -317,9 +331,12 @@ impl WakeSource for EbpfWake {
     /// again from that pass on). The batched hook runs on charges only, never on an exit.
     fn on_killed(&self) -> Option<OnKilled> {
         self.band?;
+        if let Some(mover) = self.mover.clone() {
+            return Some(OnKilled::new(move || mover.request(false, Why::Exit)));
+        }
         let switch = self.probes.charge_switch();
         Some(OnKilled::new(move || {
-            if switch.detach() > 0 {
+            if switch.detach().unwrap_or(0) > 0 {
                 tracing::info!("charge programs detached while an evicted pod exits");
             }
         }))
@@ -384,55 +401,60 @@ impl EbpfWake {
         Ok(())
     }
 
-    /// Attaches the charge programs on entering the band, detaches them on leaving it, on the
-    /// blocking pool: an attach moments after the act step detached them waits for an RCU
-    /// grace period (5–20 ms here), and the pass, the daemon's thread with it, must not. One
-    /// move at a time; the first pass after it ends follows the band from where it left the
-    /// programs. Meanwhile the poll watches, as it does while they are detached.
+    /// Attaches the charge programs on entering the band, detaches them on leaving it, by
+    /// asking the mover (`ChargeMover`): an attach moments after the act step detached them
+    /// waits for an RCU grace period (5–20 ms here), and the pass, the daemon's thread with
+    /// it, must not. The band's state is the mover's latest request (the act step's detach
+    /// included); a pass asks again while the programs are not where it asked and the mover
+    /// is idle (a move that failed, or only partly). Meanwhile the poll watches, as it does
+    /// while they are detached.
     fn follow_band(&mut self, band: Band, distance: Distance) {
-        if self.band_move.as_ref().is_some_and(|m| !m.is_finished()) {
-            return;
+        let Some(mover) = &self.mover else {
+            return self.move_in_pass(band, distance);
+        };
+        let asked = mover.wanted();
+        let wanted = band.wants_attached(distance, asked);
+        let settled = if wanted { self.probes.charge_complete() } else { !self.probes.charge_attached() };
+        if wanted != asked || (!settled && mover.idle()) {
+            mover.request(wanted, if wanted { Why::Near } else { Why::Far });
         }
+    }
+
+    /// `follow_band` without a mover thread: the pass attaches or detaches the programs
+    /// itself, and waits for it.
+    fn move_in_pass(&mut self, band: Band, distance: Distance) {
         let attached = self.probes.charge_attached();
         let wanted = band.wants_attached(distance, attached);
-        if wanted == attached {
+        if wanted == attached && (!wanted || self.probes.charge_complete()) {
             return;
         }
-        let (switch, failing) = (self.probes.charge_switch(), self.band_failing.clone());
-        self.band_move = Some(tokio::task::spawn_blocking(move || {
-            move_charge_programs(&switch, wanted, distance, &failing)
-        }));
-    }
-}
-
-/// Attaches (`attach`) or detaches the charge programs. A failure keeps the source (its
-/// reclaim and OOM programs, and the poll, still watch) and is tried again at the next pass
-/// that finds the programs where the band does not want them.
-fn move_charge_programs(switch: &ChargeSwitch, attach: bool, distance: Distance, failing: &AtomicBool) {
-    let t = Instant::now();
-    let done = if attach {
-        switch.attach()
-    } else {
-        switch.detach();
-        Ok(())
-    };
-    if let Err(e) = done {
-        if !failing.swap(true, Ordering::Relaxed) {
-            tracing::warn!("{e}; tried again at every pass");
-        }
-        return;
-    }
-    failing.store(false, Ordering::Relaxed);
-    tracing::info!(
-        ?distance,
-        took_us = t.elapsed().as_micros() as u64,
-        "charge programs {}",
-        if attach {
-            "attached: a memory threshold is near"
+        let switch = self.probes.charge_switch();
+        let t = Instant::now();
+        let done = if wanted {
+            switch.attach().unwrap_or(Ok(0)).map(|_| ())
         } else {
-            "detached: every memory threshold is far"
+            let _ = switch.detach();
+            Ok(())
+        };
+        if let Err(e) = done {
+            if !self.band_failing {
+                tracing::warn!("{e}; tried again at every pass");
+            }
+            self.band_failing = true;
+            return;
         }
-    );
+        self.band_failing = false;
+        tracing::info!(
+            ?distance,
+            took_us = t.elapsed().as_micros() as u64,
+            "charge programs {}",
+            if wanted {
+                "attached: a memory threshold is near"
+            } else {
+                "detached: every memory threshold is far"
+            }
+        );
+    }
 }
 
 /// Drains the eBPF ring buffer on every readiness and forwards each event.
