@@ -686,10 +686,11 @@ async fn a_pass_does_not_wait_for_the_charge_programs_to_attach() {
     // An attach that took 2 ms or more waited for the grace period (without it: 0.2–0.4 ms
     // here); a pass that waited with it takes as long, one that handed it off a fraction.
     let waited: Vec<_> = rounds.iter().filter(|(_, attach)| *attach >= Duration::from_millis(2)).collect();
-    assert!(
-        !waited.is_empty(),
-        "no attach waited for a grace period: the test saw nothing to hand off: {rounds:?}"
-    );
+    if waited.is_empty() {
+        // Another BPF user on these tracepoints (outside this binary) keeps them from ever
+        // losing their last program.
+        return evictd_tests::skip(test, &format!("no attach waited for a grace period: {rounds:?}"));
+    }
     assert!(
         waited.iter().all(|(pass, attach)| *pass * 4 < *attach),
         "a pass waited for the charge programs' attach: {rounds:?}"

@@ -3,8 +3,9 @@
 //! allocators decides how soon it runs. SCHED_FIFO at a low priority is enough to run
 //! before every ordinary task; the kernel's RT throttling (95 % by default) still bounds it.
 //! Threads it creates later (the blocking pool, metrics) start as ordinary threads again
-//! (`SCHED_RESET_ON_FORK`), but for the decision's reader (`Reader`), which takes the
-//! same priority. The blocking pool's threads are made at start and kept (`daemon_runtime`).
+//! (`SCHED_RESET_ON_FORK`), but for the decision's reader (`Reader`) and the charge
+//! programs' mover (`kernel::ebpf::mover`), which take the same priority. The blocking
+//! pool's threads are made at start and kept (`daemon_runtime`).
 
 use std::{
     io,
@@ -67,6 +68,7 @@ struct Gate {
 fn start_spares(rt: &tokio::runtime::Runtime) -> usize {
     let gate = Arc::new((Mutex::new(Gate { arrived: 0, released: false }), Condvar::new()));
     // Tokio's refusal of the pool's first thread is a panic; the warning says it instead.
+    // The hook is the process's: this runs before the daemon starts any other thread.
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let spawned = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -339,7 +341,12 @@ mod tests {
                 return Err("no pids controller, in a v1 hierarchy or in cgroup v2".into());
             };
             let dir = root.join(format!("evictd-test-no-threads-{}", std::process::id()));
-            std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if let Err(e) = std::fs::create_dir(&dir) {
+                if let Some(root) = &enabled_in {
+                    let _ = std::fs::write(root.join("cgroup.subtree_control"), "-pids");
+                }
+                return Err(format!("{}: {e}", dir.display()));
+            }
             let cage = NoNewThreads { dir, home: root.join(at.trim_start_matches('/')), enabled_in };
             std::fs::write(cage.dir.join("cgroup.procs"), std::process::id().to_string())
                 .expect("joining the pids cgroup");

@@ -491,23 +491,21 @@ struct ChargePrograms {
 }
 
 impl ChargePrograms {
-    /// Attaches every detached program; returns how many it attached.
+    /// Attaches every detached program, each tried whatever the others did; returns how
+    /// many it attached, or the first failure.
     fn attach(&self) -> Result<usize, EbpfError> {
         let mut loaded = lock(&self.loaded);
         let Loaded { ebpf, links } = &mut *loaded;
-        let mut result = Ok(0);
+        let (mut attached, mut failed) = (0, None);
         for c in links.iter_mut().filter(|c| c.link.is_none()) {
             match attach_one(ebpf, c) {
-                Ok(()) => result = result.map(|n| n + 1),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+                Ok(()) => attached += 1,
+                Err(e) => failed = failed.or(Some(e)),
             }
         }
         self.attached.store(links.iter().any(|c| c.link.is_some()), Ordering::Release);
         self.complete.store(links.iter().all(|c| c.link.is_some()), Ordering::Release);
-        result
+        failed.map_or(Ok(attached), Err)
     }
 
     /// Detaches every attached program; returns how many were attached.

@@ -49,6 +49,9 @@ const REAP_MIN_BYTES: u64 = 1 << 20;
 /// thousands of processes (a fork bomb) must not make thousands of threads, and the
 /// largest hold most of the memory.
 pub const REAP_MAX: usize = 16;
+/// How long the freezer kill (freeze, signal every process, thaw: ~`FREEZE_TIMEOUT` and
+/// `SIGNAL_ROUNDS` of signals) may take on the blocking pool before the decision moves on.
+const FREEZER_KILL_WAIT: Duration = Duration::from_secs(5);
 /// How long a kill waits for its reaps: the caller waits for the cgroup to empty anyway,
 /// and a reap that could not get a thread must not hold the pass.
 const REAP_WAIT: Duration = Duration::from_secs(2);
@@ -79,6 +82,8 @@ pub enum KillError {
     Write { path: PathBuf, source: io::Error },
     #[error("the kill task on the blocking pool failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("the freezer kill did not end within {0:?} (a kernel lock, or no blocking thread free for it)")]
+    Stuck(Duration),
     #[error("not killed: {} holds evictd itself (pid {pid})", path.display())]
     HoldsEvictd { path: PathBuf, pid: i32 },
 }
@@ -127,7 +132,7 @@ struct Victim {
 }
 
 /// Kills every process of the pod, then frees the largest victims' memory in parallel with
-/// their own exit; `on_killed` runs beside the reaps, on the blocking pool. Returns once
+/// their own exit; `on_killed` is called once every process is signalled. Returns once
 /// every reap has ended (at most `REAP_WAIT`); the caller waits for the cgroup to empty as
 /// for any stop.
 pub async fn fast_kill(target: &KillTarget, on_killed: Option<&OnKilled>) -> Result<KillReport, KillError> {
@@ -136,17 +141,19 @@ pub async fn fast_kill(target: &KillTarget, on_killed: Option<&OnKilled>) -> Res
         // Waiting for the freezer may take a while: on the blocking pool.
         KillMethod::Freezer => {
             let owned = target.clone();
-            tokio::task::spawn_blocking(move || kill(&owned)).await??
+            tokio::time::timeout(FREEZER_KILL_WAIT, tokio::task::spawn_blocking(move || kill(&owned)))
+                .await
+                .map_err(|_| KillError::Stuck(FREEZER_KILL_WAIT))???
         }
         // One write, or a few signals: on the daemon's own (real-time) thread, with no
         // hand-off to a thread the scheduler may run late.
         KillMethod::CgroupKill | KillMethod::Signals => kill(target)?,
     };
     let signalled_ms = ms(t);
-    // Beside the reaps, off the daemon's thread: what it does (detaching programs) may wait
-    // on a kernel lock another BPF user holds, and neither the reaps nor a wake should.
-    if let Some(f) = on_killed.cloned() {
-        drop(tokio::task::spawn_blocking(move || f.call()));
+    // It hands its work off (the charge programs' detach may wait on a kernel lock another
+    // BPF user holds): asked for here, in order with the passes' requests.
+    if let Some(f) = on_killed {
+        f.call();
     }
     let processes = victims.len();
     let reaped = reap(victims).await;
@@ -424,7 +431,7 @@ async fn reap(mut victims: Vec<Victim>) -> usize {
     .await;
     if joined.is_err() {
         // Reaps under way go on where they run; those still queued (every blocking thread
-        // busy, and the kernel refusing a new one) are dropped.
+        // busy, and the kernel refusing a new one or the pool at its cap) are dropped.
         tracing::warn!(
             reaped,
             left = reaps.len(),

@@ -90,8 +90,9 @@ pub enum Urgency {
 /// What the act step calls once evictd's fast kill has signalled the pod (SIGKILL to every
 /// process: nothing can escalate the stop any more). From then on the victim frees every
 /// page it held, and whatever the kernel runs on each free (evictd's memcg stat programs)
-/// slows the release the next decision waits for. Called once per kill, on the blocking
-/// pool, beside the reaps. A stop through the runtime never calls it: the pod may still
+/// slows the release the next decision waits for. Called once per kill, on the daemon's
+/// thread before the reaps: it must not block (it hands its work off). A stop through the
+/// runtime never calls it: the pod may still
 /// allocate during its grace period, and a charge wake is what makes that an emergency.
 #[derive(Clone)]
 pub struct OnKilled(Arc<dyn Fn() + Send + Sync>);

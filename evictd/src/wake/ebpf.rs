@@ -226,7 +226,7 @@ pub fn start(
     let band =
         (opts.charge_probes_near && opts.sources.contains(&SourceKind::Poll) && probes.has_charge_programs())
             .then(|| Band::for_fill_rate(opts.poll_fill_rate));
-    // On the thread that starts the source, the daemon's: the mover takes its priority.
+    // Started on the daemon's thread (after `realtime::enter`): the mover takes its priority.
     let mover = band.and_then(|_| {
         ChargeMover::start(probes.charge_switch(), sched::fifo_priority())
             .inspect_err(|e| {
@@ -331,14 +331,17 @@ impl WakeSource for EbpfWake {
     /// again from that pass on). The batched hook runs on charges only, never on an exit.
     fn on_killed(&self) -> Option<OnKilled> {
         self.band?;
-        if let Some(mover) = self.mover.clone() {
+        if let Some(mover) = self.mover.clone().filter(ChargeMover::alive) {
             return Some(OnKilled::new(move || mover.request(false, Why::Exit)));
         }
         let switch = self.probes.charge_switch();
         Some(OnKilled::new(move || {
-            if switch.detach().unwrap_or(0) > 0 {
-                tracing::info!("charge programs detached while an evicted pod exits");
-            }
+            let switch = switch.clone();
+            drop(tokio::task::spawn_blocking(move || {
+                if switch.detach().unwrap_or(0) > 0 {
+                    tracing::info!("charge programs detached while an evicted pod exits");
+                }
+            }));
         }))
     }
 }
@@ -409,7 +412,7 @@ impl EbpfWake {
     /// is idle (a move that failed, or only partly). Meanwhile the poll watches, as it does
     /// while they are detached.
     fn follow_band(&mut self, band: Band, distance: Distance) {
-        let Some(mover) = &self.mover else {
+        let Some(mover) = self.mover.as_ref().filter(|m| m.alive()) else {
             return self.move_in_pass(band, distance);
         };
         let asked = mover.wanted();
@@ -420,8 +423,8 @@ impl EbpfWake {
         }
     }
 
-    /// `follow_band` without a mover thread: the pass attaches or detaches the programs
-    /// itself, and waits for it.
+    /// `follow_band` without a mover thread (it could not be made, or a move panicked): the
+    /// pass attaches or detaches the programs itself, and waits for it.
     fn move_in_pass(&mut self, band: Band, distance: Distance) {
         let attached = self.probes.charge_attached();
         let wanted = band.wants_attached(distance, attached);

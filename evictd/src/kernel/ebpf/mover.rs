@@ -3,7 +3,8 @@
 //! in the daemon's pass it held every wake behind it, and on tokio's blocking pool it waited
 //! behind other work at an ordinary priority, in no order with the act step's detach. Here
 //! every request (the band's, from a pass; the act step's, when a killed pod exits) goes to
-//! one thread at the daemon's priority, and the programs end where the latest request asked.
+//! one thread at the daemon's priority, which acts on the latest (a request not begun yet is
+//! replaced by the next), so the programs end where the latest request asked.
 
 use std::{
     io,
@@ -42,6 +43,8 @@ struct Shared {
     asked: Condvar,
     /// No request is waiting and no move is under way.
     idle: AtomicBool,
+    /// The thread runs (it ends once the probes are gone, or if a move panicked).
+    alive: AtomicBool,
     /// The last move failed (warned once until one works again).
     failing: AtomicBool,
 }
@@ -65,10 +68,11 @@ impl ChargeMover {
             requests: Mutex::new(Requests { attach: true, why: Why::Near, seq: 0, served: 0 }),
             asked: Condvar::new(),
             idle: AtomicBool::new(true),
+            alive: AtomicBool::new(true),
             failing: AtomicBool::new(false),
         });
         let theirs = shared.clone();
-        std::thread::Builder::new().name("evictd-probes".into()).stack_size(MOVER_STACK).spawn(
+        std::thread::Builder::new().name("evictd-charge".into()).stack_size(MOVER_STACK).spawn(
             move || {
                 if let Some(p) = priority
                     && let Err(e) = sched::set_fifo(p)
@@ -78,7 +82,11 @@ impl ChargeMover {
                         "the charge programs' mover runs at an ordinary priority: {e}"
                     );
                 }
-                run(&switch, &theirs);
+                prefault_stack();
+                // A panic in a move (aya, the log) ends the thread; the passes then move the
+                // programs themselves (`alive`).
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&switch, &theirs)));
+                theirs.alive.store(false, Ordering::Release);
             },
         )?;
         Ok(ChargeMover(shared))
@@ -104,6 +112,22 @@ impl ChargeMover {
     pub fn idle(&self) -> bool {
         self.0.idle.load(Ordering::Acquire)
     }
+
+    /// Whether the thread still runs.
+    pub fn alive(&self) -> bool {
+        self.0.alive.load(Ordering::Acquire)
+    }
+}
+
+/// The stack a move takes at most, faulted in (and locked, under `mlockall`) at the
+/// thread's start: an attach near a threshold, on a node short of memory, then takes no
+/// stack fault.
+const STACK_RESERVE: usize = 64 << 10;
+
+#[inline(never)]
+fn prefault_stack() {
+    let mut frame = [0u8; STACK_RESERVE];
+    std::hint::black_box(&mut frame);
 }
 
 fn run(switch: &ChargeSwitch, shared: &Shared) {
