@@ -416,6 +416,8 @@ async fn an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path() {
     let mut eventfd = EventfdWake::new(tx);
     let levels = [(cg.dir.clone(), 64u64 << 20, 64u64 << 20)];
     eventfd.update(&levels).expect("arming a threshold at 64 MiB");
+    // Registered (on the registrar's thread) before the cgroup goes, as on a node.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     std::fs::remove_dir(&cg.dir).expect("removing the empty test cgroup");
     std::fs::create_dir(&cg.dir).expect("making it again");
     eventfd.update(&levels).expect("re-arming");
@@ -428,6 +430,44 @@ async fn an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path() {
     assert!(
         matches!(wake, Ok(Some(w)) if w.cause == WakeCause::Eventfd),
         "128 MiB past a 64 MiB threshold on the new cgroup sent no eventfd wake: {wake:?}"
+    );
+}
+
+/// A pass that moves the cgroup v1 threshold's level does not wait for its registration
+/// (7.5–32 ms here: the kernel waits for an RCU grace period in it, and a crossing in that
+/// window waited with the pass): the registrar's thread makes it, and the level the last
+/// pass asked for wakes evictd once crossed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_does_not_wait_for_the_eventfd_registration() {
+    if !privileged("a_pass_does_not_wait_for_the_eventfd_registration") {
+        return;
+    }
+    let _tracepoints = TRACEPOINTS.read().await;
+    let cg = TestCgroup::new(None);
+    let (tx, mut rx) = mpsc::channel(64);
+    let mut eventfd = EventfdWake::new(tx);
+    let mut passes = Vec::new();
+    // Each level 16 MiB from the last: past the drift a pass leaves registered.
+    for mib in [96u64, 112, 96, 112, 128] {
+        let t = Instant::now();
+        eventfd.update(&[(cg.dir.clone(), mib << 20, mib << 20)]).expect("a pass");
+        passes.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    while rx.try_recv().is_ok() {}
+    let mut hog = MemHog::spawn_in(&cg);
+    hog.alloc(160);
+    let wake = tokio::time::timeout(Duration::from_secs(3), rx.recv()).await;
+    assert!(
+        matches!(wake, Ok(Some(w)) if w.cause == WakeCause::Eventfd),
+        "160 MiB past the 128 MiB level the last pass asked for sent no eventfd wake: {wake:?}"
+    );
+    eprintln!("a_pass_does_not_wait_for_the_eventfd_registration: passes {passes:?}");
+    // A registration is 7.5 ms or more here: a pass that made one took that long.
+    assert!(
+        passes.iter().all(|p| *p < Duration::from_millis(2)),
+        "a pass waited for a registration: {passes:?}"
     );
 }
 

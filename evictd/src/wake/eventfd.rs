@@ -2,13 +2,15 @@
 //! the kernel signals an eventfd when memory.usage_in_bytes crosses a value, in either
 //! direction (`cgroup.event_control`). The level is the usage at which a memory threshold
 //! would be met; it moves with inactive_file, so it is re-registered after observations
-//! when it has drifted.
+//! when it has drifted — on a thread of its own (`Registrar`): a registration waits for an
+//! RCU grace period.
 
 use std::{
     fs::File,
     io::Write as _,
     os::fd::{AsRawFd as _, OwnedFd},
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use evictd_policy::{distance::distances, policy::Signal};
@@ -117,19 +119,125 @@ struct Armed {
     task: SourceTask<()>,
 }
 
-pub struct EventfdWake {
+/// The registrations, and the task waiting on each.
+struct Registrations {
     armed: Vec<Armed>,
     tx: mpsc::Sender<Wake>,
 }
 
+/// What a pass asks of the registrar.
+enum Request {
+    /// Arm these levels (`notifier_levels`), or leave what is armed if it barely moved.
+    Levels(Vec<(PathBuf, u64, u64)>),
+    /// A waiter may have ended: if one did, register everything again.
+    Check,
+}
+
+/// Where the registrations are made. A registration takes 7.5–32 ms here (the kernel waits
+/// for an RCU grace period in it), and in the pass it held every wake behind it: a crossing
+/// in that window waited for it. A thread of its own takes the requests in turn, acting on
+/// the latest levels; what is armed stays armed until what replaces it is.
+enum Registrar {
+    Thread {
+        requests: std::sync::mpsc::Sender<Request>,
+        /// A registration that failed, for the next pass to report (the daemon then drops
+        /// the source, as when the pass registered).
+        failed: Arc<Mutex<Option<ThresholdError>>>,
+    },
+    /// Without a thread (it could not be made, or there is no runtime for the waiters): the
+    /// pass registers, and waits.
+    Inline(Registrations),
+}
+
+pub struct EventfdWake {
+    registrar: Registrar,
+}
+
+/// The registrar's stack: it registers, spawns waiters and logs.
+const REGISTRAR_STACK: usize = 256 << 10;
+
 impl EventfdWake {
     pub fn new(tx: mpsc::Sender<Wake>) -> Self {
-        EventfdWake { armed: Vec::new(), tx }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return EventfdWake { registrar: Registrar::Inline(Registrations { armed: Vec::new(), tx }) };
+        };
+        let (requests, queue) = std::sync::mpsc::channel();
+        let failed = Arc::new(Mutex::new(None));
+        let (theirs, their_tx) = (failed.clone(), tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("evictd-eventfd".into())
+            .stack_size(REGISTRAR_STACK)
+            .spawn(move || {
+                // The waiters are the daemon's runtime's tasks.
+                let _runtime = handle.enter();
+                register_in_turn(Registrations { armed: Vec::new(), tx: their_tx }, &queue, &theirs);
+            });
+        match spawned {
+            Ok(_) => EventfdWake { registrar: Registrar::Thread { requests, failed } },
+            Err(e) => {
+                tracing::warn!(
+                    "cannot start the eventfd registrar's thread ({e}): passes register the thresholds themselves"
+                );
+                EventfdWake { registrar: Registrar::Inline(Registrations { armed: Vec::new(), tx }) }
+            }
+        }
     }
 
+    /// Arms one threshold per `(cgroup dir, usage level in bytes, distance)`, on the
+    /// registrar's thread where there is one (a failure there is returned by a later call);
+    /// leaves registrations whose level has barely moved (on the very same cgroup) alone.
+    pub fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), ThresholdError> {
+        match &mut self.registrar {
+            Registrar::Inline(regs) => regs.update(levels),
+            Registrar::Thread { requests, failed } => {
+                if let Some(e) = lock(failed).take() {
+                    return Err(e);
+                }
+                let _ = requests.send(Request::Levels(levels.to_vec()));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The registrar's loop: every request that came meanwhile, then the latest levels. Ends
+/// with the source (its requests' sender dropped), and its registrations with it.
+fn register_in_turn(
+    mut regs: Registrations,
+    queue: &std::sync::mpsc::Receiver<Request>,
+    failed: &Mutex<Option<ThresholdError>>,
+) {
+    let mut latest: Option<Vec<(PathBuf, u64, u64)>> = None;
+    while let Ok(first) = queue.recv() {
+        let mut check = false;
+        for r in std::iter::once(first).chain(queue.try_iter()) {
+            match r {
+                Request::Levels(l) => latest = Some(l),
+                Request::Check => check = true,
+            }
+        }
+        if check && regs.a_waiter_ended() {
+            tracing::warn!(
+                "eventfd wake source: a threshold waiter stopped; registering the thresholds again"
+            );
+            regs.disarm();
+        }
+        if let Some(levels) = &latest
+            && let Err(e) = regs.update(levels)
+        {
+            *lock(failed) = Some(e);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Registrations {
     /// Arms one threshold per `(cgroup dir, usage level in bytes, distance)`; leaves
     /// registrations whose level has barely moved (on the very same cgroup) alone.
-    pub fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), ThresholdError> {
+    fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), ThresholdError> {
         let unchanged = levels.len() == self.armed.len()
             && levels.iter().zip(&self.armed).all(|((d, l, dist), a)| {
                 *d == a.dir
@@ -140,14 +248,16 @@ impl EventfdWake {
         if unchanged {
             return Ok(());
         }
-        self.disarm();
+        // The new levels are registered before the old ones go: a crossing meanwhile still
+        // wakes evictd (at the old level).
+        let mut armed = Vec::with_capacity(levels.len());
         for (dir, level, _) in levels {
             tracing::debug!(cgroup = %dir.display(), level, "arming memory.usage_in_bytes threshold");
             let t = register(dir, *level)?;
             let passed = t.passed_already();
             let task = spawn_waiter(t, self.tx.clone())
                 .map_err(|source| ThresholdError::Io { path: dir.display().to_string(), source })?;
-            self.armed.push(Armed {
+            armed.push(Armed {
                 dir: dir.clone(),
                 inode: cgroup_names::cgroup_id(dir).ok(),
                 level: *level,
@@ -158,6 +268,7 @@ impl EventfdWake {
                 let _ = self.tx.try_send(Wake::now(WakeCause::Eventfd));
             }
         }
+        self.armed = armed;
         Ok(())
     }
 
@@ -177,21 +288,27 @@ impl WakeSource for EventfdWake {
     }
 
     /// A waiter that ended (its eventfd failed) is a threshold nobody watches: disarm all,
-    /// so that the next `rearm` registers them afresh.
+    /// so that they are registered afresh (at once on the registrar, at the next `rearm`
+    /// without it).
     fn supervise(&mut self) -> Result<(), WakeError> {
-        if self.armed.iter().any(|a| a.task.has_ended()) {
-            tracing::warn!(
-                "eventfd wake source: a threshold waiter stopped; registering the thresholds again"
-            );
-            self.disarm();
+        match &mut self.registrar {
+            Registrar::Inline(regs) => {
+                if regs.a_waiter_ended() {
+                    tracing::warn!(
+                        "eventfd wake source: a threshold waiter stopped; registering the thresholds again"
+                    );
+                    regs.disarm();
+                }
+            }
+            Registrar::Thread { requests, .. } => drop(requests.send(Request::Check)),
         }
         Ok(())
     }
 }
 
-impl Drop for EventfdWake {
-    fn drop(&mut self) {
-        self.disarm();
+impl Registrations {
+    fn a_waiter_ended(&self) -> bool {
+        self.armed.iter().any(|a| a.task.has_ended())
     }
 }
 

@@ -76,6 +76,7 @@ const BOOKWORM: &[(&str, &str)] = &[
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
+    ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     (E2E_TESTS[0], E2E_ELSEWHERE),
     (E2E_TESTS[1], E2E_ELSEWHERE),
@@ -90,6 +91,7 @@ const TRIXIE: &[(&str, &str)] = &[
     ("charge_probes_are_attached_only_near_a_threshold", NO_MEMCG_TRACEPOINTS),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
+    ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     (E2E_TESTS[1], E2E_ELSEWHERE),
 ];
@@ -102,6 +104,7 @@ const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
     ("reclaim_lost_to_a_full_ring_reaches_the_reader_as_a_lost_wake", NO_DISK),
     ("an_eventfd_threshold_follows_a_cgroup_made_again_at_the_same_path", V1_ONLY),
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
+    ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     (E2E_TESTS[0], E2E_ELSEWHERE),
 ];
