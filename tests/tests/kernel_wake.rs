@@ -464,10 +464,14 @@ async fn a_pass_does_not_wait_for_the_eventfd_registration() {
         "160 MiB past the 128 MiB level the last pass asked for sent no eventfd wake: {wake:?}"
     );
     eprintln!("a_pass_does_not_wait_for_the_eventfd_registration: passes {passes:?}");
-    // A registration is 7.5 ms or more here: a pass that made one took that long.
+    // A registration is 7.5 ms or more here, and every pass above moves the level: on code
+    // that registered in the pass, every pass takes that long. The median, so that one pass
+    // the scheduler held up (the other tests run beside this one) does not count.
+    let mut sorted = passes.clone();
+    sorted.sort();
     assert!(
-        passes.iter().all(|p| *p < Duration::from_millis(2)),
-        "a pass waited for a registration: {passes:?}"
+        sorted[sorted.len() / 2] < Duration::from_millis(2),
+        "the passes waited for the registrations: {passes:?}"
     );
 }
 
@@ -731,8 +735,8 @@ async fn a_pass_does_not_wait_for_the_charge_programs_to_attach() {
         // losing their last program.
         return evictd_tests::skip(test, &format!("no attach waited for a grace period: {rounds:?}"));
     }
-    assert!(
-        waited.iter().all(|(pass, attach)| *pass * 4 < *attach),
-        "a pass waited for the charge programs' attach: {rounds:?}"
-    );
+    // Most rounds, so that a pass the scheduler held up (the other tests run beside this one)
+    // does not count; on code that attached in the pass, no round passes.
+    let handed_off = waited.iter().filter(|(pass, attach)| *pass * 4 < *attach).count();
+    assert!(handed_off * 2 > waited.len(), "a pass waited for the charge programs' attach: {rounds:?}");
 }

@@ -30,6 +30,8 @@ pub enum ThresholdError {
     Io { path: String, source: std::io::Error },
     #[error("creating an eventfd: {0}")]
     EventFd(nix::Error),
+    #[error("the eventfd registrar's thread has ended: no threshold is registered any more")]
+    RegistrarGone,
 }
 
 /// A registered threshold: readable once usage crosses `bytes`. Dropping it unregisters.
@@ -193,8 +195,7 @@ impl EventfdWake {
                 if let Some(e) = lock(failed).take() {
                     return Err(e);
                 }
-                let _ = requests.send(Request::Levels(levels.to_vec()));
-                Ok(())
+                requests.send(Request::Levels(levels.to_vec())).map_err(|_| ThresholdError::RegistrarGone)
             }
         }
     }
@@ -209,10 +210,12 @@ fn register_in_turn(
 ) {
     let mut latest: Option<Vec<(PathBuf, u64, u64)>> = None;
     while let Ok(first) = queue.recv() {
-        let mut check = false;
+        // Registered only for levels a pass just sent, or again after a waiter ended: the
+        // levels of an older pass may name a cgroup gone since.
+        let (mut fresh, mut check) = (false, false);
         for r in std::iter::once(first).chain(queue.try_iter()) {
             match r {
-                Request::Levels(l) => latest = Some(l),
+                Request::Levels(l) => (latest, fresh) = (Some(l), true),
                 Request::Check => check = true,
             }
         }
@@ -221,8 +224,10 @@ fn register_in_turn(
                 "eventfd wake source: a threshold waiter stopped; registering the thresholds again"
             );
             regs.disarm();
+            fresh = true;
         }
-        if let Some(levels) = &latest
+        if fresh
+            && let Some(levels) = &latest
             && let Err(e) = regs.update(levels)
         {
             *lock(failed) = Some(e);
@@ -300,7 +305,9 @@ impl WakeSource for EventfdWake {
                     regs.disarm();
                 }
             }
-            Registrar::Thread { requests, .. } => drop(requests.send(Request::Check)),
+            Registrar::Thread { requests, .. } => {
+                requests.send(Request::Check).map_err(|_| ThresholdError::RegistrarGone)?
+            }
         }
         Ok(())
     }
