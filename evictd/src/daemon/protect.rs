@@ -62,7 +62,7 @@ pub fn protect(p: SelfProtection) {
     // After the lock: the pages faulted in here are locked as they are touched. The heap
     // reserve waits for the end of the start (`settle_heap`).
     // The pass's deepest calls on this thread: the CRI client, the JSON encoder.
-    prefault_stack::<STACK_RESERVE>();
+    crate::kernel::sched::prefault_stack::<STACK_RESERVE>();
 }
 
 /// Once the start is done (BTF and the eBPF object parsed, the clients made): the free top of
@@ -107,7 +107,7 @@ pub fn refresh_heap_reserve() {
 /// or stack fault within these reserves (its code pages are faulted in on first use).
 pub fn prefault_reader_thread() {
     fault_in_heap(READER_HEAP_RESERVE);
-    prefault_stack::<READER_STACK_RESERVE>();
+    crate::kernel::sched::prefault_stack::<READER_STACK_RESERVE>();
 }
 
 /// Faults in `bytes` of the calling thread's malloc arena and frees them into it.
@@ -121,14 +121,6 @@ fn fault_in_heap(bytes: usize) {
         })
         .collect();
     drop(chunks);
-}
-
-/// Faults in the top `BYTES` of this thread's stack: its deepest calls within that depth then
-/// never grow it by a fault.
-#[inline(never)]
-fn prefault_stack<const BYTES: usize>() {
-    let mut frame = [0u8; BYTES];
-    std::hint::black_box(&mut frame);
 }
 
 /// Locks every page evictd has and will have, as each is first touched (`MCL_ONFAULT`):

@@ -25,3 +25,11 @@ pub fn fifo_priority() -> Option<u8> {
     let r = unsafe { libc::sched_getparam(0, &mut param) };
     (r == 0).then(|| u8::try_from(param.sched_priority).ok()).flatten().filter(|p| *p > 0)
 }
+
+/// Faults in the top `BYTES` of the calling thread's stack (locked as touched, under
+/// `mlockall`): its calls within that depth then never grow it by a fault.
+#[inline(never)]
+pub fn prefault_stack<const BYTES: usize>() {
+    let mut frame = [0u8; BYTES];
+    std::hint::black_box(&mut frame);
+}

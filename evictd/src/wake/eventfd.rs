@@ -189,13 +189,18 @@ impl EventfdWake {
     /// registrar's thread where there is one (a failure there is returned by a later call);
     /// leaves registrations whose level has barely moved (on the very same cgroup) alone.
     pub fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), ThresholdError> {
+        self.arm(levels.to_vec())
+    }
+
+    /// `update` with levels the caller gives up: a pass's, sent to the registrar uncopied.
+    fn arm(&mut self, levels: Vec<(PathBuf, u64, u64)>) -> Result<(), ThresholdError> {
         match &mut self.registrar {
-            Registrar::Inline(regs) => regs.update(levels),
+            Registrar::Inline(regs) => regs.update(&levels),
             Registrar::Thread { requests, failed } => {
                 if let Some(e) = lock(failed).take() {
                     return Err(e);
                 }
-                requests.send(Request::Levels(levels.to_vec())).map_err(|_| ThresholdError::RegistrarGone)
+                requests.send(Request::Levels(levels)).map_err(|_| ThresholdError::RegistrarGone)
             }
         }
     }
@@ -289,7 +294,7 @@ impl WakeSource for EventfdWake {
     }
 
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
-        Ok(self.update(&notifier_levels(node))?)
+        Ok(self.arm(notifier_levels(node))?)
     }
 
     /// A waiter that ended (its eventfd failed) is a threshold nobody watches: disarm all,

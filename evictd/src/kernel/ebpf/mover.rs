@@ -82,7 +82,7 @@ impl ChargeMover {
                         "the charge programs' mover runs at an ordinary priority: {e}"
                     );
                 }
-                prefault_stack();
+                sched::prefault_stack::<STACK_RESERVE>();
                 // A panic in a move (aya, the log) ends the thread; the passes then move the
                 // programs themselves (`alive`).
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&switch, &theirs)));
@@ -123,12 +123,6 @@ impl ChargeMover {
 /// thread's start: an attach near a threshold, on a node short of memory, then takes no
 /// stack fault.
 const STACK_RESERVE: usize = 64 << 10;
-
-#[inline(never)]
-fn prefault_stack() {
-    let mut frame = [0u8; STACK_RESERVE];
-    std::hint::black_box(&mut frame);
-}
 
 fn run(switch: &ChargeSwitch, shared: &Shared) {
     loop {
