@@ -36,8 +36,6 @@ const READER_STACK_RESERVE: usize = 64 << 10;
 /// set to the reserve so that no trim takes it): far above what a pass on the daemon's thread
 /// holds at once.
 const TRIM_THRESHOLD: usize = 8 << 20;
-/// The reserve is made of chunks malloc serves from its heap (below `M_MMAP_THRESHOLD`).
-const CHUNK: usize = 64 << 10;
 
 pub fn protect(p: SelfProtection) {
     raise_open_files();
@@ -91,7 +89,7 @@ pub fn reserve_heap(bytes: usize) {
         libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD.max(2 * bytes) as libc::c_int);
         libc::mallopt(libc::M_TOP_PAD, bytes as libc::c_int);
     }
-    fault_in_heap(bytes);
+    crate::kernel::sched::fault_in_heap(bytes);
 }
 
 /// Makes the daemon thread's heap reserve again, off the pressure path: what the thread keeps
@@ -99,28 +97,15 @@ pub fn reserve_heap(bytes: usize) {
 /// left, and the next pass past that would fault. Allocating the reserve again finds it
 /// resident (a few microseconds) or faults in what is missing now, while no threshold is met.
 pub fn refresh_heap_reserve() {
-    fault_in_heap(HEAP_RESERVE);
+    crate::kernel::sched::fault_in_heap(HEAP_RESERVE);
 }
 
 /// The reader thread's arena and stack, faulted in (and locked, when the lock was granted) on
 /// that thread, with the tunables `reserve_heap` fixed at start: its reads then take no heap
 /// or stack fault within these reserves (its code pages are faulted in on first use).
 pub fn prefault_reader_thread() {
-    fault_in_heap(READER_HEAP_RESERVE);
+    crate::kernel::sched::fault_in_heap(READER_HEAP_RESERVE);
     crate::kernel::sched::prefault_stack::<READER_STACK_RESERVE>();
-}
-
-/// Faults in `bytes` of the calling thread's malloc arena and frees them into it.
-fn fault_in_heap(bytes: usize) {
-    let chunks: Vec<Vec<u8>> = (0..bytes / CHUNK)
-        .map(|_| {
-            // Written, not zeroed: calloc may skip zeroing fresh pages, and so never fault them.
-            let mut c = Vec::with_capacity(CHUNK);
-            c.resize(CHUNK, 1u8);
-            std::hint::black_box(c)
-        })
-        .collect();
-    drop(chunks);
 }
 
 /// Locks every page evictd has and will have, as each is first touched (`MCL_ONFAULT`):
@@ -168,6 +153,8 @@ pub(crate) mod tests {
         // SAFETY: filled by the successful call above.
         unsafe { u.assume_init() }.ru_minflt
     }
+
+    const CHUNK: usize = 64 << 10;
 
     pub(crate) fn allocate(bytes: usize) -> Vec<Vec<u8>> {
         (0..bytes / CHUNK).map(|_| std::hint::black_box(vec![1u8; CHUNK])).collect()

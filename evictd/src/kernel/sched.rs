@@ -1,5 +1,6 @@
-//! The scheduling class of evictd's own threads: SCHED_FIFO for the daemon's thread and the
-//! threads that stand in for it (the decision's reader, the charge programs' mover).
+//! How evictd's own threads run: SCHED_FIFO for the daemon's thread and the threads that
+//! stand in for it (the decision's reader, the charge programs' mover, the eventfd
+//! registrar), and the stack and heap they fault in before they are needed.
 
 use std::io;
 
@@ -32,4 +33,100 @@ pub fn fifo_priority() -> Option<u8> {
 pub fn prefault_stack<const BYTES: usize>() {
     let mut frame = [0u8; BYTES];
     std::hint::black_box(&mut frame);
+}
+
+/// The heap faulted in is made of chunks malloc serves from its heap (below
+/// `M_MMAP_THRESHOLD`).
+const CHUNK: usize = 16 << 10;
+
+/// Faults in `bytes` (whole chunks) of the calling thread's malloc arena and frees them into
+/// it: glibc gives a new thread an arena of its own (while there are fewer than eight per
+/// CPU), and its first allocations would otherwise fault there.
+pub fn fault_in_heap(bytes: usize) {
+    let chunks: Vec<Vec<u8>> = (0..bytes / CHUNK)
+        .map(|_| {
+            // Written, not zeroed: calloc may skip zeroing fresh pages, and so never fault them.
+            let mut c = Vec::with_capacity(CHUNK);
+            c.resize(CHUNK, 1u8);
+            std::hint::black_box(c)
+        })
+        .collect();
+    drop(chunks);
+}
+
+/// A thread that stands in for the daemon's on the pressure path (it attaches, registers,
+/// logs), ready before it is needed: its stack's top `STACK` bytes and 32 KiB of its own
+/// arena faulted in (and locked as touched, under `mlockall`), so that the first request
+/// after a kill, on a node short of memory, does not wait on a fault.
+pub fn prefault_helper_thread<const STACK: usize>() {
+    fault_in_heap(HELPER_HEAP);
+    prefault_stack::<STACK>();
+}
+
+/// A helper thread's heap faulted in: an attach's or a registration's allocations and a log
+/// line fit in it several times over.
+const HELPER_HEAP: usize = 32 << 10;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier};
+
+    use rusty_fork::rusty_fork_test;
+
+    use super::*;
+    use crate::daemon::protect::tests::faults;
+
+    /// Minor faults of a helper's first work on a new thread: 16 KiB allocated and held, a
+    /// call 32 KiB deep. The thread not made ready goes first (`turn`), so that it, not the
+    /// ready one, takes the faults of the code's pages.
+    fn first_work_faults(ready: bool, both_up: &Barrier, turn: &Barrier) -> i64 {
+        if ready {
+            prefault_helper_thread::<{ 64 << 10 }>();
+        }
+        // Both threads hold an arena of their own from here (glibc gives a thread the arena
+        // a thread that ended left, faulted in already).
+        let _arena = std::hint::black_box(vec![0u8; 64]);
+        both_up.wait();
+        if ready {
+            turn.wait();
+        }
+        let before = faults();
+        let held: Vec<Vec<u8>> = (0..4).map(|_| std::hint::black_box(vec![1u8; 4 << 10])).collect();
+        deep_call();
+        drop(held);
+        let taken = faults() - before;
+        if !ready {
+            turn.wait();
+        }
+        taken
+    }
+
+    /// A call whose frame takes 32 KiB of stack, faulted as the call begins.
+    #[inline(never)]
+    fn deep_call() {
+        let mut frame = [0u8; 32 << 10];
+        std::hint::black_box(&mut frame);
+    }
+
+    rusty_fork_test! {
+        /// A helper thread made ready (`prefault_helper_thread`) takes no fault for its first
+        /// allocations and deep calls; one beside it that was not takes them (which shows the
+        /// count would see them). In a process of its own: no other test's thread left an arena
+        /// to reuse.
+        #[test]
+        fn a_helper_thread_made_ready_does_not_fault_on_its_first_work() {
+            // With the tunables the daemon fixes at start (no trim gives the heap back).
+            crate::daemon::protect::reserve_heap(crate::daemon::protect::HEAP_RESERVE);
+            let (both_up, turn) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+            let spawn = |ready| {
+                let (b, t) = (both_up.clone(), turn.clone());
+                std::thread::spawn(move || first_work_faults(ready, &b, &t))
+            };
+            let (ready, unready) = (spawn(true), spawn(false));
+            let ready = ready.join().expect("the ready thread");
+            let unready = unready.join().expect("the thread not made ready");
+            assert_eq!(ready, 0, "faults on the ready thread");
+            assert!(unready >= 8, "the thread not made ready took {unready} faults: nothing shown");
+        }
+    }
 }

@@ -22,7 +22,10 @@ use tokio::{
 };
 
 use super::{NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource};
-use crate::node::{cgroup_names, cgroups::CgroupVersion, signals::NodeSignalSources};
+use crate::{
+    kernel::sched,
+    node::{cgroup_names, cgroups::CgroupVersion, signals::NodeSignalSources},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ThresholdError {
@@ -131,7 +134,8 @@ struct Registrations {
 enum Request {
     /// Arm these levels (`notifier_levels`), or leave what is armed if it barely moved.
     Levels(Vec<(PathBuf, u64, u64)>),
-    /// A waiter may have ended: if one did, register everything again.
+    /// A waiter may have ended, or a cgroup been made again at its path: if so, register
+    /// the latest levels again.
     Check,
 }
 
@@ -145,6 +149,9 @@ enum Registrar {
         /// A registration that failed, for the next pass to report (the daemon then drops
         /// the source, as when the pass registered).
         failed: Arc<Mutex<Option<ThresholdError>>>,
+        /// The levels last sent: a pass whose levels are within drift of them sends
+        /// nothing, so that a wake storm's passes neither allocate nor wake the thread.
+        sent: Vec<(PathBuf, u64)>,
     },
     /// Without a thread (it could not be made, or there is no runtime for the waiters): the
     /// pass registers, and waits.
@@ -158,6 +165,10 @@ pub struct EventfdWake {
 /// The registrar's stack: it registers, spawns waiters and logs.
 const REGISTRAR_STACK: usize = 256 << 10;
 
+/// What of it is faulted in at start (locked under `mlockall`): a registration on a node
+/// short of memory then does not wait for a page of stack.
+const STACK_RESERVE: usize = 64 << 10;
+
 impl EventfdWake {
     pub fn new(tx: mpsc::Sender<Wake>) -> Self {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -166,16 +177,25 @@ impl EventfdWake {
         let (requests, queue) = std::sync::mpsc::channel();
         let failed = Arc::new(Mutex::new(None));
         let (theirs, their_tx) = (failed.clone(), tx.clone());
+        // The daemon's priority: behind a busy node's tenants an ordinary thread could leave
+        // a new level (the first, or one for a cgroup made again) unregistered for long.
+        let priority = sched::fifo_priority();
         let spawned = std::thread::Builder::new()
             .name("evictd-eventfd".into())
             .stack_size(REGISTRAR_STACK)
             .spawn(move || {
+                if let Some(p) = priority
+                    && let Err(e) = sched::set_fifo(p)
+                {
+                    tracing::warn!(priority = p, "the eventfd registrar runs at an ordinary priority: {e}");
+                }
+                sched::prefault_helper_thread::<STACK_RESERVE>();
                 // The waiters are the daemon's runtime's tasks.
                 let _runtime = handle.enter();
                 register_in_turn(Registrations { armed: Vec::new(), tx: their_tx }, &queue, &theirs);
             });
         match spawned {
-            Ok(_) => EventfdWake { registrar: Registrar::Thread { requests, failed } },
+            Ok(_) => EventfdWake { registrar: Registrar::Thread { requests, failed, sent: Vec::new() } },
             Err(e) => {
                 tracing::warn!(
                     "cannot start the eventfd registrar's thread ({e}): passes register the thresholds themselves"
@@ -195,11 +215,22 @@ impl EventfdWake {
     /// `update` with levels the caller gives up: a pass's, sent to the registrar uncopied.
     fn arm(&mut self, levels: Vec<(PathBuf, u64, u64)>) -> Result<(), ThresholdError> {
         match &mut self.registrar {
-            Registrar::Inline(regs) => regs.update(&levels),
-            Registrar::Thread { requests, failed } => {
+            Registrar::Inline(regs) => regs.update(&levels, false),
+            Registrar::Thread { requests, failed, sent } => {
                 if let Some(e) = lock(failed).take() {
                     return Err(e);
                 }
+                // A cgroup made again at the same path keeps its levels: the registrar's
+                // check each second finds it (`Request::Check`).
+                if sent.len() == levels.len()
+                    && sent
+                        .iter()
+                        .zip(&levels)
+                        .all(|((d, a), (dir, l, dist))| d == dir && within_drift(*a, *l, *dist))
+                {
+                    return Ok(());
+                }
+                *sent = levels.iter().map(|(d, l, _)| (d.clone(), *l)).collect();
                 requests.send(Request::Levels(levels)).map_err(|_| ThresholdError::RegistrarGone)
             }
         }
@@ -224,16 +255,24 @@ fn register_in_turn(
                 Request::Check => check = true,
             }
         }
+        // What is armed stays armed while it is registered again: a crossing meanwhile still
+        // wakes evictd if its waiter lives.
+        let mut again = false;
         if check && regs.a_waiter_ended() {
             tracing::warn!(
                 "eventfd wake source: a threshold waiter stopped; registering the thresholds again"
             );
-            regs.disarm();
-            fresh = true;
+            again = true;
         }
-        if fresh
+        if check && regs.a_cgroup_was_made_again() {
+            tracing::info!(
+                "eventfd wake source: a watched cgroup was made again; registering its threshold again"
+            );
+            again = true;
+        }
+        if (fresh || again)
             && let Some(levels) = &latest
-            && let Err(e) = regs.update(levels)
+            && let Err(e) = regs.update(levels, again)
         {
             *lock(failed) = Some(e);
         }
@@ -246,16 +285,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Registrations {
     /// Arms one threshold per `(cgroup dir, usage level in bytes, distance)`; leaves
-    /// registrations whose level has barely moved (on the very same cgroup) alone.
-    fn update(&mut self, levels: &[(PathBuf, u64, u64)]) -> Result<(), ThresholdError> {
+    /// registrations whose level has barely moved (on the very same cgroup) alone, unless
+    /// asked to register them `again`.
+    fn update(&mut self, levels: &[(PathBuf, u64, u64)], again: bool) -> Result<(), ThresholdError> {
         let unchanged = levels.len() == self.armed.len()
             && levels.iter().zip(&self.armed).all(|((d, l, dist), a)| {
                 *d == a.dir
                     && a.inode.is_some()
                     && cgroup_names::cgroup_id(d).ok() == a.inode
-                    && l.abs_diff(a.level) <= MIN_DRIFT.max(dist / 16)
+                    && within_drift(a.level, *l, *dist)
             });
-        if unchanged {
+        if unchanged && !again {
             return Ok(());
         }
         // The new levels are registered before the old ones go: a crossing meanwhile still
@@ -297,9 +337,9 @@ impl WakeSource for EventfdWake {
         Ok(self.arm(notifier_levels(node))?)
     }
 
-    /// A waiter that ended (its eventfd failed) is a threshold nobody watches: disarm all,
-    /// so that they are registered afresh (at once on the registrar, at the next `rearm`
-    /// without it).
+    /// A waiter that ended (its eventfd failed) is a threshold nobody watches, and so is one
+    /// on a cgroup made again at its path: the registrar registers the latest levels again at
+    /// once; without it, the thresholds are disarmed and the next `rearm` registers them.
     fn supervise(&mut self) -> Result<(), WakeError> {
         match &mut self.registrar {
             Registrar::Inline(regs) => {
@@ -322,6 +362,20 @@ impl Registrations {
     fn a_waiter_ended(&self) -> bool {
         self.armed.iter().any(|a| a.task.has_ended())
     }
+
+    /// A cgroup removed and made again at its path: its registration died with the old one.
+    /// One that is gone is not (the next pass's levels leave it out).
+    fn a_cgroup_was_made_again(&self) -> bool {
+        self.armed.iter().any(|a| {
+            matches!((a.inode, cgroup_names::cgroup_id(&a.dir).ok()), (Some(then), Some(now)) if then != now)
+        })
+    }
+}
+
+/// Whether a level moved from `armed` to `level` by no more than a threshold at `distance`
+/// from it may drift before it is registered again.
+fn within_drift(armed: u64, level: u64, distance: u64) -> bool {
+    level.abs_diff(armed) <= MIN_DRIFT.max(distance / 16)
 }
 
 fn spawn_waiter(t: UsageThreshold, tx: mpsc::Sender<Wake>) -> std::io::Result<JoinHandle<()>> {
@@ -348,5 +402,57 @@ fn spawn_waiter(t: UsageThreshold, tx: mpsc::Sender<Wake>) -> std::io::Result<Jo
 impl std::os::fd::AsRawFd for UsageThreshold {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.eventfd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wake storm's passes barely move the levels: they must not each wake the registrar
+    /// (an allocation and a thread switch a pass), yet a level past the drift, or another
+    /// cgroup, is sent at once.
+    #[test]
+    fn a_pass_sends_the_registrar_only_levels_past_the_drift() {
+        let (requests, queue) = std::sync::mpsc::channel();
+        let mut wake = EventfdWake {
+            registrar: Registrar::Thread { requests, failed: Arc::new(Mutex::new(None)), sent: Vec::new() },
+        };
+        let node = PathBuf::from("/sys/fs/cgroup/memory/node");
+        let mut sent = |levels: Vec<(PathBuf, u64, u64)>| {
+            wake.arm(levels).expect("a pass");
+            queue.try_iter().count()
+        };
+        assert_eq!(sent(vec![(node.clone(), 100 << 20, 10 << 20)]), 1, "the first levels");
+        assert_eq!(sent(vec![(node.clone(), (100 << 20) + (3 << 20), 10 << 20)]), 0, "3 MiB of drift");
+        assert_eq!(sent(vec![(node.clone(), 100 << 20, 10 << 20)]), 0, "back again");
+        assert_eq!(sent(vec![(node.clone(), 95 << 20, 10 << 20)]), 1, "5 MiB of drift");
+        assert_eq!(sent(vec![(node.clone(), 95 << 20, 10 << 20)]), 0, "no drift");
+        let kubepods = node.join("kubepods");
+        assert_eq!(sent(vec![(kubepods, 95 << 20, 10 << 20)]), 1, "another cgroup");
+        assert_eq!(sent(Vec::new()), 1, "no level at all");
+        // 1/16 of a 1 GiB distance is 64 MiB.
+        assert_eq!(sent(vec![(node.clone(), 2 << 30, 1 << 30)]), 1);
+        assert_eq!(
+            sent(vec![(node.clone(), (2 << 30) + (60 << 20), 1 << 30)]),
+            0,
+            "60 MiB of a 1 GiB distance"
+        );
+        assert_eq!(sent(vec![(node, (2 << 30) + (70 << 20), 1 << 30)]), 1, "70 MiB past what was sent");
+    }
+
+    /// A failed registration reaches the daemon through the next pass, which then drops the
+    /// source: a pass within drift must not swallow it.
+    #[test]
+    fn a_failed_registration_is_returned_by_the_next_pass() {
+        let (requests, _queue) = std::sync::mpsc::channel();
+        let failed = Arc::new(Mutex::new(None));
+        let mut wake = EventfdWake {
+            registrar: Registrar::Thread { requests, failed: failed.clone(), sent: Vec::new() },
+        };
+        let levels = vec![(PathBuf::from("/nowhere"), 100 << 20, 10 << 20)];
+        wake.arm(levels.clone()).expect("sent");
+        *lock(&failed) = Some(ThresholdError::RegistrarGone);
+        assert!(matches!(wake.arm(levels), Err(ThresholdError::RegistrarGone)));
     }
 }

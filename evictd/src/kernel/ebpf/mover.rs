@@ -82,7 +82,7 @@ impl ChargeMover {
                         "the charge programs' mover runs at an ordinary priority: {e}"
                     );
                 }
-                sched::prefault_stack::<STACK_RESERVE>();
+                sched::prefault_helper_thread::<STACK_RESERVE>();
                 // A panic in a move (aya, the log) ends the thread; the passes then move the
                 // programs themselves (`alive`).
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&switch, &theirs)));
