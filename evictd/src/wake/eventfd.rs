@@ -130,6 +130,17 @@ struct Registrations {
     tx: mpsc::Sender<Wake>,
 }
 
+/// Which registrations `Registrations::update` leaves as they are.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// Those within the drift of the levels asked for (a pass registering for itself).
+    WithinDrift,
+    /// Those at the very levels asked for.
+    Same,
+    /// None: register everything again.
+    Nothing,
+}
+
 /// What a pass asks of the registrar.
 enum Request {
     /// Arm these levels (`notifier_levels`), or leave what is armed if it barely moved.
@@ -215,7 +226,7 @@ impl EventfdWake {
     /// `update` with levels the caller gives up: a pass's, sent to the registrar uncopied.
     fn arm(&mut self, levels: Vec<(PathBuf, u64, u64)>) -> Result<(), ThresholdError> {
         match &mut self.registrar {
-            Registrar::Inline(regs) => regs.update(&levels, false),
+            Registrar::Inline(regs) => regs.update(&levels, Keep::WithinDrift),
             Registrar::Thread { requests, failed, sent } => {
                 if let Some(e) = lock(failed).take() {
                     return Err(e);
@@ -246,8 +257,8 @@ fn register_in_turn(
 ) {
     let mut latest: Option<Vec<(PathBuf, u64, u64)>> = None;
     while let Ok(first) = queue.recv() {
-        // Registered only for levels a pass just sent, or again after a waiter ended: the
-        // levels of an older pass may name a cgroup gone since.
+        // Registered only for levels a pass just sent, or again after a waiter ended or a
+        // cgroup was made again: the levels of an older pass may name a cgroup gone since.
         let (mut fresh, mut check) = (false, false);
         for r in std::iter::once(first).chain(queue.try_iter()) {
             match r {
@@ -270,9 +281,13 @@ fn register_in_turn(
             );
             again = true;
         }
+        // The passes sent only levels past the drift of what they sent before, which this
+        // thread may have skipped (it registers only the latest): any change is registered,
+        // so that what is armed is never further off than the drift.
+        let keep = if again { Keep::Nothing } else { Keep::Same };
         if (fresh || again)
             && let Some(levels) = &latest
-            && let Err(e) = regs.update(levels, again)
+            && let Err(e) = regs.update(levels, keep)
         {
             *lock(failed) = Some(e);
         }
@@ -284,18 +299,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Registrations {
-    /// Arms one threshold per `(cgroup dir, usage level in bytes, distance)`; leaves
-    /// registrations whose level has barely moved (on the very same cgroup) alone, unless
-    /// asked to register them `again`.
-    fn update(&mut self, levels: &[(PathBuf, u64, u64)], again: bool) -> Result<(), ThresholdError> {
+    /// Arms one threshold per `(cgroup dir, usage level in bytes, distance)`; leaves the
+    /// registrations alone if `keep` allows them (on the very same cgroups).
+    fn update(&mut self, levels: &[(PathBuf, u64, u64)], keep: Keep) -> Result<(), ThresholdError> {
         let unchanged = levels.len() == self.armed.len()
             && levels.iter().zip(&self.armed).all(|((d, l, dist), a)| {
                 *d == a.dir
                     && a.inode.is_some()
                     && cgroup_names::cgroup_id(d).ok() == a.inode
-                    && within_drift(a.level, *l, *dist)
+                    && match keep {
+                        Keep::WithinDrift => within_drift(a.level, *l, *dist),
+                        Keep::Same => a.level == *l,
+                        Keep::Nothing => false,
+                    }
             });
-        if unchanged && !again {
+        if unchanged {
             return Ok(());
         }
         // The new levels are registered before the old ones go: a crossing meanwhile still
@@ -303,13 +321,16 @@ impl Registrations {
         let mut armed = Vec::with_capacity(levels.len());
         for (dir, level, _) in levels {
             tracing::debug!(cgroup = %dir.display(), level, "arming memory.usage_in_bytes threshold");
+            // Before the registration: a cgroup made again while it waits is then seen as new
+            // (`a_cgroup_was_made_again`), not taken for the one registered on.
+            let inode = cgroup_names::cgroup_id(dir).ok();
             let t = register(dir, *level)?;
             let passed = t.passed_already();
             let task = spawn_waiter(t, self.tx.clone())
                 .map_err(|source| ThresholdError::Io { path: dir.display().to_string(), source })?;
             armed.push(Armed {
                 dir: dir.clone(),
-                inode: cgroup_names::cgroup_id(dir).ok(),
+                inode,
                 level: *level,
                 task: SourceTask::new("a memory threshold's waiter", task),
             });
@@ -339,7 +360,9 @@ impl WakeSource for EventfdWake {
 
     /// A waiter that ended (its eventfd failed) is a threshold nobody watches, and so is one
     /// on a cgroup made again at its path: the registrar registers the latest levels again at
-    /// once; without it, the thresholds are disarmed and the next `rearm` registers them.
+    /// once, and a registration of its that failed is returned here. Without the registrar, a
+    /// waiter that ended disarms the thresholds and the next `rearm` registers them (and a
+    /// cgroup made again is seen by it).
     fn supervise(&mut self) -> Result<(), WakeError> {
         match &mut self.registrar {
             Registrar::Inline(regs) => {
@@ -350,7 +373,12 @@ impl WakeSource for EventfdWake {
                     regs.disarm();
                 }
             }
-            Registrar::Thread { requests, .. } => {
+            Registrar::Thread { requests, failed, .. } => {
+                // A registration the check asked for that failed is reported now, not at a
+                // later pass's, which may be long on a quiet node.
+                if let Some(e) = lock(failed).take() {
+                    return Err(e.into());
+                }
                 requests.send(Request::Check).map_err(|_| ThresholdError::RegistrarGone)?
             }
         }
@@ -364,10 +392,12 @@ impl Registrations {
     }
 
     /// A cgroup removed and made again at its path: its registration died with the old one.
-    /// One that is gone is not (the next pass's levels leave it out).
+    /// One that is gone is not (the next pass's levels leave it out); one whose inode could not
+    /// be read at the registration, and can now, is taken to be.
     fn a_cgroup_was_made_again(&self) -> bool {
-        self.armed.iter().any(|a| {
-            matches!((a.inode, cgroup_names::cgroup_id(&a.dir).ok()), (Some(then), Some(now)) if then != now)
+        self.armed.iter().any(|a| match (a.inode, cgroup_names::cgroup_id(&a.dir).ok()) {
+            (then, Some(now)) => then != Some(now),
+            (_, None) => false,
         })
     }
 }
@@ -454,5 +484,21 @@ mod tests {
         wake.arm(levels.clone()).expect("sent");
         *lock(&failed) = Some(ThresholdError::RegistrarGone);
         assert!(matches!(wake.arm(levels), Err(ThresholdError::RegistrarGone)));
+    }
+
+    /// A registration the registrar's own check made (a cgroup made again) that failed is
+    /// reported by the next check, once a second, not left for a pass that may not come.
+    #[test]
+    fn a_failed_registration_is_returned_by_the_next_check() {
+        let (requests, queue) = std::sync::mpsc::channel();
+        let failed = Arc::new(Mutex::new(None));
+        let mut wake = EventfdWake {
+            registrar: Registrar::Thread { requests, failed: failed.clone(), sent: Vec::new() },
+        };
+        wake.supervise().expect("nothing failed");
+        assert_eq!(queue.try_iter().count(), 1, "the check sent");
+        *lock(&failed) = Some(ThresholdError::RegistrarGone);
+        let err = wake.supervise().expect_err("the failure").to_string();
+        assert!(err.contains("registrar"), "{err}");
     }
 }
