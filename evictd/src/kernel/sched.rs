@@ -111,7 +111,7 @@ mod tests {
 
     rusty_fork_test! {
         /// A helper thread made ready (`prefault_helper_thread`) takes no fault for its first
-        /// allocations and deep calls; one beside it that was not takes them (which shows the
+        /// allocations and deep calls (at most two the kernel may add); one beside it that was not takes them (which shows the
         /// count would see them). In a process of its own: no other test's thread left an arena
         /// to reuse.
         #[test]

@@ -143,7 +143,7 @@ enum Keep {
 
 /// What a pass asks of the registrar.
 enum Request {
-    /// Arm these levels (`notifier_levels`), or leave what is armed if it barely moved.
+    /// Arm these levels (`notifier_levels`), or leave what is armed if it is at them.
     Levels(Vec<(PathBuf, u64, u64)>),
     /// A waiter may have ended, or a cgroup been made again at its path: if so, register
     /// the latest levels again.
@@ -157,8 +157,8 @@ enum Request {
 enum Registrar {
     Thread {
         requests: std::sync::mpsc::Sender<Request>,
-        /// A registration that failed, for the next pass to report (the daemon then drops
-        /// the source, as when the pass registered).
+        /// A registration that failed, for the next pass or check to report (the daemon then
+        /// drops the source, as when the pass registered).
         failed: Arc<Mutex<Option<ThresholdError>>>,
         /// The levels last sent: a pass whose levels are within drift of them sends
         /// nothing, so that a wake storm's passes neither allocate nor wake the thread.
@@ -324,7 +324,16 @@ impl Registrations {
             // Before the registration: a cgroup made again while it waits is then seen as new
             // (`a_cgroup_was_made_again`), not taken for the one registered on.
             let inode = cgroup_names::cgroup_id(dir).ok();
-            let t = register(dir, *level)?;
+            let t = match register(dir, *level) {
+                // A cgroup removed since the levels were read (the check registers the latest
+                // levels, which may be seconds old): nothing to watch there, and the next pass
+                // leaves it out. Not a reason to drop the whole source.
+                Err(ThresholdError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    tracing::debug!(cgroup = %dir.display(), "the cgroup is gone; no threshold on it");
+                    continue;
+                }
+                r => r?,
+            };
             let passed = t.passed_already();
             let task = spawn_waiter(t, self.tx.clone())
                 .map_err(|source| ThresholdError::Io { path: dir.display().to_string(), source })?;
@@ -484,6 +493,17 @@ mod tests {
         wake.arm(levels.clone()).expect("sent");
         *lock(&failed) = Some(ThresholdError::RegistrarGone);
         assert!(matches!(wake.arm(levels), Err(ThresholdError::RegistrarGone)));
+    }
+
+    /// A cgroup removed between the levels' read and their registration is left out, not a
+    /// failure that would drop the whole source.
+    #[test]
+    fn a_cgroup_gone_before_its_registration_is_left_out() {
+        let (tx, _rx) = mpsc::channel(1);
+        let mut regs = Registrations { armed: Vec::new(), tx };
+        let gone = PathBuf::from("/nonexistent/evictd-test/kubepods");
+        regs.update(&[(gone, 100 << 20, 10 << 20)], Keep::Same).expect("a cgroup gone is no failure");
+        assert!(regs.armed.is_empty());
     }
 
     /// A registration the registrar's own check made (a cgroup made again) that failed is

@@ -252,10 +252,16 @@ pub(crate) struct BeforePass {
     pub read_ms: Option<f64>,
     /// What the wake was (evictd's name for its cause).
     pub cause: String,
+    /// How long the workload's burst that crossed took (ms): the crossing is placed within
+    /// it at an even pace, so a burst held up (the hog preempted, or waiting for memory)
+    /// leaves the crossing, and `wake_ms` with it, uncertain by up to that much. `None` where
+    /// the crossing was watched directly.
+    pub burst_ms: Option<f64>,
 }
 
 impl BeforePass {
-    fn of(crossing_ns: u64, r: &Reaction) -> Option<BeforePass> {
+    fn of(crossing: Crossing, r: &Reaction) -> Option<BeforePass> {
+        let (crossing_ns, burst_ms) = (crossing.at_ns, crossing.burst_ns.map(|b| b as f64 / 1e6));
         let (kernel, received, observed) = r.wake?;
         let cause = r.wake_cause.clone().unwrap_or_default();
         let ms = |a: u64, b: u64| (b as f64 - a as f64) / 1e6;
@@ -266,6 +272,7 @@ impl BeforePass {
             observe_ms: ms(received, observed),
             read_ms: r.decide_ms.map(|d| ms(observed, r.decided_ns) - d),
             cause,
+            burst_ms,
         })
     }
 }
@@ -685,7 +692,8 @@ pub(crate) async fn one_run(
     done.store(true, Ordering::Relaxed);
     let watched = watcher.join().unwrap_or_default();
     let log = alloc_log(&pod.ctl_dir.join("alloc.log"));
-    let crossing = watched.mem_available_crossed_ns.or_else(|| {
+    let watched_crossing = watched.mem_available_crossed_ns.map(|at_ns| Crossing { at_ns, burst_ns: None });
+    let crossing = watched_crossing.or_else(|| {
         crossing_ns(
             &log,
             reaction.as_ref(),
@@ -706,7 +714,7 @@ pub(crate) async fn one_run(
         if oom_first {
             return None;
         }
-        Some((t? as f64 - crossing? as f64) / 1e6)
+        Some((t? as f64 - crossing?.at_ns as f64) / 1e6)
     };
     if !oom_first && (reaction.is_none() || crossing.is_none()) {
         eprintln!(
@@ -750,6 +758,13 @@ pub(crate) async fn one_run(
 /// allocation at the reading and the crossing are placed within the workload's bursts
 /// (`Bursts`), not at the ends of its 1 MiB steps: a wake on the threshold comes within the
 /// step that crosses it, and the pass reads the node before that step is logged.
+/// When the node crossed the threshold, and how long the burst that crossed took.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Crossing {
+    at_ns: u64,
+    burst_ns: Option<u64>,
+}
+
 fn crossing_ns(
     log: &[(u64, u64)],
     reaction: Option<&Reaction>,
@@ -758,7 +773,7 @@ fn crossing_ns(
     available_at_go: u64,
     hold_mib: u64,
     rate_mib_s: u64,
-) -> Option<u64> {
+) -> Option<Crossing> {
     let bursts = Bursts { log, rate_mib_s: rate_mib_s.max(1) };
     let from_reading = reaction.and_then(|r| r.reading).and_then(|(observed, available)| {
         let mib = bursts.allocated_at(observed)?;
@@ -767,7 +782,7 @@ fn crossing_ns(
     let offset = from_reading.unwrap_or(capacity as f64 - available_at_go as f64 - (hold_mib * MI) as f64);
     // The allocation, in MiB, at which the node's working set passes the threshold.
     let at_mib = ((capacity - threshold) as f64 - offset) / MI as f64;
-    bursts.time_of(at_mib)
+    Some(Crossing { at_ns: bursts.time_of(at_mib)?, burst_ns: bursts.span_of(at_mib) })
 }
 
 /// The workload's allocation log read as what the hog does: it touches each MiB in a burst
@@ -800,6 +815,12 @@ impl Bursts<'_> {
             return Some(done as f64);
         }
         Some(done as f64 + (t - begin) as f64 / (end - begin) as f64)
+    }
+
+    /// How long the burst that reached `mib` MiB took; `None` when the log never got there.
+    fn span_of(&self, mib: f64) -> Option<u64> {
+        let i = self.log.iter().position(|(_, m)| *m as f64 >= mib)?;
+        Some(self.log[i].0.saturating_sub(self.begin(i)?))
     }
 
     /// When `mib` MiB were allocated: within the burst that reached it; `None` when the log
@@ -980,6 +1001,8 @@ mod tests {
         assert_eq!(b.time_of(11.25), Some(1_325 * us));
         assert_eq!(b.time_of(12.0), Some(2_300 * us), "MiB 12 is reached at its line");
         assert_eq!(b.time_of(13.5), None, "never got past 13 MiB");
+        assert_eq!(b.span_of(11.25), Some(1_300 * us), "MiB 12's burst, due at 1 ms, ended at 2.3");
+        assert_eq!(b.span_of(12.5), Some(600 * us), "MiB 13's, late, began at MiB 12's line");
         assert_eq!(b.allocated_at(0), Some(10.0));
         // A node of 1000 MiB under a 100 MiB threshold, read 0.25 MiB past it halfway through
         // MiB 12's burst: 888.75 MiB beside the workload, so the crossing was at 11.25 MiB.
@@ -992,6 +1015,6 @@ mod tests {
             wake_cause: None,
         };
         let crossing = crossing_ns(&log, Some(&reaction), 1000 * MI, 100 * MI, 0, 10, 1000);
-        assert_eq!(crossing, Some(1_325 * us));
+        assert_eq!(crossing, Some(Crossing { at_ns: 1_325 * us, burst_ns: Some(1_300 * us) }));
     }
 }

@@ -371,14 +371,14 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     let mut csv = String::from(
         "pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first,rt_faults,\
-         wake_ms,delivery_ms,observe_ms,wake_cause,read_ms\n",
+         wake_ms,delivery_ms,observe_ms,wake_cause,read_ms,crossing_burst_ms\n",
     );
     for r in runs {
         let s = &r.sample;
         let b = s.before_pass.as_ref();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{:.2},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{:.2},{},{},{},{},{},{},{},{}",
             r.pods,
             walker_state(r.walking),
             s.run,
@@ -393,7 +393,8 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             f(b.map(|b| b.delivery_ms)),
             f(b.map(|b| b.observe_ms)),
             b.map_or("", |b| b.cause.as_str()),
-            f(b.and_then(|b| b.read_ms))
+            f(b.and_then(|b| b.read_ms)),
+            f(b.and_then(|b| b.burst_ms))
         );
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
