@@ -127,7 +127,16 @@ struct Armed {
 /// The registrations, and the task waiting on each.
 struct Registrations {
     armed: Vec<Armed>,
+    /// Cgroups of the levels asked for that were gone when they were to be registered: one
+    /// made again at the path before the levels change is registered by the next check.
+    gone: Vec<PathBuf>,
     tx: mpsc::Sender<Wake>,
+}
+
+impl Registrations {
+    fn new(tx: mpsc::Sender<Wake>) -> Self {
+        Registrations { armed: Vec::new(), gone: Vec::new(), tx }
+    }
 }
 
 /// Which registrations `Registrations::update` leaves as they are.
@@ -183,7 +192,7 @@ const STACK_RESERVE: usize = 64 << 10;
 impl EventfdWake {
     pub fn new(tx: mpsc::Sender<Wake>) -> Self {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return EventfdWake { registrar: Registrar::Inline(Registrations { armed: Vec::new(), tx }) };
+            return EventfdWake { registrar: Registrar::Inline(Registrations::new(tx)) };
         };
         let (requests, queue) = std::sync::mpsc::channel();
         let failed = Arc::new(Mutex::new(None));
@@ -203,7 +212,7 @@ impl EventfdWake {
                 sched::prefault_helper_thread::<STACK_RESERVE>();
                 // The waiters are the daemon's runtime's tasks.
                 let _runtime = handle.enter();
-                register_in_turn(Registrations { armed: Vec::new(), tx: their_tx }, &queue, &theirs);
+                register_in_turn(Registrations::new(their_tx), &queue, &theirs);
             });
         match spawned {
             Ok(_) => EventfdWake { registrar: Registrar::Thread { requests, failed, sent: Vec::new() } },
@@ -211,7 +220,7 @@ impl EventfdWake {
                 tracing::warn!(
                     "cannot start the eventfd registrar's thread ({e}): passes register the thresholds themselves"
                 );
-                EventfdWake { registrar: Registrar::Inline(Registrations { armed: Vec::new(), tx }) }
+                EventfdWake { registrar: Registrar::Inline(Registrations::new(tx)) }
             }
         }
     }
@@ -318,7 +327,7 @@ impl Registrations {
         }
         // The new levels are registered before the old ones go: a crossing meanwhile still
         // wakes evictd (at the old level).
-        let mut armed = Vec::with_capacity(levels.len());
+        let (mut armed, mut gone) = (Vec::with_capacity(levels.len()), Vec::new());
         for (dir, level, _) in levels {
             tracing::debug!(cgroup = %dir.display(), level, "arming memory.usage_in_bytes threshold");
             // Before the registration: a cgroup made again while it waits is then seen as new
@@ -330,6 +339,7 @@ impl Registrations {
                 // leaves it out. Not a reason to drop the whole source.
                 Err(ThresholdError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                     tracing::debug!(cgroup = %dir.display(), "the cgroup is gone; no threshold on it");
+                    gone.push(dir.clone());
                     continue;
                 }
                 r => r?,
@@ -348,7 +358,7 @@ impl Registrations {
                 let _ = self.tx.try_send(Wake::now(WakeCause::Eventfd));
             }
         }
-        self.armed = armed;
+        (self.armed, self.gone) = (armed, gone);
         Ok(())
     }
 
@@ -402,12 +412,12 @@ impl Registrations {
 
     /// A cgroup removed and made again at its path: its registration died with the old one.
     /// One that is gone is not (the next pass's levels leave it out); one whose inode could not
-    /// be read at the registration, and can now, is taken to be.
+    /// be read at the registration, or that was gone then, and can be read now, is taken to be.
     fn a_cgroup_was_made_again(&self) -> bool {
         self.armed.iter().any(|a| match (a.inode, cgroup_names::cgroup_id(&a.dir).ok()) {
             (then, Some(now)) => then != Some(now),
             (_, None) => false,
-        })
+        }) || self.gone.iter().any(|d| cgroup_names::cgroup_id(d).is_ok())
     }
 }
 
@@ -500,10 +510,14 @@ mod tests {
     #[test]
     fn a_cgroup_gone_before_its_registration_is_left_out() {
         let (tx, _rx) = mpsc::channel(1);
-        let mut regs = Registrations { armed: Vec::new(), tx };
+        let mut regs = Registrations::new(tx);
         let gone = PathBuf::from("/nonexistent/evictd-test/kubepods");
         regs.update(&[(gone, 100 << 20, 10 << 20)], Keep::Same).expect("a cgroup gone is no failure");
         assert!(regs.armed.is_empty());
+        assert!(!regs.a_cgroup_was_made_again(), "still gone");
+        // Made again at its path (here: a directory that exists): the check registers it.
+        regs.gone = vec![std::env::temp_dir()];
+        assert!(regs.a_cgroup_was_made_again());
     }
 
     /// A registration the registrar's own check made (a cgroup made again) that failed is
