@@ -9,6 +9,8 @@
 
 use std::io;
 
+use crate::kernel::sched::{fault_in_heap, prefault_stack};
+
 /// `--oom-score-adj`, `--lock-memory`.
 #[derive(Clone, Copy, Debug)]
 pub struct SelfProtection {
@@ -60,7 +62,7 @@ pub fn protect(p: SelfProtection) {
     // After the lock: the pages faulted in here are locked as they are touched. The heap
     // reserve waits for the end of the start (`settle_heap`).
     // The pass's deepest calls on this thread: the CRI client, the JSON encoder.
-    crate::kernel::sched::prefault_stack::<STACK_RESERVE>();
+    prefault_stack::<STACK_RESERVE>();
 }
 
 /// Once the start is done (BTF and the eBPF object parsed, the clients made): the free top of
@@ -89,7 +91,7 @@ pub fn reserve_heap(bytes: usize) {
         libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD.max(2 * bytes) as libc::c_int);
         libc::mallopt(libc::M_TOP_PAD, bytes as libc::c_int);
     }
-    crate::kernel::sched::fault_in_heap(bytes);
+    fault_in_heap(bytes);
 }
 
 /// Makes the daemon thread's heap reserve again, off the pressure path: what the thread keeps
@@ -97,15 +99,15 @@ pub fn reserve_heap(bytes: usize) {
 /// left, and the next pass past that would fault. Allocating the reserve again finds it
 /// resident (a few microseconds) or faults in what is missing now, while no threshold is met.
 pub fn refresh_heap_reserve() {
-    crate::kernel::sched::fault_in_heap(HEAP_RESERVE);
+    fault_in_heap(HEAP_RESERVE);
 }
 
 /// The reader thread's arena and stack, faulted in (and locked, when the lock was granted) on
 /// that thread, with the tunables `reserve_heap` fixed at start: its reads then take no heap
 /// or stack fault within these reserves (its code pages are faulted in on first use).
 pub fn prefault_reader_thread() {
-    crate::kernel::sched::fault_in_heap(READER_HEAP_RESERVE);
-    crate::kernel::sched::prefault_stack::<READER_STACK_RESERVE>();
+    fault_in_heap(READER_HEAP_RESERVE);
+    prefault_stack::<READER_STACK_RESERVE>();
 }
 
 /// Locks every page evictd has and will have, as each is first touched (`MCL_ONFAULT`):

@@ -111,9 +111,9 @@ mod tests {
 
     rusty_fork_test! {
         /// A helper thread made ready (`prefault_helper_thread`) takes no fault for its first
-        /// allocations and deep calls (at most two the kernel may add); one beside it that was not takes them (which shows the
-        /// count would see them). In a process of its own: no other test's thread left an arena
-        /// to reuse.
+        /// allocations and deep calls (at most two the kernel may add); one beside it that was
+        /// not takes them (which shows the count would see them). In a process of its own: no
+        /// other test's thread left an arena to reuse.
         #[test]
         fn a_helper_thread_made_ready_does_not_fault_on_its_first_work() {
             // With the tunables the daemon fixes at start (no trim gives the heap back).

@@ -170,7 +170,7 @@ enum Registrar {
         /// drops the source, as when the pass registered).
         failed: Arc<Mutex<Option<ThresholdError>>>,
         /// The levels last sent: a pass whose levels are within drift of them sends
-        /// nothing, so that a wake storm's passes neither allocate nor wake the thread.
+        /// nothing, so that a wake storm's passes do not wake the thread.
         sent: Vec<(PathBuf, u64)>,
     },
     /// Without a thread (it could not be made, or there is no runtime for the waiters): the
@@ -458,15 +458,24 @@ impl std::os::fd::AsRawFd for UsageThreshold {
 mod tests {
     use super::*;
 
+    /// A source whose registrar is this test: the requests it would take, and the slot for a
+    /// registration of its that failed.
+    fn on_a_thread() -> (EventfdWake, std::sync::mpsc::Receiver<Request>, Arc<Mutex<Option<ThresholdError>>>)
+    {
+        let (requests, queue) = std::sync::mpsc::channel();
+        let failed = Arc::new(Mutex::new(None));
+        let wake = EventfdWake {
+            registrar: Registrar::Thread { requests, failed: failed.clone(), sent: Vec::new() },
+        };
+        (wake, queue, failed)
+    }
+
     /// A wake storm's passes barely move the levels: they must not each wake the registrar
-    /// (an allocation and a thread switch a pass), yet a level past the drift, or another
-    /// cgroup, is sent at once.
+    /// (a thread switch a pass), yet a level past the drift, or another cgroup, is sent at
+    /// once.
     #[test]
     fn a_pass_sends_the_registrar_only_levels_past_the_drift() {
-        let (requests, queue) = std::sync::mpsc::channel();
-        let mut wake = EventfdWake {
-            registrar: Registrar::Thread { requests, failed: Arc::new(Mutex::new(None)), sent: Vec::new() },
-        };
+        let (mut wake, queue, _) = on_a_thread();
         let node = PathBuf::from("/sys/fs/cgroup/memory/node");
         let mut sent = |levels: Vec<(PathBuf, u64, u64)>| {
             wake.arm(levels).expect("a pass");
@@ -494,11 +503,7 @@ mod tests {
     /// source: a pass within drift must not swallow it.
     #[test]
     fn a_failed_registration_is_returned_by_the_next_pass() {
-        let (requests, _queue) = std::sync::mpsc::channel();
-        let failed = Arc::new(Mutex::new(None));
-        let mut wake = EventfdWake {
-            registrar: Registrar::Thread { requests, failed: failed.clone(), sent: Vec::new() },
-        };
+        let (mut wake, _queue, failed) = on_a_thread();
         let levels = vec![(PathBuf::from("/nowhere"), 100 << 20, 10 << 20)];
         wake.arm(levels.clone()).expect("sent");
         *lock(&failed) = Some(ThresholdError::RegistrarGone);
@@ -524,11 +529,7 @@ mod tests {
     /// reported by the next check, once a second, not left for a pass that may not come.
     #[test]
     fn a_failed_registration_is_returned_by_the_next_check() {
-        let (requests, queue) = std::sync::mpsc::channel();
-        let failed = Arc::new(Mutex::new(None));
-        let mut wake = EventfdWake {
-            registrar: Registrar::Thread { requests, failed: failed.clone(), sent: Vec::new() },
-        };
+        let (mut wake, queue, failed) = on_a_thread();
         wake.supervise().expect("nothing failed");
         assert_eq!(queue.try_iter().count(), 1, "the check sent");
         *lock(&failed) = Some(ThresholdError::RegistrarGone);
