@@ -317,9 +317,18 @@ pub fn allowed_cpus(n: usize) -> Vec<usize> {
     (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).take(n).collect()
 }
 
-/// The evictd binary built next to the test binaries (target/<profile>/evictd).
+/// The evictd binary under test: `EVICTD_BINARY` where set (`cargo xtask bench` and `soak` set
+/// it to the static release build, the binary the image ships), else the one built next to the
+/// test binaries (target/<profile>/evictd).
 pub fn evictd_binary() -> PathBuf {
-    sibling_binary("evictd")
+    match std::env::var_os("EVICTD_BINARY") {
+        Some(path) => {
+            let bin = PathBuf::from(path);
+            assert!(bin.is_file(), "EVICTD_BINARY={} is not a file", bin.display());
+            bin
+        }
+        None => sibling_binary("evictd"),
+    }
 }
 
 /// A binary of the workspace in the same target directory as the running executable.

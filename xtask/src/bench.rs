@@ -75,6 +75,9 @@ pub(crate) fn bench(env: &BuildEnv, args: &BenchArgs) -> Result<()> {
     let bin = build_bench(env, smoke)?;
     let mut run = Command::new(&bin);
     run.arg(kind).env("PATH", &env.path).current_dir(workspace_root());
+    if !smoke {
+        run.env("EVICTD_BINARY", evictd_under_test(env)?);
+    }
     if smoke {
         run.args(args.kind.smoke_args()).args(["--out", "target/bench-smoke"]);
     }
@@ -97,12 +100,36 @@ fn build_bench(env: &BuildEnv, smoke: bool) -> Result<std::path::PathBuf> {
         // features and build again.
         cmd.args(["build", "--workspace", "--bins"]);
     } else {
-        cmd.args(["build", "--release", "-p", "evictd", "-p", "evictd-tests", "--bin", "evictd"]);
-        // The earlyoom comparison's ballast.
-        cmd.args(["--bin", "evictd-bench", "--bin", "evictd-memhog"]);
+        // evictd itself is the static build (`evictd_under_test`); the memory hog is the
+        // workload and the earlyoom comparison's ballast.
+        cmd.args([
+            "build",
+            "--release",
+            "-p",
+            "evictd-tests",
+            "--bin",
+            "evictd-bench",
+            "--bin",
+            "evictd-memhog",
+        ]);
     }
     cargo_status(&mut cmd, "building the benchmark")?;
     Ok(workspace_root().join("target").join(profile).join("evictd-bench"))
+}
+
+/// The evictd a release benchmark runs: the static release binary, the one the image ships
+/// (glibc linked in, no shared libraries: the dynamic build's RSS holds ~1.4 MiB more, the
+/// pages of libc, libm, the loader and libgcc_s it maps). `EVICTD_BINARY`, where set, names
+/// another (the dynamic `target/release/evictd`, say, to compare the two).
+fn evictd_under_test(env: &BuildEnv) -> Result<std::path::PathBuf> {
+    if let Some(bin) = std::env::var_os("EVICTD_BINARY") {
+        let bin = std::path::PathBuf::from(bin);
+        step(&format!("evictd under test: {} (EVICTD_BINARY)", bin.display()));
+        return Ok(bin);
+    }
+    let bin = crate::image::build_static(env, false)?;
+    step(&format!("evictd under test: {} (static, as the image ships it)", bin.display()));
+    Ok(bin)
 }
 
 /// Debian's earlyoom, unpacked under target/tools (not installed: the package would start a
@@ -152,22 +179,25 @@ pub(crate) struct SoakArgs {
 /// `cargo xtask soak`: repeated pressure episodes with runtime restarts (root).
 pub(crate) fn soak(env: &BuildEnv, args: &SoakArgs) -> Result<()> {
     let bin = build_bench(env, args.debug)?;
+    let mut run = Command::new(&bin);
+    if !args.debug {
+        run.env("EVICTD_BINARY", evictd_under_test(env)?);
+    }
     step(&format!("soaking for {} min beside {} pods", args.minutes, args.pods));
     run_status(
-        Command::new(&bin)
-            .args([
-                "soak",
-                "--minutes",
-                &args.minutes.to_string(),
-                "--restart-every",
-                &args.restart_every.to_string(),
-                "--pods",
-                &args.pods.to_string(),
-                "--api-down-every",
-                &args.api_down_every.to_string(),
-            ])
-            .env("PATH", &env.path)
-            .current_dir(workspace_root()),
+        run.args([
+            "soak",
+            "--minutes",
+            &args.minutes.to_string(),
+            "--restart-every",
+            &args.restart_every.to_string(),
+            "--pods",
+            &args.pods.to_string(),
+            "--api-down-every",
+            &args.api_down_every.to_string(),
+        ])
+        .env("PATH", &env.path)
+        .current_dir(workspace_root()),
         "evictd-bench soak",
     )
 }

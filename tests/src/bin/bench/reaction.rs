@@ -428,6 +428,7 @@ pub async fn reaction(o: &Opts) -> anyhow::Result<()> {
         o.rates.iter().map(|r| rate_name(*r)).collect::<Vec<_>>(),
         o.runs
     );
+    eprintln!("[bench] evictd under test: {}", evictd_tests::evictd_binary().display());
     let mut ctd = Containerd::start(cap);
     let layout = CgroupMounts::detect()?;
     let node =

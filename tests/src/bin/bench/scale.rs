@@ -125,6 +125,7 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
         reaction::rate_name(o.rate),
         o.runs
     );
+    eprintln!("[bench] evictd under test: {}", evictd_tests::evictd_binary().display());
     let mut ctd = Containerd::start(ROOM * 2 + most as u64 * 16 * MI);
     let layout = CgroupMounts::detect()?;
     let memory = MemoryCgroup::new(ctd.node_dir(), layout.memory_version, false);
