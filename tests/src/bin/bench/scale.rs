@@ -168,12 +168,17 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
                 );
                 runs.push(Run { pods: n, walking, sample, rt_faults: faults });
             }
-            // evictd's own log beside the CSV: what it says of a run whose numbers stand out
-            // (how long an attach took, a read given up on) is there to explain it.
+            // evictd's own log and its `--trace --json` lines beside the CSV: what it says of a
+            // run whose numbers stand out (how long an attach took, a read given up on, each
+            // wake before the decision with the node's reading) is there to explain it.
             if let Running::Evictd(evictd) = &running {
-                let log = o.out.join(format!("scale-evictd-{n}-{}.log", walker_state(walking)));
+                let stem = format!("scale-evictd-{n}-{}", walker_state(walking));
                 std::fs::create_dir_all(&o.out)?;
+                let log = o.out.join(format!("{stem}.log"));
                 std::fs::write(&log, evictd.log()).map_err(|e| anyhow::anyhow!("{}: {e}", log.display()))?;
+                let trace = o.out.join(format!("{stem}.trace.jsonl"));
+                let lines: String = evictd.trace().iter().map(|v| format!("{v}\n")).collect();
+                std::fs::write(&trace, lines).map_err(|e| anyhow::anyhow!("{}: {e}", trace.display()))?;
             }
             if walking {
                 let (cpu0, t0) = walker0;
