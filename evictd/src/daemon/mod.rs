@@ -420,9 +420,15 @@ impl Daemon {
         }));
     }
 
-    /// A pass ended: report it, re-arm every source, and run the next one if wakes came
+    /// A pass ended: re-arm every source, report it, and run the next one if wakes came
     /// meanwhile.
     fn pass_done(&mut self, done: PassDone) -> anyhow::Result<()> {
+        // Re-armed before anything else: a source counts growth from its re-arm against the
+        // distance this pass read, so whatever ran first would make its next wake late by the
+        // growth meanwhile — the report, with `--trace`, names a cgroup it has not seen yet by
+        // walking the hierarchies (~30 ms at 250 pods: wakes 4–18 MiB past a threshold at
+        // 1 GiB/s when that came first).
+        self.rearm(&done.obs);
         let observed_ns = done.obs.values().filter_map(|o| o.time_ns).max();
         self.report.conditions(&done.pressure.conditions, observed_ns)?;
         self.send_conditions_to_api(&done.pressure.conditions);
@@ -456,7 +462,6 @@ impl Daemon {
         }
         let view = memory_view(&self.thresholds, &done.obs);
         self.report.pass(&done.wakes.kept, &done.wakes.counted_only, &done.evictions, &view)?;
-        self.rearm(&done.obs);
         if self.decide_after_inventory.is_some() {
             // Held or not, the pass after an eviction answers for the pressure that remains.
             self.pending.add(&mut vec![Wake::now(WakeCause::Recheck)]);
