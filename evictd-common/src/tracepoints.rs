@@ -45,7 +45,7 @@ pub const OOM_FILE_RSS: Field = Field { name: "file_rss", offset: 32, size: 8 };
 pub const OOM_SHMEM_RSS: Field = Field { name: "shmem_rss", offset: 40, size: 8 };
 
 /// Arguments of the memcg stat raw tracepoints, `(struct mem_cgroup *memcg, int item, int
-/// val)` (include/trace/events/memcg.h, Linux 6.14+), by position.
+/// val)` (include/trace/events/memcg.h, Linux 6.13+), by position.
 pub const MEMCG_STAT_ARG_MEMCG: usize = 0;
 pub const MEMCG_STAT_ARG_ITEM: usize = 1;
 pub const MEMCG_STAT_ARG_VAL: usize = 2;
