@@ -160,11 +160,25 @@ pub fn process_cpu_s(pid: u32) -> f64 {
     stat_cpu_s(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
 }
 
+/// `pid`'s live threads named `comm`, as their /proc/<pid>/task directories. `evictd` is the
+/// daemon's own thread, the main one (tid = pid): its name is its executable's, which a
+/// binary copied under another name (`evictd-static`) does not keep.
+fn threads_named(pid: u32, comm: &str) -> Vec<std::path::PathBuf> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|t| {
+            let main = comm == "evictd" && t.file_name().to_str() == Some(pid.to_string().as_str());
+            main || std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .map(|t| t.path())
+        .collect()
+}
+
 /// The CPU seconds of `pid`'s live threads named `comm` (evictd's own is `evictd`), to the
 /// nanosecond where the kernel keeps schedstat (a thread's time in clock ticks rounds a
 /// few milliseconds of work to nothing), else in ticks.
 pub fn thread_cpu_s(pid: u32, comm: &str) -> f64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
     let on_cpu_s = |task: &Path| -> f64 {
         let schedstat = std::fs::read_to_string(task.join("schedstat")).ok();
         let ns = schedstat.as_deref().and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
@@ -173,21 +187,15 @@ pub fn thread_cpu_s(pid: u32, comm: &str) -> f64 {
             None => stat_cpu_s(&std::fs::read_to_string(task.join("stat")).unwrap_or_default()),
         }
     };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
-        .map(|t| on_cpu_s(&t.path()))
-        .sum()
+    threads_named(pid, comm).iter().map(|t| on_cpu_s(t)).sum()
 }
 
 /// The page faults (minor and major) of `pid`'s live threads named `comm`: a thread whose
 /// memory is all resident and locked faults for none.
 pub fn thread_faults(pid: u32, comm: &str) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
-        .map(|t| stat_faults(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default()))
+    threads_named(pid, comm)
+        .iter()
+        .map(|t| stat_faults(&std::fs::read_to_string(t.join("stat")).unwrap_or_default()))
         .sum()
 }
 

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::{Args, ValueEnum};
 
 use crate::{BuildEnv, cargo_status, run_status, step, workspace_root};
@@ -75,9 +75,7 @@ pub(crate) fn bench(env: &BuildEnv, args: &BenchArgs) -> Result<()> {
     let bin = build_bench(env, smoke)?;
     let mut run = Command::new(&bin);
     run.arg(kind).env("PATH", &env.path).current_dir(workspace_root());
-    if !smoke {
-        run.env("EVICTD_BINARY", evictd_under_test(env)?);
-    }
+    choose_evictd(env, &mut run, smoke)?;
     if smoke {
         run.args(args.kind.smoke_args()).args(["--out", "target/bench-smoke"]);
     }
@@ -93,7 +91,10 @@ pub(crate) fn bench(env: &BuildEnv, args: &BenchArgs) -> Result<()> {
 /// smoke run. Returns evictd-bench's path.
 fn build_bench(env: &BuildEnv, smoke: bool) -> Result<std::path::PathBuf> {
     let profile = if smoke { "debug" } else { "release" };
-    step(&format!("building evictd and evictd-bench ({profile})"));
+    step(&format!(
+        "building evictd-bench ({profile}{})",
+        if smoke { ", with the workspace's other binaries" } else { "" }
+    ));
     let mut cmd = env.cargo();
     if smoke {
         // The workspace's build, which the tests made: a package selection would unify other
@@ -117,13 +118,28 @@ fn build_bench(env: &BuildEnv, smoke: bool) -> Result<std::path::PathBuf> {
     Ok(workspace_root().join("target").join(profile).join("evictd-bench"))
 }
 
+/// Tells evictd-bench which evictd to run: a debug run (smoke, CI's short soak) the one the
+/// tests built beside it, whatever the caller's environment says; a release run
+/// `evictd_under_test`.
+fn choose_evictd(env: &BuildEnv, run: &mut Command, debug: bool) -> Result<()> {
+    if debug {
+        run.env_remove("EVICTD_BINARY");
+    } else {
+        run.env("EVICTD_BINARY", evictd_under_test(env)?);
+    }
+    Ok(())
+}
+
 /// The evictd a release benchmark runs: the static release binary, the one the image ships
 /// (glibc linked in, no shared libraries: the dynamic build's RSS holds ~1.4 MiB more, the
 /// pages of libc, libm, the loader and libgcc_s it maps). `EVICTD_BINARY`, where set, names
-/// another (the dynamic `target/release/evictd`, say, to compare the two).
+/// another (the dynamic `target/release/evictd`, say, to compare the two; built by hand: this
+/// builds only the static one), resolved from the caller's directory.
 fn evictd_under_test(env: &BuildEnv) -> Result<std::path::PathBuf> {
     if let Some(bin) = std::env::var_os("EVICTD_BINARY") {
-        let bin = std::path::PathBuf::from(bin);
+        let bin = std::fs::canonicalize(&bin)
+            .with_context(|| format!("EVICTD_BINARY={}", std::path::Path::new(&bin).display()))?;
+        anyhow::ensure!(bin.is_file(), "EVICTD_BINARY={} is not a file", bin.display());
         step(&format!("evictd under test: {} (EVICTD_BINARY)", bin.display()));
         return Ok(bin);
     }
@@ -180,9 +196,7 @@ pub(crate) struct SoakArgs {
 pub(crate) fn soak(env: &BuildEnv, args: &SoakArgs) -> Result<()> {
     let bin = build_bench(env, args.debug)?;
     let mut run = Command::new(&bin);
-    if !args.debug {
-        run.env("EVICTD_BINARY", evictd_under_test(env)?);
-    }
+    choose_evictd(env, &mut run, args.debug)?;
     step(&format!("soaking for {} min beside {} pods", args.minutes, args.pods));
     run_status(
         run.args([

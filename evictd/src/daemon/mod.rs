@@ -1,9 +1,9 @@
 //! The daemon: built from its options, then one loop. Every wake source feeds one channel;
-//! each batch of wakes runs one pressure pass (observe → decide → act, see `pressure`), is
-//! reported, and lets every source re-arm on the node as just observed — the eBPF watermark
-//! at half the distance to the nearest threshold (the whole distance near it), the eventfd
-//! level where a threshold would be met — so the kernel wakes evictd again just in time
-//! rather than on every page.
+//! each batch of wakes runs one pressure pass (observe → decide → act, see `pressure`), then
+//! lets every source re-arm on the node as just observed — the eBPF watermark at half the
+//! distance to the nearest threshold (the whole distance near it), the eventfd level where a
+//! threshold would be met — so the kernel wakes evictd again just in time rather than on every
+//! page; only then is the pass reported.
 //!
 //! The pod inventory is kept current by a task of its own (`runtime::inventory`), so a wake
 //! never waits on the CRI; it and the Kubernetes API run on a thread of their own, not
