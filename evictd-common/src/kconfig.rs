@@ -34,8 +34,15 @@ pub const COUNTER_CHARGE_MATCHED: u32 = 0;
 /// Charge events not emitted because the ring buffer was more than half full.
 pub const COUNTER_CHARGE_YIELDED: u32 = 1;
 pub const COUNTER_RATE_LIMITED: u32 = 2;
+/// Pages charged to any memory cgroup of the machine since the programs were armed, never
+/// reset, frees not taken off, in `CHARGED_PAGES_SLOTS` slots (one per charge program of a
+/// tier): no pod's usage can have grown by more since userspace last read it (plus the
+/// kernel's slack, `ChargeClock`), so a pod read then need not be read again to be ranked
+/// behind one that is larger by more.
+pub const COUNTER_CHARGED_PAGES: u32 = 3;
+pub const CHARGED_PAGES_SLOTS: u32 = 2;
 /// Events emitted, by cause: `COUNTER_EMITTED_BASE + cause`.
-pub const COUNTER_EMITTED_BASE: u32 = 3;
+pub const COUNTER_EMITTED_BASE: u32 = COUNTER_CHARGED_PAGES + CHARGED_PAGES_SLOTS;
 /// Events lost to a full ring buffer, by cause: `COUNTER_DROPS_BASE + cause`.
 pub const COUNTER_DROPS_BASE: u32 = COUNTER_EMITTED_BASE + crate::CAUSE_COUNT as u32;
 /// Kernel-side failures, by kind: `COUNTER_ERRORS_BASE + KernelError as u32`.

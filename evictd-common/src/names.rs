@@ -17,5 +17,8 @@ pub const MAP_CPU_STATE: &str = "CPU_STATE";
 pub const MAP_NODE_SUM: &str = "NODE_SUM";
 /// The `ChargeItems` mask, in read-only data, set by the loader.
 pub const GLOBAL_CHARGE_ITEMS: &str = "CHARGE_ITEMS";
+/// The stat items every charge to a memory cgroup is followed by (a superset of the charge
+/// items), counted into `COUNTER_CHARGED_PAGES`.
+pub const GLOBAL_BOUND_ITEMS: &str = "BOUND_ITEMS";
 
 pub const MAPS: [&str; 6] = [MAP_EVENTS, MAP_CONFIG, MAP_COUNTERS, MAP_SCOPE, MAP_CPU_STATE, MAP_NODE_SUM];

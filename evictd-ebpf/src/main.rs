@@ -28,10 +28,10 @@ use aya_ebpf::{
 };
 use evictd_common::{
     BATCH_MAX_DEPTH, CAUSE_CHARGE, CAUSE_DIRECT_RECLAIM, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL,
-    CGROUP_KIND_DEFAULT, CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_CHARGE_YIELDED, COUNTER_COUNT,
-    COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE, COUNTER_RATE_LIMITED, ChargeItems,
-    FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE, KernelConfig, KernelError, NODE_SUM_SLOTS,
-    STAT_ITEM_WORDS, WakeEvent,
+    CGROUP_KIND_DEFAULT, CGROUP_KIND_MEMCG, COUNTER_CHARGE_MATCHED, COUNTER_CHARGE_YIELDED,
+    COUNTER_CHARGED_PAGES, COUNTER_COUNT, COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE,
+    COUNTER_RATE_LIMITED, ChargeItems, FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
+    KernelConfig, KernelError, NODE_SUM_SLOTS, STAT_ITEM_WORDS, WakeEvent,
     tracepoints::{
         Field, MEMCG_STAT_ARG_ITEM, MEMCG_STAT_ARG_MEMCG, MEMCG_STAT_ARG_VAL, OOM_ANON_RSS, OOM_FILE_RSS,
         OOM_PID, OOM_SHMEM_RSS,
@@ -97,13 +97,13 @@ static NODE_SUM: Array<i64> = Array::with_max_entries(NODE_SUM_SLOTS, 0);
 
 #[raw_tracepoint(tracepoint = "mod_memcg_lruvec_state")]
 pub fn mod_memcg_lruvec_state(ctx: RawTracePointContext) -> i32 {
-    count_failure(try_memcg_stat(&ctx));
+    count_failure(try_memcg_stat(&ctx, 0));
     0
 }
 
 #[raw_tracepoint(tracepoint = "mod_memcg_state")]
 pub fn mod_memcg_state(ctx: RawTracePointContext) -> i32 {
-    count_failure(try_memcg_stat(&ctx));
+    count_failure(try_memcg_stat(&ctx, 1));
     0
 }
 
@@ -113,13 +113,13 @@ pub fn mod_memcg_state(ctx: RawTracePointContext) -> i32 {
 
 #[fexit(function = "page_counter_try_charge")]
 pub fn page_counter_try_charge(ctx: FExitContext) -> i32 {
-    count_failure(counter_and_pages(&ctx).and_then(|(c, n)| try_batch_charge(c, n)));
+    count_failure(counter_and_pages(&ctx).and_then(|(c, n)| try_batch_charge(c, n, 0)));
     0
 }
 
 #[fexit(function = "page_counter_charge")]
 pub fn page_counter_charge(ctx: FExitContext) -> i32 {
-    count_failure(counter_and_pages(&ctx).and_then(|(c, n)| try_batch_charge(c, n)));
+    count_failure(counter_and_pages(&ctx).and_then(|(c, n)| try_batch_charge(c, n, 1)));
     0
 }
 
@@ -166,6 +166,19 @@ fn bump(counter: u32) {
     }
 }
 
+/// Adds `pages` to this program's slot of the charged-pages count (slot `slot` from
+/// `COUNTER_CHARGED_PAGES`, one per program): the two programs of a tier can run one inside the other on a
+/// CPU (a charge from an interrupt), but the kernel never runs a program inside itself on a
+/// CPU (it skips the run and counts a recursion miss, which userspace reads), so a plain add
+/// to a slot of one's own loses nothing.
+#[inline(always)]
+fn count_charged(slot: u32, pages: u64) {
+    if let Some(c) = COUNTERS.get_ptr_mut(COUNTER_CHARGED_PAGES + slot) {
+        // SAFETY: per-CPU slot, only this program writes it, and never twice at once on a CPU.
+        unsafe { *c += pages };
+    }
+}
+
 /// A field of the tracepoint record, loaded directly: tracepoint programs may read their
 /// context, and a plain load is far cheaper than a `bpf_probe_read` helper call, which
 /// matters on a path that runs for every page charged and freed.
@@ -182,11 +195,27 @@ fn field<T: Copy>(ctx: &TracePointContext, f: Field) -> T {
 #[unsafe(no_mangle)]
 static CHARGE_ITEMS: Global<ChargeItems> = Global::new(ChargeItems([0; STAT_ITEM_WORDS]));
 
+/// The items that follow every charge of a memory cgroup's page counter (the LRU lists,
+/// inactive file included, kernel memory, socket memory, hugetlb): what
+/// `COUNTER_CHARGED_PAGES` counts. A superset of `CHARGE_ITEMS`; set once by userspace.
+#[unsafe(no_mangle)]
+static BOUND_ITEMS: Global<ChargeItems> = Global::new(ChargeItems([0; STAT_ITEM_WORDS]));
+
 #[inline(always)]
-fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
+fn try_memcg_stat(ctx: &RawTracePointContext, slot: u32) -> Result<(), KernelError> {
     // Register arguments: no memory access at all until an event is known to count.
     let item = ctx.arg::<u64>(MEMCG_STAT_ARG_ITEM) as i32;
-    // Most stat updates are for items that do not count (dirty, writeback, mapped...).
+    // Most stat updates are for items that follow no charge (dirty, writeback, mapped...).
+    if !BOUND_ITEMS.load().counts_item(item) {
+        return Ok(());
+    }
+    let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
+    // Every charge, armed or not, in scope or not: a container made after the scope was last
+    // walked still charges its pod, whose bound must grow with it.
+    if val > 0 {
+        count_charged(slot, val as u64);
+    }
+    // Page cache on the inactive list, say, is charged but leaves memory.available as it was.
     if !CHARGE_ITEMS.load().counts_item(item) {
         return Ok(());
     }
@@ -194,7 +223,6 @@ fn try_memcg_stat(ctx: &RawTracePointContext) -> Result<(), KernelError> {
     // also counts memory mapped and unmapped again and pages moved between LRU lists (beside a
     // churning tenant near a threshold that woke evictd thousands of times a second for no
     // growth at all).
-    let val = ctx.arg::<u64>(MEMCG_STAT_ARG_VAL) as i32;
     if val == 0 {
         return Ok(());
     }
@@ -323,16 +351,26 @@ fn memcg_cgroup_id(cfg: &KernelConfig, memcg: u64) -> Result<u64, KernelError> {
 /// watched counter's usage with the baseline and emits once it grew by the watermark. The
 /// event names the cgroup charged, for `--trace`.
 #[inline(always)]
-fn try_batch_charge(counter: u64, nr_pages: u64) -> Result<(), KernelError> {
+fn try_batch_charge(counter: u64, nr_pages: u64, slot: u32) -> Result<(), KernelError> {
     let cfg = CONFIG.get(0).ok_or(KernelError::NoConfig)?;
+    // Set with the offsets below when userspace arms the programs, and never cleared.
     if cfg.flags & FLAG_BATCH == 0 {
         return Ok(());
     }
     // The counter lives inside a mem_cgroup only if that memcg's cgroup points back at it
     // as its memory css; a hugetlb or swap counter fails this (one pointer compare).
     let memcg = counter.wrapping_sub(cfg.memcg_memory_off as u64);
-    let cgroup = read_u64(memcg + cfg.memcg_cgroup_off as u64)?;
-    if read_u64(cgroup + cfg.cgroup_memory_css_off as u64)? != memcg + cfg.memcg_css_off as u64 {
+    let cgroup = read_u64(memcg + cfg.memcg_cgroup_off as u64);
+    let memory = cgroup.and_then(|cg| {
+        Ok(read_u64(cg + cfg.cgroup_memory_css_off as u64)? == memcg + cfg.memcg_css_off as u64)
+    });
+    // Every memory charge, at whatever depth and whether or not it reaches the watched
+    // cgroup: a pod's bound grows with all of them. A counter not told apart counts too.
+    if !matches!(memory, Ok(false)) {
+        count_charged(slot, nr_pages);
+    }
+    let cgroup = cgroup?;
+    if !memory? {
         return Ok(());
     }
     let charged_id = cgroup_id(cfg, cgroup)?;

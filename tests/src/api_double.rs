@@ -625,6 +625,7 @@ pub fn eviction_record() -> evictd::vocab::EvictionRecord {
         dry_run: false,
         error: None,
         decide_us: 10,
+        pods_read: None,
         phases: None,
         wake_cause: None,
         wake_kernel_ts_ns: None,

@@ -110,6 +110,71 @@ async fn charge_in_a_test_cgroup_wakes_with_its_id() {
     assert!(c.emitted[CAUSE_CHARGE as usize] >= wakes.len() as u64, "{c:?}");
 }
 
+/// The node's charge count bounds a cgroup's growth: a pod's usage after a container 18
+/// cgroup levels below it (deeper than the batched hook's walk to the watched cgroup)
+/// allocated anonymous memory and wrote page cache is at most its usage before plus what the
+/// count says was charged between (and the kernel's slack), which covers the growth itself;
+/// a detach of the charge programs breaks the count, a mark from before it compares with
+/// none after, and marks after the programs are back bound growth again. A memory decision
+/// skips re-reading pods on this.
+#[tokio::test]
+async fn the_charge_count_bounds_a_pods_growth_until_the_programs_come_off() {
+    const TEST: &str = "the_charge_count_bounds_a_pods_growth_until_the_programs_come_off";
+    if !privileged(TEST) {
+        return;
+    }
+    let _tracepoints = TRACEPOINTS.read().await;
+    let Some(dir) = evictd_tests::page_cache_dir(TEST) else { return };
+    let cg = TestCgroup::new(None);
+    let pod = cg.child("pod");
+    let levels = Nested::below(&pod, 18);
+    let (probes, _rx) = start(&cg, 1 << 50);
+    let clock = probes.charge_clock();
+    let usage = || MemoryCgroup::new(&pod.dir, cg.layout.memory_version, false).usage().expect("pod usage");
+    let mut hog = MemHog::spawn_in(levels.0.last().expect("a level"));
+    // One round: 48 MiB anonymous and 16 MiB of page cache between two marks. `None` when
+    // the clock gave no mark (the kernel skipped a run of a counting program meanwhile,
+    // which a charge in an interrupt can cause): the bound is then not offered, rightly.
+    let mut round = |n: usize| -> Option<()> {
+        let then = clock.now()?;
+        let before = usage();
+        hog.alloc(48);
+        hog.cache(16, &dir.path().join(format!("cache-{n}")));
+        let after = usage();
+        let grown = clock.grown_since(then, clock.now()?)?;
+        assert!(after >= before + (60 << 20), "the pod grew {} bytes for 64 MiB", after - before);
+        assert!(
+            after <= before + grown,
+            "round {n}: the pod grew {} bytes, the count allows {grown}",
+            after - before
+        );
+        Some(())
+    };
+    let bounded = (0..6).filter_map(&mut round).count();
+    assert!(bounded >= 3, "{bounded} of 6 rounds had marks that compare");
+    let then = clock.now().expect("a mark");
+    let switch = probes.charge_switch();
+    switch.detach();
+    // The batched hook is never detached (it is not among the programs a kill takes off):
+    // its count goes on, and its marks still compare.
+    let after = clock.now();
+    if !probes.has_batch_hook() {
+        assert_eq!(after, None, "a mark while the stat programs are off");
+    }
+    switch.attach().expect("probes alive").expect("attaching again");
+    let again = clock.now().expect("a mark once every program is back");
+    if !probes.has_batch_hook() {
+        assert_eq!(
+            clock.grown_since(then, again),
+            None,
+            "a mark from before the detach compares with one after it"
+        );
+    }
+    let bounded = (6..9).filter_map(round).count();
+    assert!(bounded >= 1, "no round after the programs came back had marks that compare");
+    drop(hog);
+}
+
 /// Pods of nested runtimes (kind, Docker-in-Docker, sysbox) sit many cgroup levels below the
 /// node: a charge 16 levels below the watched cgroup still reaches it. The batched hook walks
 /// the charged counter's parents up to the watched one; the stat tracepoints take the
@@ -121,11 +186,7 @@ async fn a_charge_sixteen_levels_below_the_watched_cgroup_wakes() {
     }
     let _tracepoints = TRACEPOINTS.read().await;
     let cg = TestCgroup::new(None);
-    let mut levels = Nested(vec![cg.child("l1")]);
-    for depth in 2..=16 {
-        let next = levels.0.last().expect("a level").child(&format!("l{depth}"));
-        levels.0.push(next);
-    }
+    let levels = Nested::below(&cg, 16);
     let deepest = levels.0.last().expect("a level");
     let (mut probes, mut rx) = start(&cg, 8 << 20);
     let ids: Vec<u64> = std::iter::once(cg.id()).chain(levels.0.iter().map(TestCgroup::id)).collect();
@@ -143,6 +204,18 @@ async fn a_charge_sixteen_levels_below_the_watched_cgroup_wakes() {
 
 /// Nested cgroups, removed deepest first (also when the test fails).
 struct Nested(Vec<TestCgroup>);
+
+impl Nested {
+    /// `depth` cgroups, each the child of the one before, the first below `parent`.
+    fn below(parent: &TestCgroup, depth: usize) -> Self {
+        let mut levels = Nested(vec![parent.child("l1")]);
+        for level in 2..=depth {
+            let next = levels.0.last().expect("a level").child(&format!("l{level}"));
+            levels.0.push(next);
+        }
+        levels
+    }
+}
 
 impl Drop for Nested {
     fn drop(&mut self) {

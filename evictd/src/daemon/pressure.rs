@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use super::{KillOptions, PressureOptions, urgency};
 use crate::{
     cluster::reporter::Reporter,
+    kernel::ebpf::{ChargeClock, ChargeMark},
     node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     runtime::{
         cri::CriClient,
@@ -89,6 +90,15 @@ pub struct Pressure {
     /// skipped (the files held by a reader given up on): then the next pass opens them again.
     usage_files_for: Option<PodList>,
     usage_files_skipped: Arc<std::sync::atomic::AtomicBool>,
+    /// The node's charge count (the eBPF source's), which bounds a pod's growth since its
+    /// usage was last read (`refresh_usage_reads`, `read_memory_candidates`).
+    pub charge_clock: Option<ChargeClock>,
+    /// When the pods' usage was last read for bounds, and the charge count before it; and
+    /// whether that read is still going (one at a time).
+    usage_refreshed: Option<(Instant, ChargeMark)>,
+    refreshing: Arc<std::sync::atomic::AtomicBool>,
+    /// The pods' usage reads of this decision's memory reads (every try), for its record.
+    pods_read: Option<usize>,
     disk_met_since: Option<Instant>,
     /// When a walk was last asked for.
     disk_walk_asked: Option<Instant>,
@@ -155,6 +165,10 @@ impl Pressure {
             usage_files: Default::default(),
             usage_files_for: None,
             usage_files_skipped: Default::default(),
+            charge_clock: None,
+            usage_refreshed: None,
+            refreshing: Default::default(),
+            pods_read: None,
             disk_met_since: None,
             disk_walk_asked: None,
             layers_wait_since: None,
@@ -258,7 +272,42 @@ impl Pressure {
         // deciding again on it would take one bystander after another.
         let obs = if evicted { self.observe(now_ns()) } else { obs };
         self.open_usage_files(pods);
+        self.refresh_usage_reads(pods);
         (records, obs)
+    }
+
+    /// Reads every pod's usage again on the reader, after the pass, with the node's charge
+    /// count before it, when the node was charged since the last such read: the next
+    /// memory decision then reads only the pods whose usage could rank them first
+    /// (`read_memory_candidates`) instead of every pod (~0.6 ms at 250 pods here). In chunks
+    /// of `REFRESH_CHUNK` pods, each queued behind what the reader was given meanwhile, so a
+    /// decision waits for one chunk at most; one read at a time, begun at most once per
+    /// `REFRESH_EVERY`, so that a storm of wakes near a threshold costs at most ~3 % of a CPU.
+    fn refresh_usage_reads(&mut self, pods: &PodList) {
+        use std::sync::atomic::Ordering;
+        const REFRESH_EVERY: Duration = Duration::from_millis(20);
+        let (Some(clock), Some(reader)) = (&self.charge_clock, &self.reader) else { return };
+        if !self.thresholds.iter().any(|t| t.signal.is_memory()) || self.refreshing.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(now) = clock.now() else { return };
+        if let Some((at, then)) = self.usage_refreshed
+            && (at.elapsed() < REFRESH_EVERY || clock.charged(then, now) == Some(0))
+        {
+            return;
+        }
+        self.usage_refreshed = Some((Instant::now(), now));
+        self.refreshing.store(true, Ordering::Release);
+        let chain = RefreshChain {
+            pods: pods.clone(),
+            cgroups: self.cgroups.clone(),
+            files: self.usage_files.clone(),
+            clock: clock.clone(),
+            submit: reader.submitter(),
+            refreshing: self.refreshing.clone(),
+        };
+        let submit = chain.submit.clone();
+        submit.submit(move || chain.chunk(0));
     }
 
     /// Opens the usage files of pods new to the list (and closes those of pods gone) on the
@@ -358,6 +407,53 @@ impl Pressure {
             self.last_warning = Some((msg.to_owned(), Instant::now()));
         }
         repeat
+    }
+}
+
+/// Pods read per turn of a usage refresh on the reader (~60–80 µs at 250 pods here).
+const REFRESH_CHUNK: usize = 32;
+
+/// One refresh of the pods' usage reads (`Pressure::refresh_usage_reads`), a chunk a turn.
+struct RefreshChain {
+    pods: PodList,
+    cgroups: CgroupMounts,
+    files: Arc<std::sync::Mutex<usage::PodUsageFiles>>,
+    clock: ChargeClock,
+    submit: super::realtime::Submitter,
+    refreshing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RefreshChain {
+    /// Reads the chunk from pod `at`, then queues the next; ends the refresh when all are
+    /// read, or when the files are held by a read given up on, or follow another list (a
+    /// decision's, newer): the next pass refreshes.
+    fn chunk(self, at: usize) {
+        let next = match self.files.try_lock() {
+            Ok(mut held) => self.read(&mut held, at),
+            Err(std::sync::TryLockError::Poisoned(p)) => self.read(&mut p.into_inner(), at),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(next) = next.filter(|&n| n < self.pods.len()) {
+            let submit = self.submit.clone();
+            submit.submit(move || self.chunk(next));
+        }
+    }
+
+    fn read(&self, files: &mut usage::PodUsageFiles, at: usize) -> Option<usize> {
+        if at == 0 {
+            files.follow(&self.pods, &self.cgroups);
+        } else if !files.follows(&self.pods) {
+            return None;
+        }
+        Some(files.refresh(at, REFRESH_CHUNK, &self.clock))
+    }
+}
+
+/// The refresh is over however it ends: done, given up, or its next chunk dropped unrun with
+/// the queue of a reader that ended.
+impl Drop for RefreshChain {
+    fn drop(&mut self) {
+        self.refreshing.store(false, std::sync::atomic::Ordering::Release);
     }
 }
 

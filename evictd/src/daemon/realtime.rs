@@ -150,6 +150,17 @@ pub struct Reader {
     alive: Arc<AtomicUsize>,
 }
 
+/// Queues jobs on a reader's thread (`Reader::submitter`); a job queued after the thread
+/// ended is dropped.
+#[derive(Clone)]
+pub struct Submitter(mpsc::Sender<Job>);
+
+impl Submitter {
+    pub fn submit(&self, job: impl FnOnce() + Send + 'static) {
+        let _ = self.0.send(Box::new(job));
+    }
+}
+
 impl Reader {
     /// Starts the reader at `priority` (0: an ordinary thread). `None` (said why) when the
     /// thread cannot be started: the reads then go to the blocking pool.
@@ -222,6 +233,12 @@ impl Reader {
     /// Runs `job` on the reader's thread, after what is queued, without waiting for it.
     pub fn submit(&self, job: impl FnOnce() + Send + 'static) {
         let _ = self.jobs.send(Box::new(job));
+    }
+
+    /// A handle that queues jobs on this reader's thread, for a job to queue its own
+    /// continuation behind what was queued meanwhile.
+    pub fn submitter(&self) -> Submitter {
+        Submitter(self.jobs.clone())
     }
 
     /// `read`'s result, run on the reader's thread; `None` if it panicked or the thread is

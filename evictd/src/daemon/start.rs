@@ -230,6 +230,7 @@ impl Daemon {
         protect::settle_heap();
         pressure.reader = realtime::Reader::spawn(opts.realtime_priority);
         pressure.on_killed = sources.iter().find_map(|s| s.on_killed());
+        pressure.charge_clock = sources.iter().find_map(|s| s.charge_clock());
         pressure.disk_walker = DiskWalker::spawn(
             pods.clone(),
             pressure.signals.nodefs.clone(),

@@ -25,13 +25,19 @@ use evictd_common::{
     COUNTER_CHARGE_YIELDED, COUNTER_DROPS_BASE, COUNTER_EMITTED_BASE, COUNTER_ERRORS_BASE,
     COUNTER_RATE_LIMITED, ChargeItems, FLAG_BATCH, FLAG_CHARGE, FLAG_OOM, FLAG_RECLAIM, FLAG_SCOPE,
     KERNEL_ERROR_COUNT, KernelConfig, NODE_SUM_SLOTS,
-    names::{GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_NODE_SUM, MAP_SCOPE},
+    names::{
+        GLOBAL_BOUND_ITEMS, GLOBAL_CHARGE_ITEMS, MAP_CONFIG, MAP_COUNTERS, MAP_EVENTS, MAP_NODE_SUM,
+        MAP_SCOPE,
+    },
+    tracepoints::BATCH_PROGRAMS,
 };
 
 mod attach;
+mod clock;
 pub mod mover;
 
 use attach::{Attached, ChargeLink, charge_err, charge_program};
+pub use clock::{ChargeClock, ChargeMark};
 
 use crate::{
     kernel::{
@@ -98,7 +104,7 @@ pub fn charge_tier_of(
 }
 
 /// Where one program stands after loading.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ProgramStatus {
     /// `group:name` (with ` (raw)` for a raw tracepoint), or `fexit <function>`.
     pub tracepoint: String,
@@ -269,6 +275,43 @@ pub struct KernelProbes {
     batch: bool,
     pub programs: Vec<ProgramStatus>,
     pub items: Vec<StatItem>,
+    /// The charge count's state (`charge_clock`), and whether the counting programs' skips
+    /// can be read (without, no mark is ever given).
+    clock: Arc<clock::ClockState>,
+    clock_usable: bool,
+}
+
+/// The programs that count charge, by a descriptor of their own (their skipped runs are
+/// read while the mover may hold the object): the stat tracepoints' or the batched hook's.
+/// `None` when one of the tier did not attach (a charge through it would go uncounted) or
+/// has no descriptor: the count is then never trusted for bounds.
+fn counting_program_fds(
+    ebpf: &mut Ebpf,
+    charge: &[ChargeLink],
+    programs: &[ProgramStatus],
+    batch: bool,
+) -> Option<Vec<aya::programs::ProgramFd>> {
+    let names: Vec<&'static str> = if batch {
+        let attached = |name: &str| programs.contains(&ProgramStatus::of_fexit(name, None));
+        if !BATCH_PROGRAMS.iter().all(|name| attached(name)) {
+            return None;
+        }
+        BATCH_PROGRAMS.to_vec()
+    } else {
+        // The charge links are those that attached at load.
+        if charge.len() != TRACEPOINTS.iter().filter(|tp| tp.raw).count() {
+            return None;
+        }
+        charge.iter().map(|c| c.spec.program).collect()
+    };
+    if names.is_empty() {
+        return None;
+    }
+    let fds = names.iter().map(|name| {
+        let fd = ebpf.program(name)?.fd().ok()?.try_clone();
+        fd.inspect_err(|e| tracing::debug!(program = name, "no descriptor of its own: {e}")).ok()
+    });
+    fds.collect()
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> EbpfError {
@@ -288,9 +331,14 @@ impl KernelProbes {
         for item in &items {
             mask.select_item(item.value);
         }
+        let mut bound_mask = mask;
+        for item in stat_items::present(&all_items, stat_items::BOUND_ITEMS) {
+            bound_mask.select_item(item.value);
+        }
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(MAP_EVENTS, opts.ring_buffer_bytes)
             .override_global(GLOBAL_CHARGE_ITEMS, &mask, true)
+            .override_global(GLOBAL_BOUND_ITEMS, &bound_mask, true)
             .load(EBPF_OBJECT)
             .map_err(EbpfError::Load)?;
 
@@ -336,9 +384,13 @@ impl KernelProbes {
             config.cgroup_memory_css_off = b.cgroup_memory_css_off;
         }
         let has_charge = !charge.is_empty();
+        let counting_programs = counting_program_fds(&mut ebpf, &charge, &programs, batch.is_some());
+        let clock_usable = counting_programs.is_some();
+        let clock = Arc::new(clock::ClockState::new(counters.clone(), counting_programs.unwrap_or_default()));
         let charge = Arc::new(ChargePrograms {
             attached: AtomicBool::new(has_charge),
             complete: AtomicBool::new(true),
+            clock: clock.clone(),
             loaded: Mutex::new(Loaded { ebpf, links: charge }),
         });
         let probes = KernelProbes {
@@ -355,6 +407,8 @@ impl KernelProbes {
             batch: batch.is_some(),
             programs,
             items,
+            clock,
+            clock_usable,
         };
         Ok((probes, WakeRing { ring, losses }))
     }
@@ -376,7 +430,10 @@ impl KernelProbes {
         if self.batch {
             self.config.flags |= FLAG_BATCH;
         }
-        self.write_config()
+        self.write_config()?;
+        // The batched hook counts from the config just written.
+        self.clock.set_counting(self.clock_usable);
+        Ok(())
     }
 
     /// The charge tier these programs give (the adaptive poll when neither attached).
@@ -394,6 +451,12 @@ impl KernelProbes {
     pub fn watch(&mut self, cgroup_id: u64) -> Result<(), EbpfError> {
         self.config.batch_watch_id = cgroup_id;
         self.write_config()
+    }
+
+    /// The node's charge count, for bounding pods' growth between two reads
+    /// (`ChargeClock::now`, `ChargeClock::grown_since`).
+    pub fn charge_clock(&self) -> ChargeClock {
+        ChargeClock::new(&self.clock, self.page_size, self.ncpus)
     }
 
     /// Whether any charge program attached at load (kernels without the memcg stat
@@ -488,6 +551,8 @@ struct ChargePrograms {
     attached: AtomicBool,
     /// Every charge program is attached.
     complete: AtomicBool,
+    /// The charge count's state: a detach begins a new epoch of it.
+    clock: Arc<clock::ClockState>,
 }
 
 impl ChargePrograms {
@@ -504,13 +569,22 @@ impl ChargePrograms {
             }
         }
         self.attached.store(links.iter().any(|c| c.link.is_some()), Ordering::Release);
-        self.complete.store(links.iter().all(|c| c.link.is_some()), Ordering::Release);
+        let complete = links.iter().all(|c| c.link.is_some());
+        self.complete.store(complete, Ordering::Release);
+        if !links.is_empty() {
+            self.clock.attached(complete);
+        }
         failed.map_or(Ok(attached), Err)
     }
 
     /// Detaches every attached program; returns how many were attached.
     fn detach(&self) -> usize {
         let mut loaded = lock(&self.loaded);
+        // Before the first program comes off: a charge uncounted from here on is in no
+        // interval between two marks that compare.
+        if !loaded.links.is_empty() {
+            self.clock.detaching();
+        }
         let n = loaded.links.iter_mut().filter_map(|c| c.link.take()).count();
         self.attached.store(false, Ordering::Release);
         self.complete.store(loaded.links.is_empty(), Ordering::Release);

@@ -10,6 +10,21 @@ use crate::kernel::btf::{BtfError, KernelBtf};
 pub const DEFAULT_CHARGE_ITEMS: &[&str] =
     &["NR_INACTIVE_ANON", "NR_ACTIVE_ANON", "NR_ACTIVE_FILE", "NR_UNEVICTABLE", "MEMCG_KMEM"];
 
+/// Every stat item that follows a charge of a memory cgroup's page counter, where the kernel
+/// has it (`NR_HUGETLB` is newer than 6.1; `MEMCG_SOCK` follows charges on cgroup v2 only):
+/// the charge programs count them all for the pods' bounds (`COUNTER_CHARGED_PAGES`), whatever
+/// the charge items are.
+pub const BOUND_ITEMS: &[&str] = &[
+    "NR_INACTIVE_ANON",
+    "NR_ACTIVE_ANON",
+    "NR_INACTIVE_FILE",
+    "NR_ACTIVE_FILE",
+    "NR_UNEVICTABLE",
+    "MEMCG_KMEM",
+    "MEMCG_SOCK",
+    "NR_HUGETLB",
+];
+
 const ENUMS: [&str; 2] = ["node_stat_item", "memcg_stat_item"];
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -49,6 +64,11 @@ pub fn select(items: &[StatItem], names: &[impl AsRef<str>]) -> Result<Vec<StatI
             items.iter().find(|i| i.name == n).cloned().ok_or_else(|| StatItemError::Unknown(n.to_owned()))
         })
         .collect()
+}
+
+/// Those of `names` this kernel has.
+pub fn present<'a>(items: &'a [StatItem], names: &[&str]) -> impl Iterator<Item = &'a StatItem> {
+    items.iter().filter(move |i| names.contains(&i.name.as_str()))
 }
 
 #[cfg(test)]

@@ -359,6 +359,7 @@ mod tests {
             dry_run: false,
             error: None,
             decide_us: 500,
+            pods_read: None,
             phases: Some(crate::vocab::Phases {
                 stop_containers_ms: 120.0,
                 stop_sandbox_ms: 30.0,

@@ -198,8 +198,9 @@ impl<W: Write> TraceSink<W> {
                             k.urgency, k.report.method, k.report.signalled_ms, k.report.reaped
                         )
                     });
+                    let read = e.pods_read.map_or(String::new(), |n| format!(" ({n} pods' usage read)"));
                     format!(
-                        " | decide {}µs, {fast}stop containers {:.1}ms, stop sandbox {:.1}ms, {released}",
+                        " | decide {}µs{read}, {fast}stop containers {:.1}ms, stop sandbox {:.1}ms, {released}",
                         e.decide_us, p.stop_containers_ms, p.stop_sandbox_ms
                     )
                 });

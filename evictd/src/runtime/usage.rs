@@ -18,9 +18,12 @@ use evictd_policy::{
 
 pub use super::disk_usage::{DiskMeasured, PodDisk};
 use super::inventory::{PodList, PodRecord, same_cgroups};
-use crate::node::{
-    cgroups::{CgroupMounts, CgroupVersion},
-    memory::{MemoryCgroup, MemoryError, read_kept},
+use crate::{
+    kernel::ebpf::{ChargeClock, ChargeMark},
+    node::{
+        cgroups::{CgroupMounts, CgroupVersion},
+        memory::{MemoryCgroup, MemoryError, read_kept},
+    },
 };
 
 /// The directory of a pod cgroup relative to a hierarchy root. cgroupfs parents are paths
@@ -71,7 +74,12 @@ pub struct PodUsageFiles {
     cgroups: Vec<Option<PodCgroups>>,
     /// Pod `i`'s usage file, kept open; as long as `cgroups`.
     files: Vec<Option<fs::File>>,
+    /// Pod `i`'s usage as last read with the node's charge count taken before that read
+    /// (`usage_at`, `bound`); as long as `cgroups`.
+    seen: Vec<Option<(u64, ChargeMark)>>,
     limit: usize,
+    /// Usage reads made, for `--trace`'s and the tests' count of what a decision read.
+    reads: u64,
 }
 
 impl Default for PodUsageFiles {
@@ -84,7 +92,14 @@ impl Default for PodUsageFiles {
 impl PodUsageFiles {
     /// Keeping at most `limit` files open.
     pub fn at_most(limit: usize) -> Self {
-        PodUsageFiles { list: None, cgroups: Vec::new(), files: Vec::new(), limit }
+        PodUsageFiles {
+            list: None,
+            cgroups: Vec::new(),
+            files: Vec::new(),
+            seen: Vec::new(),
+            limit,
+            reads: 0,
+        }
     }
 
     /// Follows `pods`: a list naming the cgroups of the one followed takes its place (nothing
@@ -97,15 +112,20 @@ impl PodUsageFiles {
             _ => {
                 // Forgotten first: a panic below must not leave the old list naming new cgroups.
                 self.list = None;
-                let mut kept: HashMap<PathBuf, fs::File> = std::mem::take(&mut self.cgroups)
+                type Kept = (Option<fs::File>, Option<(u64, ChargeMark)>);
+                let mut kept: HashMap<PathBuf, Kept> = std::mem::take(&mut self.cgroups)
                     .into_iter()
-                    .zip(std::mem::take(&mut self.files))
-                    .filter_map(|(cg, file)| Some((cg?.memory.dir, file?)))
+                    .zip(std::mem::take(&mut self.files).into_iter().zip(std::mem::take(&mut self.seen)))
+                    .filter_map(|(cg, kept)| Some((cg?.memory.dir, kept)))
                     .collect();
                 self.cgroups = pods.iter().map(|p| pod_cgroups(p, layout)).collect();
-                self.files = (self.cgroups.iter().enumerate())
-                    .map(|(i, cg)| kept.remove(&cg.as_ref()?.memory.dir).filter(|_| i < self.limit))
-                    .collect();
+                (self.files, self.seen) = (self.cgroups.iter().enumerate())
+                    .map(|(i, cg)| {
+                        let (file, seen) =
+                            cg.as_ref().and_then(|cg| kept.remove(&cg.memory.dir)).unwrap_or_default();
+                        (file.filter(|_| i < self.limit), seen)
+                    })
+                    .unzip();
                 // The files of pods gone are closed before any is opened: never more than
                 // `limit` open, even while a whole node's pods are replaced.
                 drop(kept);
@@ -119,6 +139,11 @@ impl PodUsageFiles {
         self.list = Some(pods.clone());
     }
 
+    /// Whether the list followed is `pods` (the same list, not an equal one).
+    pub fn follows(&self, pods: &PodList) -> bool {
+        self.list.as_ref().is_some_and(|l| Arc::ptr_eq(l, pods))
+    }
+
     /// The cgroups of pod `i` of the list followed (`None`: the runtime gave no parent).
     pub fn cgroups(&self, i: usize) -> Option<&PodCgroups> {
         self.cgroups.get(i)?.as_ref()
@@ -128,9 +153,60 @@ impl PodUsageFiles {
     /// when its cgroup is gone.
     pub fn usage(&mut self, i: usize) -> Option<Result<Option<u64>, MemoryError>> {
         debug_assert_eq!(self.files.len(), self.cgroups.len(), "a file slot for every pod");
+        debug_assert_eq!(self.seen.len(), self.cgroups.len(), "a read slot for every pod");
         let cg = self.cgroups.get(i)?.as_ref()?;
         let keep = i < self.limit;
+        self.reads += 1;
         Some(read_kept(self.files.get_mut(i)?, &cg.memory, keep))
+    }
+
+    /// How many usage reads were made (`usage`).
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// `usage(i)`, remembered with `mark`, the node's charge count read before it (`bound`).
+    pub fn usage_at(
+        &mut self,
+        i: usize,
+        mark: Option<ChargeMark>,
+    ) -> Option<Result<Option<u64>, MemoryError>> {
+        let read = self.usage(i)?;
+        if let Some(seen) = self.seen.get_mut(i) {
+            *seen = match (&read, mark) {
+                (Ok(Some(bytes)), Some(mark)) => Some((*bytes, mark)),
+                _ => None,
+            };
+        }
+        Some(read)
+    }
+
+    /// The most pod `i`'s usage can be at `now`: as last read (`usage_at`) plus what the
+    /// node was charged since; `None` when not read with a mark that compares with `now`.
+    pub fn bound(&self, i: usize, clock: &ChargeClock, now: ChargeMark) -> Option<u64> {
+        let (bytes, then) = (*self.seen.get(i)?)?;
+        Some(bytes.saturating_add(clock.grown_since(then, now)?))
+    }
+
+    /// Reads the usage of up to `n` pods from pod `from` on, with one mark read before
+    /// them; returns where the next chunk starts (the list's length: all read).
+    pub fn refresh(&mut self, from: usize, n: usize, clock: &ChargeClock) -> usize {
+        let mark = clock.now();
+        let end = from.saturating_add(n).min(self.cgroups.len());
+        for i in from..end {
+            let _ = self.usage_at(i, mark);
+        }
+        end
+    }
+
+    /// Forgets every usage read (`bound`): they bound nothing any more.
+    pub fn forget_reads(&mut self) {
+        self.seen.fill(None);
+    }
+
+    /// How many pods have a usage read that may bound them (`bound`).
+    pub fn remembered(&self) -> usize {
+        self.seen.iter().flatten().count()
     }
 
     /// How many usage files are open.

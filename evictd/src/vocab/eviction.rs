@@ -29,6 +29,9 @@ pub struct EvictionRecord {
     /// `None` when it worked (or was a dry run).
     pub error: Option<String>,
     pub decide_us: u64,
+    /// How many pods' usage a memory decision read (`None`: not a memory decision); the
+    /// others were ranked by a bound from an earlier read and the node's charge count.
+    pub pods_read: Option<usize>,
     pub phases: Option<Phases>,
     /// What woke evictd for this decision, and when (CLOCK_MONOTONIC ns throughout, the
     /// clock of `bpf_ktime_get_ns`, so latencies can be taken against any other process's).

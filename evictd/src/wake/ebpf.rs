@@ -30,7 +30,7 @@ use super::{
 use crate::{
     kernel::{
         ebpf::{
-            Counters, KernelProbes, RingLosses, WakeRing,
+            ChargeClock, Counters, KernelProbes, RingLosses, WakeRing,
             mover::{ChargeMover, Why},
         },
         sched,
@@ -329,6 +329,10 @@ impl WakeSource for EbpfWake {
     /// escalate, and the pass after the eviction attaches them again if a threshold is still
     /// within the band. Only where the band detaches them anyway (the poll runs, and watches
     /// again from that pass on). The batched hook runs on charges only, never on an exit.
+    fn charge_clock(&self) -> Option<ChargeClock> {
+        Some(self.probes.charge_clock())
+    }
+
     fn on_killed(&self) -> Option<OnKilled> {
         self.band?;
         if let Some(mover) = self.mover.clone().filter(ChargeMover::alive) {

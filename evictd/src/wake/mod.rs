@@ -19,7 +19,7 @@ use evictd_policy::{observations::Observations, policy::Threshold};
 use tokio::sync::mpsc;
 
 use crate::{
-    kernel::ebpf::{Counters, LoadOptions},
+    kernel::ebpf::{ChargeClock, Counters, LoadOptions},
     node::signals::NodeSignalSources,
     vocab::{ChargeTier, OnKilled, WakeCause, monotonic_ns},
 };
@@ -152,6 +152,11 @@ pub trait WakeSource {
     /// What the act step should call once a pod it stops is being killed (the eBPF source:
     /// take its charge programs off the victim's exit).
     fn on_killed(&self) -> Option<OnKilled> {
+        None
+    }
+    /// The node's charge count, when this source's kernel programs keep one that bounds the
+    /// pods' growth (the eBPF source).
+    fn charge_clock(&self) -> Option<ChargeClock> {
         None
     }
 }

@@ -68,8 +68,11 @@ fn read_usage(
 /// bound could rank them first have their inactive file pages read from memory.stat
 /// (`rank::read_memory_contenders`), and their working set is that usage less them, so it
 /// never exceeds the bound the stop relied on; the first of them also has its containers'
-/// memory read (`with_first_pods_containers`). When no pod may be evicted, those that may
-/// not are read instead, for the decision to say why (critical, protected, opted out)
+/// memory read (`with_first_pods_containers`). With the node's charge count (`clock`), a
+/// pod read since under an unbroken count is bounded by that read plus what the node was
+/// charged since, and is read again only if that bound could rank it first: on a node of
+/// many pods a decision then reads a few, not all. When no pod may be evicted, those that
+/// may not are read instead, for the decision to say why (critical, protected, opted out)
 /// rather than that there are no pods.
 fn read_memory_candidates(
     pods: &PodList,
@@ -78,32 +81,145 @@ fn read_memory_candidates(
     protected: &[bool],
     files: &std::sync::Mutex<usage::PodUsageFiles>,
     signal: Signal,
-) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
+    clock: Option<&ChargeClock>,
+) -> (UsageReads, usize) {
     let started = Instant::now();
     with_usage_files(files, |files| {
         files.follow(pods, cgroups);
+        let reads_before = files.reads();
+        let ranked = MemoryRead { pods, gone, cgroups, protected, signal };
+        let read = match ranked.read(files, clock) {
+            Ok(read) => read,
+            Err(BoundMissed { pod }) => {
+                // A pod grew past what the node's charge count allowed: a charge the count
+                // missed. Bounds are not to be trusted; every pod is read.
+                tracing::warn!(
+                    pod,
+                    "a pod's usage exceeded its bound from the node's charge count: every pod's usage is read \
+                     again"
+                );
+                files.forget_reads();
+                ranked.read(files, None).unwrap_or_default()
+            }
+        };
+        let (mut out, read) = read;
+        // Read within the decision's deadline, not the record's: a container's memory.stat
+        // is a part of what its pod's, just read, sums (the same hierarchy and locks), so
+        // one stuck where the pod's was not is not expected. A read already slow leaves the
+        // record's read to its own, shorter, deadline.
+        let read = if started.elapsed() < CHOSEN_READ_TIMEOUT {
+            with_first_pods_containers(read, pods, protected, files, cgroups, signal)
+        } else {
+            read
+        };
+        out.extend(read.into_iter().map(|(i, stats)| (i, Ok(stats))));
+        (out, (files.reads() - reads_before) as usize)
+    })
+}
+
+/// Pods (by index) with their stats, or why they could not be read.
+type UsageReads = Vec<(usize, Result<PodStats, usage::UsageError>)>;
+
+/// A pod read afresh was past the bound its earlier read and the charge count gave.
+#[derive(Debug)]
+struct BoundMissed {
+    pod: String,
+}
+
+/// What a memory ranking reads from: the pods, and which of them may be taken.
+struct MemoryRead<'a> {
+    pods: &'a PodList,
+    gone: &'a BTreeMap<String, BTreeSet<String>>,
+    cgroups: &'a CgroupMounts,
+    protected: &'a [bool],
+    signal: Signal,
+}
+
+/// Pods whose usage could not be read, and the pods read for ranking, with their stats.
+type MemoryReads = (UsageReads, Vec<(usize, PodStats)>);
+
+/// A live pod's usage for ranking: read now, or bounded by an earlier read.
+struct Bounded {
+    pod: usize,
+    read_now: Option<u64>,
+    bound: u64,
+    stats: PodStats,
+}
+
+impl MemoryRead<'_> {
+    /// The ranking's reads (`read_memory_candidates`), bounded by earlier reads where
+    /// `clock` allows.
+    fn read(
+        &self,
+        files: &mut usage::PodUsageFiles,
+        clock: Option<&ChargeClock>,
+    ) -> Result<MemoryReads, BoundMissed> {
+        let pods = self.pods;
+        // Taken before any read below, so it bounds them all for the next decision.
+        let now = clock.and_then(ChargeClock::now);
         let mut out = Vec::new();
         let mut bounds = Vec::with_capacity(pods.len());
-        for (i, p) in live_pods(pods, gone) {
-            match files.usage(i) {
+        let mut earlier = 0;
+        for (i, p) in live_pods(pods, self.gone) {
+            if let (Some(clock), Some(now)) = (clock, now)
+                && let Some(bound) = files.bound(i, clock, now)
+            {
+                earlier += 1;
+                bounds.push(Bounded {
+                    pod: i,
+                    read_now: None,
+                    bound,
+                    stats: usage::working_set_bound(bound),
+                });
+                continue;
+            }
+            match files.usage_at(i, now) {
                 None => out.push((i, Err(usage::UsageError::NoCgroup))),
-                Some(Ok(Some(bytes))) => bounds.push((i, bytes, usage::working_set_bound(bytes))),
+                Some(Ok(Some(bytes))) => bounds.push(Bounded {
+                    pod: i,
+                    read_now: Some(bytes),
+                    bound: bytes,
+                    stats: usage::working_set_bound(bytes),
+                }),
                 Some(Ok(None)) => cgroup_gone(p),
                 Some(Err(e)) => out.push((i, Err(e.into()))),
             }
         }
         let entries: Vec<PodEntry> = bounds
             .iter()
-            .map(|(i, _, bound)| PodEntry {
-                pod: &pods[*i].spec,
-                stats: Some(bound),
-                protected: protected[*i],
+            .map(|b| PodEntry {
+                pod: &pods[b.pod].spec,
+                stats: Some(&b.stats),
+                protected: self.protected[b.pod],
             })
             .collect();
+        let mut missed = None;
         let mut exact = |b: usize| {
-            let (i, bytes, _) = bounds[b];
+            // After a miss every pod is read again: nothing more is worth reading here.
+            if missed.is_some() {
+                return None;
+            }
+            let Bounded { pod: i, read_now, bound, .. } = bounds[b];
+            let bytes = match read_now {
+                Some(bytes) => bytes,
+                None => match files.usage_at(i, now)? {
+                    Ok(Some(bytes)) if bytes > bound => {
+                        missed = Some(format!("{}/{}", pods[i].namespace, pods[i].name));
+                        return None;
+                    }
+                    Ok(Some(bytes)) => bytes,
+                    Ok(None) => {
+                        cgroup_gone(&pods[i]);
+                        return None;
+                    }
+                    Err(e) => {
+                        out.push((i, Err(e.into())));
+                        return None;
+                    }
+                },
+            };
             let cg = files.cgroups(i)?;
-            match usage::memory_ranking_stats(&pods[i], cg, cgroups, bytes) {
+            match usage::memory_ranking_stats(&pods[i], cg, self.cgroups, bytes) {
                 Ok(stats) => Some(stats),
                 // Removed between its usage and its memory.stat: terminating.
                 Err(_) if !cg.memory.dir.exists() => {
@@ -117,24 +233,22 @@ fn read_memory_candidates(
             }
         };
         let read: Vec<(usize, PodStats)> = if entries.iter().any(rank::evictable) {
-            rank::read_memory_contenders(&entries, 1, signal, &mut exact)
+            rank::read_memory_contenders(&entries, 1, self.signal, &mut exact)
         } else {
             (0..entries.len()).filter_map(|b| Some((b, exact(b)?))).collect()
         };
-        let read = read.into_iter().map(|(b, stats)| (bounds[b].0, stats)).collect();
-        // Read within the decision's deadline, not the record's: a container's memory.stat
-        // is a part of what its pod's, just read, sums (the same hierarchy and locks), so
-        // one stuck where the pod's was not is not expected. A read already slow leaves the
-        // record's read to its own, shorter, deadline.
-        let read = if started.elapsed() < CHOSEN_READ_TIMEOUT {
-            with_first_pods_containers(read, pods, protected, files, cgroups, signal)
-        } else {
-            read
-        };
-        tracing::debug!(bounded = bounds.len(), read = read.len(), "memory candidates");
-        out.extend(read.into_iter().map(|(i, stats)| (i, Ok(stats))));
-        out
-    })
+        if let Some(pod) = missed {
+            return Err(BoundMissed { pod });
+        }
+        let read = read.into_iter().map(|(b, stats)| (bounds[b].pod, stats)).collect::<Vec<_>>();
+        tracing::debug!(
+            bounded = bounds.len(),
+            by_earlier_reads = earlier,
+            read = read.len(),
+            "memory candidates"
+        );
+        Ok((out, read))
+    }
 }
 
 /// `read` (pods by index, with their memory ranking stats) with the containers' memory read
@@ -254,13 +368,22 @@ impl Pressure {
     ) -> Vec<(&'a PodRecord, PodStats)> {
         let protected: Vec<bool> =
             pods.iter().map(|p| failed.contains(&p.sandbox_id) || self.protects(p)).collect();
-        let (all, gone, cgroups, files) =
-            (pods.clone(), self.gone.clone(), self.cgroups.clone(), self.usage_files.clone());
+        let (all, gone, cgroups, files, clock) = (
+            pods.clone(),
+            self.gone.clone(),
+            self.cgroups.clone(),
+            self.usage_files.clone(),
+            self.charge_clock.clone(),
+        );
         let read = self
             .read_for_decision(CANDIDATES_READ_TIMEOUT, move || {
-                read_memory_candidates(&all, &gone, &cgroups, &protected, &files, signal)
+                read_memory_candidates(&all, &gone, &cgroups, &protected, &files, signal, clock.as_ref())
             })
             .await;
+        let read = read.map(|(read, pods_read)| {
+            self.pods_read = Some(self.pods_read.unwrap_or(0) + pods_read);
+            read
+        });
         self.readable(pods, read)
     }
 
@@ -327,6 +450,7 @@ impl Pressure {
         let mut records = Vec::new();
         let mut failed: BTreeSet<String> = BTreeSet::new();
         let mut final_state = None;
+        self.pods_read = None;
         let mut kept = None;
         for _ in 0..MAX_CANDIDATES {
             let candidates = self.candidates_for_try(pods, signal, disk, &failed, kept.take()).await;
@@ -503,6 +627,7 @@ impl Pressure {
             dry_run: self.dry_run,
             error: None,
             decide_us: t0.elapsed().as_micros() as u64,
+            pods_read: self.pods_read,
             phases: None,
             wake_cause: None,
             wake_kernel_ts_ns: None,

@@ -62,6 +62,19 @@ fn under_pressure(root: &Path, client: Option<CriClient>) -> Pressure {
     p
 }
 
+/// A Pressure on a fixture node at `root` of 4 GiB with 1 MiB in use, far from the kubelet's
+/// default thresholds, with a reader.
+fn far_from_pressure(root: &Path) -> Pressure {
+    std::fs::write(root.join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
+        .unwrap();
+    std::fs::write(root.join("memory.usage_in_bytes"), "1048576\n").unwrap();
+    std::fs::write(root.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    let mut p = pressure(root);
+    p.signals.node.meminfo = root.join("meminfo");
+    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    p
+}
+
 /// A CRI client of a scripted runtime listening in `dir`, whose stops take effect at once.
 fn scripted_client(dir: &Path) -> CriClient {
     use crate::runtime::cri::scripted::{Script, scripted_runtime};
@@ -360,6 +373,64 @@ async fn a_memory_decision_reads_the_working_set_only_of_pods_that_can_rank_firs
     assert_eq!(p.usage_files.lock().unwrap().open(), 120, "each pod's usage file is kept open");
 }
 
+/// On a node of many pods, a memory decision after a pass that read their usage under the
+/// node's charge count reads again only the pods whose bound (that read plus what the node
+/// was charged since) could rank them first: here one of 250, where it read all 250. A pod
+/// found past its bound (its usage file rewritten, a growth no charge counted) makes the
+/// decision read every pod again. The count is the kernel's (evictd's programs, loaded).
+#[tokio::test(flavor = "current_thread")]
+async fn a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_first() {
+    const TEST: &str = "a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_first";
+    let (mut probes, _ring) = match crate::kernel::ebpf::KernelProbes::load(&Default::default()) {
+        Ok(loaded) => loaded,
+        Err(e) => return crate::skip(TEST, &format!("evictd's eBPF programs do not load: {e}")),
+    };
+    // The batched hook counts the charges that reach the cgroup it watches: the node's root.
+    let root = CgroupMounts::detect().unwrap().memory_root;
+    probes.watch(crate::node::cgroup_names::cgroup_id(&root).unwrap()).unwrap();
+    probes.rearm(1 << 50).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let mut pods = Vec::new();
+    for i in 0..249 {
+        memcg(&d.path().join(format!("kubepods/pod-{i}")), 40 << 20);
+        pods.push(pod(&format!("small-{i}"), Some(&format!("/kubepods/pod-{i}"))));
+    }
+    let big = d.path().join("kubepods/pod-big");
+    memcg(&big, 900 << 20);
+    std::fs::write(big.join("memory.stat"), format!("total_inactive_file {}\n", 100u64 << 20)).unwrap();
+    pods.insert(100, pod("big", Some("/kubepods/pod-big")));
+    let pods = list(pods);
+    // Far from the threshold: the pass decides nothing, and reads the pods after it.
+    let mut p = far_from_pressure(d.path());
+    p.charge_clock = Some(probes.charge_clock());
+    let (records, _) = p.pass(&pods, || 1, None, false).await;
+    assert!(records.is_empty(), "{records:?}");
+    // The refresh goes in chunks, each queued behind what came meanwhile (a decision goes
+    // first): reads queued behind it see one more chunk done each.
+    let remembered = |p: &Pressure| p.usage_files.lock().unwrap().remembered();
+    for _ in 0..250 {
+        p.read_for_decision(Duration::from_secs(2), || ()).await;
+        if remembered(&p) == 250 {
+            break;
+        }
+    }
+    assert_eq!(remembered(&p), 250, "every pod read after the pass, under the charge count");
+    let reads = |p: &Pressure| p.usage_files.lock().unwrap().reads();
+    let before = reads(&p);
+    let ranked = |c: &[(&PodRecord, PodStats)]| -> Vec<(String, Option<u64>)> {
+        c.iter().map(|(r, s)| (r.name.clone(), s.memory.as_ref().and_then(|m| m.working_set_bytes))).collect()
+    };
+    let contenders = p.memory_candidates(&pods, Signal::MemoryAvailable, &BTreeSet::new()).await;
+    assert_eq!(ranked(&contenders), [("big".to_string(), Some(800 << 20))]);
+    assert_eq!(reads(&p) - before, 1, "the decision read more than the pod that ranks first");
+    // The big pod's usage rewritten to 2 GiB: past its bound, so every pod is read again.
+    std::fs::write(big.join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
+    let before = reads(&p);
+    let contenders = p.memory_candidates(&pods, Signal::MemoryAvailable, &BTreeSet::new()).await;
+    assert_eq!(ranked(&contenders), [("big".to_string(), Some((2048 - 100) << 20))]);
+    assert!(reads(&p) - before > 250, "{} reads after a bound was missed", reads(&p) - before);
+}
+
 /// The usage files of a new pod list are opened after a pass, before any decision needs
 /// them, and those of pods gone are closed.
 #[tokio::test(flavor = "current_thread")]
@@ -369,13 +440,7 @@ async fn usage_files_are_opened_for_each_new_pod_list_after_the_pass() {
         memcg(&d.path().join(format!("kubepods/pod-{n}")), 1 << 20);
     }
     // A node far from its threshold: no decision reads anything.
-    let mut p = pressure(d.path());
-    std::fs::write(d.path().join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
-        .unwrap();
-    std::fs::write(d.path().join("memory.usage_in_bytes"), "1048576\n").unwrap();
-    std::fs::write(d.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
-    p.signals.node.meminfo = d.path().join("meminfo");
-    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    let mut p = far_from_pressure(d.path());
     let open_after = async |p: &mut Pressure, pods: Vec<PodRecord>| {
         let (records, _) = p.pass(&list(pods), || 1, None, false).await;
         assert!(records.is_empty(), "{records:?}");

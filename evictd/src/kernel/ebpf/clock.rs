@@ -1,0 +1,229 @@
+//! How much the node has been charged since a moment userspace marked, from the charge
+//! programs' count (`COUNTER_CHARGED_PAGES`: every page charged, frees not taken off).
+//!
+//! No pod's usage can grow by more than the node is charged, so a pod's usage read at mark
+//! `a` is at most that plus `b − a` (and the kernel's slack, below) at mark `b`: ranking can
+//! pass over a pod whose bound is below the first pod's real usage without reading it. The
+//! bound holds only while every charge was counted, so a mark is refused, or two marks do
+//! not compare, when that may not have been so:
+//! - the charge programs were not all attached (the stat tracepoints come off while a
+//!   killed pod exits, and far from every threshold), or were detached in between (a detach
+//!   and an attach each begin a new epoch: marks of two epochs do not compare);
+//! - the kernel skipped a program run (it does not re-enter a program on a CPU: a charge in
+//!   an interrupt while the same program runs is lost), seen in the programs'
+//!   `recursion_misses`.
+//!
+//! What the count cannot see is the kernel's slack (`slack_pages_per_cpu`): memory charged
+//! to a page counter whose stat event (the stat tracepoints' tier) or whose hook's exit (the
+//! batched hook's) has not come yet. Per CPU that is one charge in flight, the per-CPU
+//! stock's precharge and the LRU and mlock batches. Not bounded: a task preempted between
+//! charging a huge page and its LRU stat event, on the stat tracepoints' tier, holds 2 MiB
+//! outside the count until it runs again (the batched hook counts at the charge itself).
+
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd},
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+};
+
+use aya::programs::ProgramFd;
+use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
+use evictd_common::{CHARGED_PAGES_SLOTS, COUNTER_CHARGED_PAGES};
+
+use super::{CounterMap, sum_counter};
+
+/// Pages a CPU can have charged to a pod's page counters that the count does not show
+/// yet: the charge in flight (a PMD-sized folio — a page table's worth of pages, 512 with
+/// 4 KiB pages — between its charge and its stat event, or before the batched hook's exit
+/// runs), the per-CPU stock's precharge (up to the 64-page charge batch for each of the 7
+/// memory cgroups a CPU's stock holds since Linux 6.16, all of one pod's containers at
+/// worst), and the order-0 pages waiting in the CPU's LRU-add and mlock batches (31 each)
+/// before their LRU stat event.
+fn slack_pages_per_cpu(page_size: u64) -> u64 {
+    let pmd_folio = page_size / 8;
+    pmd_folio + 7 * 64 + 31 + 31
+}
+
+/// The count's state, shared by the probes (which change it) and the clocks (which read it).
+pub(super) struct ClockState {
+    counters: CounterMap,
+    /// The programs whose runs the kernel may skip (their `recursion_misses`).
+    programs: Vec<ProgramFd>,
+    /// A new epoch begins before any charge program is detached, and when the batched hook
+    /// watches another cgroup.
+    epoch: AtomicU64,
+    /// The programs were armed with charge counting on (and, for the batched hook, a cgroup
+    /// to watch).
+    counting: AtomicBool,
+    /// Every counting program is attached (the batched hook always is).
+    attached: AtomicBool,
+}
+
+impl ClockState {
+    pub(super) fn new(counters: CounterMap, programs: Vec<ProgramFd>) -> Self {
+        ClockState {
+            counters,
+            programs,
+            epoch: AtomicU64::new(0),
+            counting: AtomicBool::new(false),
+            attached: AtomicBool::new(true),
+        }
+    }
+
+    /// Programs are about to come off: no mark from here on (`attached` first, so that a
+    /// mark read meanwhile fails its second look), and none taken before compares with a
+    /// later one.
+    pub(super) fn detaching(&self) {
+        self.attached.store(false, Ordering::SeqCst);
+        self.new_epoch();
+    }
+
+    /// The programs are back on (`all`: every one of them): marks again, in a new epoch.
+    pub(super) fn attached(&self, all: bool) {
+        self.new_epoch();
+        self.attached.store(all, Ordering::SeqCst);
+    }
+
+    fn counts(&self) -> bool {
+        self.counting.load(Ordering::Acquire) && self.attached.load(Ordering::SeqCst)
+    }
+
+    fn new_epoch(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(super) fn set_counting(&self, counting: bool) {
+        self.counting.store(counting, Ordering::Release);
+    }
+
+    fn recursion_misses(&self) -> io::Result<u64> {
+        self.programs.iter().map(recursion_misses).sum()
+    }
+}
+
+/// A program's `recursion_misses`: runs the kernel skipped because the program was already
+/// running on that CPU.
+fn recursion_misses(prog: &ProgramFd) -> io::Result<u64> {
+    // SAFETY: plain-old-data kernel ABI structs; all zeroes is their valid empty value.
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.info.bpf_fd = prog.as_fd().as_raw_fd() as u32;
+    attr.info.info_len = size_of::<bpf_prog_info>() as u32;
+    attr.info.info = &raw mut info as u64;
+    // SAFETY: `attr` names a buffer of `info_len` bytes that outlives the call; the kernel
+    // writes at most that many.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
+            &raw mut attr,
+            size_of::<bpf_attr>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(info.recursion_misses)
+}
+
+/// The node's charge count at one moment, as far as it can bound growth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChargeMark {
+    epoch: u64,
+    misses: u64,
+    pages: u64,
+}
+
+/// Reads the charge count for bounds (`now`, `grown_since`); clones share the probes' state
+/// and read nothing once the probes are gone.
+#[derive(Clone)]
+pub struct ChargeClock {
+    state: Weak<ClockState>,
+    page_size: u64,
+    slack_bytes: u64,
+}
+
+impl std::fmt::Debug for ChargeClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChargeClock").field("slack_bytes", &self.slack_bytes).finish_non_exhaustive()
+    }
+}
+
+impl ChargeClock {
+    pub(super) fn new(state: &Arc<ClockState>, page_size: u64, ncpus: u64) -> Self {
+        ChargeClock {
+            state: Arc::downgrade(state),
+            page_size,
+            slack_bytes: ncpus.max(1) * slack_pages_per_cpu(page_size) * page_size,
+        }
+    }
+
+    /// The count now, or `None` when it may miss charges (see the module's list). Two
+    /// syscalls per counting program and a map read per slot: a few microseconds.
+    pub fn now(&self) -> Option<ChargeMark> {
+        let state = self.state.upgrade()?;
+        if !state.counts() {
+            return None;
+        }
+        let epoch = state.epoch.load(Ordering::SeqCst);
+        let misses = state.recursion_misses().ok()?;
+        let mut pages = 0;
+        for slot in 0..CHARGED_PAGES_SLOTS {
+            pages += sum_counter(&state.counters, COUNTER_CHARGED_PAGES + slot).ok()?;
+        }
+        // A skip or a detach begun while the count was read: it may not hold them all.
+        let still = state.recursion_misses().ok()? == misses
+            && state.epoch.load(Ordering::SeqCst) == epoch
+            && state.counts();
+        still.then_some(ChargeMark { epoch, misses, pages })
+    }
+
+    /// How much any one cgroup under the node can have grown between `then` and `now`
+    /// (`then` taken before the usage it bounds was read), in bytes; `None` when the two
+    /// do not compare.
+    pub fn grown_since(&self, then: ChargeMark, now: ChargeMark) -> Option<u64> {
+        Some(self.charged(then, now)?.saturating_add(self.slack_bytes))
+    }
+
+    /// The bytes counted as charged between `then` and `now`; `None` when the two do not
+    /// compare.
+    pub fn charged(&self, then: ChargeMark, now: ChargeMark) -> Option<u64> {
+        if then.epoch != now.epoch || then.misses != now.misses || now.pages < then.pages {
+            return None;
+        }
+        Some((now.pages - then.pages).saturating_mul(self.page_size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clock() -> ChargeClock {
+        ChargeClock { state: Weak::new(), page_size: 4096, slack_bytes: 1 << 20 }
+    }
+
+    /// Growth is the pages counted between the marks plus the slack, only within one epoch
+    /// and with no run skipped; a count that went back (impossible) compares with nothing.
+    #[test]
+    fn growth_compares_only_marks_of_one_unbroken_count() {
+        let c = clock();
+        let then = ChargeMark { epoch: 3, misses: 7, pages: 100 };
+        let now = ChargeMark { pages: 356, ..then };
+        assert_eq!(c.grown_since(then, now), Some(256 * 4096 + (1 << 20)));
+        assert_eq!(c.grown_since(then, then), Some(1 << 20));
+        assert_eq!(c.grown_since(then, ChargeMark { epoch: 4, ..now }), None);
+        assert_eq!(c.grown_since(then, ChargeMark { misses: 8, ..now }), None);
+        assert_eq!(c.grown_since(now, then), None);
+    }
+
+    /// A clock whose probes are gone reads nothing.
+    #[test]
+    fn a_clock_without_probes_has_no_mark() {
+        assert_eq!(clock().now(), None);
+    }
+}
