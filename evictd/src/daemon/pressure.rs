@@ -283,6 +283,12 @@ impl Pressure {
     /// of `REFRESH_CHUNK` pods, each queued behind what the reader was given meanwhile, so a
     /// decision waits for one chunk at most; one read at a time, begun at most once per
     /// `REFRESH_EVERY`, so that a storm of wakes near a threshold costs at most ~3 % of a CPU.
+    /// Forgets a refresh under way (queued on a reader given up on): the next pass may begin
+    /// one on the new reader.
+    pub(super) fn refreshing_anew(&mut self) {
+        self.refreshing = Default::default();
+    }
+
     fn refresh_usage_reads(&mut self, pods: &PodList) {
         use std::sync::atomic::Ordering;
         const REFRESH_EVERY: Duration = Duration::from_millis(20);

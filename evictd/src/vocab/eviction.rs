@@ -29,8 +29,9 @@ pub struct EvictionRecord {
     /// `None` when it worked (or was a dry run).
     pub error: Option<String>,
     pub decide_us: u64,
-    /// How many pods' usage a memory decision read (`None`: not a memory decision); the
-    /// others were ranked by a bound from an earlier read and the node's charge count.
+    /// How many pods' usage a memory decision read (`None`: not a memory decision, or its
+    /// reads were given up on); the others were ranked by a bound from an earlier read and the
+    /// node's charge count.
     pub pods_read: Option<usize>,
     pub phases: Option<Phases>,
     /// What woke evictd for this decision, and when (CLOCK_MONOTONIC ns throughout, the

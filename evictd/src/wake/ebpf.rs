@@ -323,16 +323,17 @@ impl WakeSource for EbpfWake {
         self.watermark
     }
 
+    /// The programs count every page charged, whichever tier attached.
+    fn charge_clock(&self) -> Option<ChargeClock> {
+        Some(self.probes.charge_clock())
+    }
+
     /// A killed pod's exit uncharges every page it held, and each uncharge runs the memcg
     /// stat programs (freed per GiB ~25 % slower with them attached): they come off once
     /// evictd's fast kill has signalled the pod, when nothing is left for a charge wake to
     /// escalate, and the pass after the eviction attaches them again if a threshold is still
     /// within the band. Only where the band detaches them anyway (the poll runs, and watches
     /// again from that pass on). The batched hook runs on charges only, never on an exit.
-    fn charge_clock(&self) -> Option<ChargeClock> {
-        Some(self.probes.charge_clock())
-    }
-
     fn on_killed(&self) -> Option<OnKilled> {
         self.band?;
         if let Some(mover) = self.mover.clone().filter(ChargeMover::alive) {

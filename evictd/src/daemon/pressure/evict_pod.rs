@@ -194,6 +194,12 @@ impl MemoryRead<'_> {
             })
             .collect();
         let mut missed = None;
+        // `bound` as of now rather than as of the decision's mark; unchanged when the two
+        // marks do not compare (then a pod past it is a miss: every pod is read, the safe way).
+        let grown_by_now = |bound: u64| {
+            let since = (clock.zip(now)).and_then(|(c, then)| c.charged(then, c.now()?));
+            bound.saturating_add(since.unwrap_or(0))
+        };
         let mut exact = |b: usize| {
             // After a miss every pod is read again: nothing more is worth reading here.
             if missed.is_some() {
@@ -203,7 +209,9 @@ impl MemoryRead<'_> {
             let bytes = match read_now {
                 Some(bytes) => bytes,
                 None => match files.usage_at(i, now)? {
-                    Ok(Some(bytes)) if bytes > bound => {
+                    // Past the bound at the decision's mark, but maybe not past it by what was
+                    // charged since that mark (a slow decision, a fast grower).
+                    Ok(Some(bytes)) if bytes > bound && bytes > grown_by_now(bound) => {
                         missed = Some(format!("{}/{}", pods[i].namespace, pods[i].name));
                         return None;
                     }
@@ -327,6 +335,9 @@ impl Pressure {
                      replaced"
                 );
                 self.reader = self.reader.as_ref().and_then(|r| r.replacement());
+                // A refresh queued on the reader given up on may never end: the new reader
+                // refreshes on its own.
+                self.refreshing_anew();
                 None
             }
         }

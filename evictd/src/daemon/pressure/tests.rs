@@ -385,7 +385,7 @@ async fn a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_fir
         Ok(loaded) => loaded,
         Err(e) => return crate::skip(TEST, &format!("evictd's eBPF programs do not load: {e}")),
     };
-    // The batched hook counts the charges that reach the cgroup it watches: the node's root.
+    // The node's root, as the daemon watches it (the count does not depend on it).
     let root = CgroupMounts::detect().unwrap().memory_root;
     probes.watch(crate::node::cgroup_names::cgroup_id(&root).unwrap()).unwrap();
     probes.rearm(1 << 50).unwrap();

@@ -11,14 +11,17 @@
 //!   and an attach each begin a new epoch: marks of two epochs do not compare);
 //! - the kernel skipped a program run (it does not re-enter a program on a CPU: a charge in
 //!   an interrupt while the same program runs is lost), seen in the programs'
-//!   `recursion_misses`.
+//!   `recursion_misses`, or a program failed to read what it counts (the `memcg-id-read`
+//!   error count).
 //!
 //! What the count cannot see is the kernel's slack (`slack_pages_per_cpu`): memory charged
 //! to a page counter whose stat event (the stat tracepoints' tier) or whose hook's exit (the
 //! batched hook's) has not come yet. Per CPU that is one charge in flight, the per-CPU
-//! stock's precharge and the LRU and mlock batches. Not bounded: a task preempted between
-//! charging a huge page and its LRU stat event, on the stat tracepoints' tier, holds 2 MiB
-//! outside the count until it runs again (the batched hook counts at the charge itself).
+//! stock's precharge and the LRU and mlock batches. Not bounded: a task preempted after a
+//! charge and before it is counted holds that charge outside the count until it runs again —
+//! on the stat tracepoints' tier up to a huge page (2 MiB) between its charge and its LRU
+//! stat event (zeroing it takes ~100 µs); on the batched hook at most one charge batch,
+//! within `page_counter_try_charge` itself.
 
 use std::{
     io,
@@ -31,7 +34,7 @@ use std::{
 
 use aya::programs::ProgramFd;
 use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
-use evictd_common::{CHARGED_PAGES_SLOTS, COUNTER_CHARGED_PAGES};
+use evictd_common::{CHARGED_PAGES_SLOTS, COUNTER_CHARGED_PAGES, COUNTER_ERRORS_BASE, KernelError};
 
 use super::{CounterMap, sum_counter};
 
@@ -52,11 +55,9 @@ pub(super) struct ClockState {
     counters: CounterMap,
     /// The programs whose runs the kernel may skip (their `recursion_misses`).
     programs: Vec<ProgramFd>,
-    /// A new epoch begins before any charge program is detached, and when the batched hook
-    /// watches another cgroup.
+    /// A new epoch begins as any charge program is detached, and as they are attached again.
     epoch: AtomicU64,
-    /// The programs were armed with charge counting on (and, for the batched hook, a cgroup
-    /// to watch).
+    /// The programs were armed (the batched hook counts from its first config on).
     counting: AtomicBool,
     /// Every counting program is attached (the batched hook always is).
     attached: AtomicBool,
@@ -99,8 +100,12 @@ impl ClockState {
         self.counting.store(counting, Ordering::Release);
     }
 
-    fn recursion_misses(&self) -> io::Result<u64> {
-        self.programs.iter().map(recursion_misses).sum()
+    /// Runs that may have left a charge uncounted: skipped by the kernel, or failed reading
+    /// what they count. Only ever grows.
+    fn missed_runs(&self) -> io::Result<u64> {
+        let failed = sum_counter(&self.counters, COUNTER_ERRORS_BASE + KernelError::MemcgIdRead as u32)
+            .map_err(io::Error::other)?;
+        Ok(self.programs.iter().map(recursion_misses).sum::<io::Result<u64>>()? + failed)
     }
 }
 
@@ -163,20 +168,20 @@ impl ChargeClock {
     }
 
     /// The count now, or `None` when it may miss charges (see the module's list). Two
-    /// syscalls per counting program and a map read per slot: a few microseconds.
+    /// syscalls per counting program and three map reads, twice: a few microseconds.
     pub fn now(&self) -> Option<ChargeMark> {
         let state = self.state.upgrade()?;
         if !state.counts() {
             return None;
         }
         let epoch = state.epoch.load(Ordering::SeqCst);
-        let misses = state.recursion_misses().ok()?;
+        let misses = state.missed_runs().ok()?;
         let mut pages = 0;
         for slot in 0..CHARGED_PAGES_SLOTS {
             pages += sum_counter(&state.counters, COUNTER_CHARGED_PAGES + slot).ok()?;
         }
         // A skip or a detach begun while the count was read: it may not hold them all.
-        let still = state.recursion_misses().ok()? == misses
+        let still = state.missed_runs().ok()? == misses
             && state.epoch.load(Ordering::SeqCst) == epoch
             && state.counts();
         still.then_some(ChargeMark { epoch, misses, pages })
