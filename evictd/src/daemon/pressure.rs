@@ -276,6 +276,12 @@ impl Pressure {
         (records, obs)
     }
 
+    /// Forgets a refresh under way (queued on a reader given up on): the next pass may begin
+    /// one on the new reader.
+    pub(super) fn refreshing_anew(&mut self) {
+        self.refreshing = Default::default();
+    }
+
     /// Reads every pod's usage again on the reader, after the pass, with the node's charge
     /// count before it, when the node was charged since the last such read: the next
     /// memory decision then reads only the pods whose usage could rank them first
@@ -283,12 +289,6 @@ impl Pressure {
     /// of `REFRESH_CHUNK` pods, each queued behind what the reader was given meanwhile, so a
     /// decision waits for one chunk at most; one read at a time, begun at most once per
     /// `REFRESH_EVERY`, so that a storm of wakes near a threshold costs at most ~3 % of a CPU.
-    /// Forgets a refresh under way (queued on a reader given up on): the next pass may begin
-    /// one on the new reader.
-    pub(super) fn refreshing_anew(&mut self) {
-        self.refreshing = Default::default();
-    }
-
     fn refresh_usage_reads(&mut self, pods: &PodList) {
         use std::sync::atomic::Ordering;
         const REFRESH_EVERY: Duration = Duration::from_millis(20);
@@ -296,10 +296,12 @@ impl Pressure {
         if !self.thresholds.iter().any(|t| t.signal.is_memory()) || self.refreshing.load(Ordering::Acquire) {
             return;
         }
+        // The cheap test first: reading the count takes syscalls, on the daemon's thread.
+        if self.usage_refreshed.is_some_and(|(at, _)| at.elapsed() < REFRESH_EVERY) {
+            return;
+        }
         let Some(now) = clock.now() else { return };
-        if let Some((at, then)) = self.usage_refreshed
-            && (at.elapsed() < REFRESH_EVERY || clock.charged(then, now) == Some(0))
-        {
+        if self.usage_refreshed.is_some_and(|(_, then)| clock.charged(then, now) == Some(0)) {
             return;
         }
         self.usage_refreshed = Some((Instant::now(), now));

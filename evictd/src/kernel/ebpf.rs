@@ -275,10 +275,8 @@ pub struct KernelProbes {
     batch: bool,
     pub programs: Vec<ProgramStatus>,
     pub items: Vec<StatItem>,
-    /// The charge count's state (`charge_clock`), and whether the counting programs' skips
-    /// can be read (without, no mark is ever given).
+    /// The charge count's state (`charge_clock`).
     clock: Arc<clock::ClockState>,
-    clock_usable: bool,
 }
 
 /// The programs that count charge, by a descriptor of their own (their skipped runs are
@@ -385,8 +383,7 @@ impl KernelProbes {
         }
         let has_charge = !charge.is_empty();
         let counting_programs = counting_program_fds(&mut ebpf, &charge, &programs, batch.is_some());
-        let clock_usable = counting_programs.is_some();
-        let clock = Arc::new(clock::ClockState::new(counters.clone(), counting_programs.unwrap_or_default()));
+        let clock = Arc::new(clock::ClockState::new(counters.clone(), counting_programs));
         let charge = Arc::new(ChargePrograms {
             attached: AtomicBool::new(has_charge),
             complete: AtomicBool::new(true),
@@ -408,7 +405,6 @@ impl KernelProbes {
             programs,
             items,
             clock,
-            clock_usable,
         };
         Ok((probes, WakeRing { ring, losses }))
     }
@@ -432,7 +428,7 @@ impl KernelProbes {
         }
         self.write_config()?;
         // The batched hook counts from the config just written.
-        self.clock.set_counting(self.clock_usable);
+        self.clock.armed();
         Ok(())
     }
 

@@ -406,15 +406,21 @@ async fn a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_fir
     let (records, _) = p.pass(&pods, || 1, None, false).await;
     assert!(records.is_empty(), "{records:?}");
     // The refresh goes in chunks, each queued behind what came meanwhile (a decision goes
-    // first): reads queued behind it see one more chunk done each.
-    let remembered = |p: &Pressure| p.usage_files.lock().unwrap().remembered();
+    // first): a look queued behind it sees one more chunk done each. The look runs on the
+    // reader, as the chunks do: one from this thread could hold the files as a chunk tries
+    // them, which ends the refresh there.
+    let mut remembered = 0;
     for _ in 0..250 {
-        p.read_for_decision(Duration::from_secs(2), || ()).await;
-        if remembered(&p) == 250 {
+        let files = p.usage_files.clone();
+        remembered = p
+            .read_for_decision(Duration::from_secs(2), move || files.lock().unwrap().remembered())
+            .await
+            .unwrap();
+        if remembered == 250 {
             break;
         }
     }
-    assert_eq!(remembered(&p), 250, "every pod read after the pass, under the charge count");
+    assert_eq!(remembered, 250, "every pod read after the pass, under the charge count");
     let reads = |p: &Pressure| p.usage_files.lock().unwrap().reads();
     let before = reads(&p);
     let ranked = |c: &[(&PodRecord, PodStats)]| -> Vec<(String, Option<u64>)> {

@@ -53,7 +53,8 @@ fn slack_pages_per_cpu(page_size: u64) -> u64 {
 /// The count's state, shared by the probes (which change it) and the clocks (which read it).
 pub(super) struct ClockState {
     counters: CounterMap,
-    /// The programs whose runs the kernel may skip (their `recursion_misses`).
+    /// The programs whose runs the kernel may skip (their `recursion_misses`); none when one
+    /// of the tier did not attach or has no descriptor: then no mark is ever given.
     programs: Vec<ProgramFd>,
     /// A new epoch begins as any charge program is detached, and as they are attached again.
     epoch: AtomicU64,
@@ -64,10 +65,10 @@ pub(super) struct ClockState {
 }
 
 impl ClockState {
-    pub(super) fn new(counters: CounterMap, programs: Vec<ProgramFd>) -> Self {
+    pub(super) fn new(counters: CounterMap, programs: Option<Vec<ProgramFd>>) -> Self {
         ClockState {
             counters,
-            programs,
+            programs: programs.unwrap_or_default(),
             epoch: AtomicU64::new(0),
             counting: AtomicBool::new(false),
             attached: AtomicBool::new(true),
@@ -96,8 +97,10 @@ impl ClockState {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
-    pub(super) fn set_counting(&self, counting: bool) {
-        self.counting.store(counting, Ordering::Release);
+    /// The programs were armed: the count holds every charge from here on, if every
+    /// counting program of the tier attached (`programs`).
+    pub(super) fn armed(&self) {
+        self.counting.store(!self.programs.is_empty(), Ordering::Release);
     }
 
     /// Runs that may have left a charge uncounted: skipped by the kernel, or failed reading
