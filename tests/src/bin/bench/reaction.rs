@@ -2,11 +2,11 @@
 //! containerd; one BestEffort pod (optionally holding several GiB first) allocates at a fixed
 //! rate until it is stopped; evictd runs with one wake mode and one kill path at a time and a
 //! hard threshold below the limit. Every time is taken from the node crossing the threshold,
-//! which comes from the workload's own allocation log (CLOCK_MONOTONIC), independent of what
-//! is under test:
+//! which comes from the workload's own stamp of every page it touches (CLOCK_MONOTONIC, in a
+//! shared mapping: no system call, `tests/images/hog.c`), independent of what is under test:
 //! - detection: evictd's decision (its eviction record, same clock);
-//! - stop: the victim can no longer allocate — its last logged MiB plus one MiB's period
-//!   (an upper bound, 1 MiB of resolution; the kill may land anywhere in that MiB);
+//! - stop: the victim can no longer allocate — its last page stamped plus one page's period
+//!   at its pace (the kill landed before the next page was done);
 //! - freed: the node's usage back down by 90 % of what the victim had added, seen by a
 //!   watcher polling the node cgroup every 0.5 ms;
 //! - kernel OOM first: the kernel's OOM killer acted in the node before the eviction did.
@@ -193,6 +193,11 @@ impl Opts {
                 && !self.thresholds_mib.is_empty(),
             "nothing to run"
         );
+        anyhow::ensure!(
+            self.capacity_mib <= self.hold_mib + STAMPED_MIB,
+            "--capacity {} leaves the victim more room than its stamps cover ({STAMPED_MIB} MiB above --hold)",
+            self.capacity_mib
+        );
         for t in &self.thresholds_mib {
             anyhow::ensure!(
                 t + self.hold_mib + 64 < self.capacity_mib,
@@ -240,7 +245,7 @@ pub(crate) struct Sample {
 #[derive(Clone, Debug)]
 pub(crate) struct BeforePass {
     /// The crossing to the wake the pass answered: how far past the crossing the wake was
-    /// sent (negative: before it, as the crossing is placed from the log: `Bursts`).
+    /// sent (negative: before it, as the crossing is placed from the victim's `Stamps`).
     pub wake_ms: f64,
     /// The wake's timestamp to the daemon receiving it (0 where the wake has no kernel
     /// timestamp: PSI, eventfd, the poll, the timer).
@@ -252,16 +257,16 @@ pub(crate) struct BeforePass {
     pub read_ms: Option<f64>,
     /// What the wake was (evictd's name for its cause).
     pub cause: String,
-    /// How long the workload's burst that crossed took (ms): the crossing is placed within
-    /// it at an even pace, so a burst held up (the hog preempted, or waiting for memory)
-    /// leaves the crossing, and `wake_ms` with it, uncertain by up to that much. `None` where
-    /// the crossing was watched directly.
-    pub burst_ms: Option<f64>,
+    /// How long the workload took over the page that crossed (ms, from the stamp before it
+    /// to its own): the crossing is placed within it at an even pace, so a page held up (the
+    /// hog preempted, or waiting for memory) leaves the crossing, and `wake_ms` with it,
+    /// uncertain by up to that much. `None` where the crossing was watched directly.
+    pub page_ms: Option<f64>,
 }
 
 impl BeforePass {
     fn of(crossing: Crossing, r: &Reaction) -> Option<BeforePass> {
-        let (crossing_ns, burst_ms) = (crossing.at_ns, crossing.burst_ns.map(|b| b as f64 / 1e6));
+        let (crossing_ns, page_ms) = (crossing.at_ns, crossing.page_ns.map(|b| b as f64 / 1e6));
         let (kernel, received, observed) = r.wake?;
         let cause = r.wake_cause.clone().unwrap_or_default();
         let ms = |a: u64, b: u64| (b as f64 - a as f64) / 1e6;
@@ -272,7 +277,7 @@ impl BeforePass {
             observe_ms: ms(received, observed),
             read_ms: r.decide_ms.map(|d| ms(observed, r.decided_ns) - d),
             cause,
-            burst_ms,
+            page_ms,
         })
     }
 }
@@ -287,18 +292,6 @@ fn oom_kills() -> i64 {
 /// A memory cgroup's working set, read by evictd's own reader (0 if unreadable).
 pub(crate) fn working_set(node: &MemoryCgroup) -> u64 {
     node.read().map_or(0, |s| s.working_set())
-}
-
-/// (ns, MiB) lines of the workload's allocation log.
-fn alloc_log(path: &Path) -> Vec<(u64, u64)> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let mut p = l.split_whitespace();
-            Some((p.next()?.parse().ok()?, p.next()?.parse().ok()?))
-        })
-        .collect()
 }
 
 /// The node the workload presses on, as the benchmark measures it.
@@ -322,7 +315,7 @@ impl Workload {
             "rate".into(),
             rate.to_string(),
             "/ctl/go".into(),
-            "/ctl/alloc.log".into(),
+            format!("/ctl/{STAMPS_FILE}"),
             self.hold_mib.to_string(),
         ];
         if self.ignore_sigterm {
@@ -692,25 +685,17 @@ pub(crate) async fn one_run(
     let oom_first = oom_kills() > ooms || oom_killed(ctd, &pod.container_id).await;
     done.store(true, Ordering::Relaxed);
     let watched = watcher.join().unwrap_or_default();
-    let log = alloc_log(&pod.ctl_dir.join("alloc.log"));
-    let watched_crossing = watched.mem_available_crossed_ns.map(|at_ns| Crossing { at_ns, burst_ns: None });
-    let crossing = watched_crossing.or_else(|| {
-        crossing_ns(
-            &log,
-            reaction.as_ref(),
-            node.capacity,
-            threshold,
-            available_at_go,
-            work.hold_mib,
-            cell.rate,
-        )
+    let stamps = Stamps::read(&pod.ctl_dir.join(STAMPS_FILE)).unwrap_or_else(|e| {
+        eprintln!("[bench] {cell:?} run {}: the victim's stamps: {e:#}", run + 1);
+        Stamps::default()
     });
-    let achieved_rate = match (log.first(), log.last()) {
-        (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 / ((b.0 - a.0) as f64 / 1e9),
-        _ => 0.0,
-    };
-    // One MiB's period at the achieved pace: the kill landed before the next line was due.
-    let mib_period_ns = if achieved_rate > 0.0 { (1e9 / achieved_rate) as u64 } else { 0 };
+    let watched_crossing = watched.mem_available_crossed_ns.map(|at_ns| Crossing { at_ns, page_ns: None });
+    let crossing = watched_crossing.or_else(|| {
+        crossing_ns(&stamps, reaction.as_ref(), node.capacity, threshold, available_at_go, work.hold_mib)
+    });
+    let achieved_rate = stamps.rate_mib_s();
+    // One page's period at the achieved pace: the kill landed before the next page was done.
+    let page_period_ns = stamps.page_period_ns();
     let since_crossing = |t: Option<u64>| -> Option<f64> {
         if oom_first {
             return None;
@@ -719,23 +704,23 @@ pub(crate) async fn one_run(
     };
     if !oom_first && (reaction.is_none() || crossing.is_none()) {
         eprintln!(
-            "[bench] {cell:?} run {}: no sample: reaction {}, crossing {} (available at go {} MiB, {} log lines)",
+            "[bench] {cell:?} run {}: no sample: reaction {}, crossing {} (available at go {} MiB, {} pages stamped)",
             run + 1,
             if reaction.is_some() { "seen" } else { "not seen" },
             if crossing.is_some() { "found" } else { "not found" },
             available_at_go / MI,
-            log.len()
+            stamps.pages.len()
         );
     }
-    let last = log.last().copied();
+    let last = stamps.last().filter(|_| !stamps.full());
     let sample = Sample {
         cell,
         run,
         achieved_rate,
         detection_ms: since_crossing(reaction.as_ref().map(|r| r.decided_ns)),
-        stop_ms: since_crossing(last.map(|(t, _)| t + mib_period_ns)),
+        stop_ms: since_crossing(last.map(|(t, _)| t + page_period_ns)),
         freed_ms: since_crossing(watched.freed_ns),
-        victim_gib: last.map_or(0.0, |(_, mib)| mib as f64 / 1024.0),
+        victim_gib: last.map_or(0.0, |(_, mib)| mib / 1024.0),
         oom_first,
         phases: reaction.as_ref().and_then(|r| r.phases),
         before_pass: crossing
@@ -751,87 +736,148 @@ pub(crate) async fn one_run(
     Ok(sample)
 }
 
-/// When the node crossed the threshold, from the workload's log. The node's working set is
-/// the workload's allocation plus a little it does not log (page tables, the log's page
-/// cache, the rest of the machine); that offset is calibrated with the reading the reactor
+/// When the node crossed the threshold, from the workload's stamps. The node's working set is
+/// the workload's allocation plus a little it does not stamp (page tables, the stamps' own
+/// pages, the rest of the machine); that offset is calibrated with the reading the reactor
 /// decided on where it reports one (evictd: only that amount is taken from it, the *time*
-/// comes from the log), else with memory.available read just before `go`. Both the
-/// allocation at the reading and the crossing are placed within the workload's bursts
-/// (`Bursts`), not at the ends of its 1 MiB steps: a wake on the threshold comes within the
-/// step that crosses it, and the pass reads the node before that step is logged.
-/// When the node crossed the threshold, and how long the burst that crossed took.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Crossing {
-    at_ns: u64,
-    burst_ns: Option<u64>,
-}
-
+/// comes from the stamps), else with memory.available read just before `go`.
 fn crossing_ns(
-    log: &[(u64, u64)],
+    stamps: &Stamps,
     reaction: Option<&Reaction>,
     capacity: u64,
     threshold: u64,
     available_at_go: u64,
     hold_mib: u64,
-    rate_mib_s: u64,
 ) -> Option<Crossing> {
-    let bursts = Bursts { log, rate_mib_s: rate_mib_s.max(1) };
     let from_reading = reaction.and_then(|r| r.reading).and_then(|(observed, available)| {
-        let mib = bursts.allocated_at(observed)?;
+        let mib = stamps.allocated_at(observed)?;
         Some(capacity as f64 - available as f64 - mib * MI as f64)
     });
     let offset = from_reading.unwrap_or(capacity as f64 - available_at_go as f64 - (hold_mib * MI) as f64);
     // The allocation, in MiB, at which the node's working set passes the threshold.
     let at_mib = ((capacity - threshold) as f64 - offset) / MI as f64;
-    Some(Crossing { at_ns: bursts.time_of(at_mib)?, burst_ns: bursts.span_of(at_mib) })
+    let (at_ns, page_ns) = stamps.time_of(at_mib)?;
+    Some(Crossing { at_ns, page_ns: Some(page_ns) })
 }
 
-/// The workload's allocation log read as what the hog does: it touches each MiB in a burst
-/// that begins when that MiB is due (`start + n / rate`, or at once when it runs late) and
-/// ends with the MiB's log line, then sleeps until the next is due; within a burst the pages
-/// are touched at an even pace.
-struct Bursts<'a> {
-    /// (ns, MiB) lines; the first is the start and the MiB held before it.
-    log: &'a [(u64, u64)],
-    rate_mib_s: u64,
+/// When the node crossed the threshold, and how long the page that crossed took.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Crossing {
+    at_ns: u64,
+    page_ns: Option<u64>,
 }
 
-impl Bursts<'_> {
-    /// When the burst that ends with line `i` began.
-    fn begin(&self, i: usize) -> Option<u64> {
-        let (start, hold) = *self.log.first()?;
-        let (prev, _) = *self.log.get(i.checked_sub(1)?)?;
-        let (_, mib) = *self.log.get(i)?;
-        let due = start + mib.checked_sub(1 + hold)? * 1_000_000_000 / self.rate_mib_s;
-        Some(prev.max(due))
+/// The victim's stamps file, in its pod's control directory.
+const STAMPS_FILE: &str = "alloc.stamps";
+/// The growth the hog stamps (`STAMPED_BYTES` in `tests/images/hog.c`).
+const STAMPED_MIB: u64 = 4096;
+
+/// The workload's stamps (`hog rate`): when it saw the go, and when it had touched each page
+/// since, in order; within a page it is taken to touch at an even pace.
+#[derive(Debug, Default)]
+struct Stamps {
+    page_size: u64,
+    hold_mib: u64,
+    start_ns: u64,
+    /// ns after each page touched; ends at the first page not reached.
+    pages: Vec<u64>,
+    /// How many pages the file has room for.
+    room: usize,
+}
+
+impl Stamps {
+    /// The file as the hog wrote it: native u64s, a header of three, then the stamps.
+    fn read(path: &Path) -> anyhow::Result<Stamps> {
+        use anyhow::Context as _;
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut words = bytes.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()));
+        let (Some(page_size), Some(hold_mib), Some(start_ns)) = (words.next(), words.next(), words.next())
+        else {
+            anyhow::bail!("{}: {} bytes, shorter than its header", path.display(), bytes.len());
+        };
+        anyhow::ensure!(
+            page_size > 0 && MI.is_multiple_of(page_size),
+            "{}: page size {page_size}",
+            path.display()
+        );
+        let room = (bytes.len() / 8).saturating_sub(3);
+        let pages: Vec<u64> =
+            if start_ns == 0 { Vec::new() } else { words.take_while(|&t| t != 0).collect() };
+        anyhow::ensure!(
+            pages.windows(2).all(|w| w[0] <= w[1]) && pages.first().is_none_or(|&t| t >= start_ns),
+            "{}: stamps out of order",
+            path.display()
+        );
+        Ok(Stamps { page_size, hold_mib, start_ns, pages, room })
     }
 
-    /// MiB allocated at time `t` (fractional within a burst); `None` before the log starts.
+    fn pages_per_mib(&self) -> f64 {
+        (MI / self.page_size.max(1)) as f64
+    }
+
+    /// When the page before page `i` was done (the go for the first).
+    fn before(&self, i: usize) -> u64 {
+        i.checked_sub(1).and_then(|p| self.pages.get(p).copied()).unwrap_or(self.start_ns)
+    }
+
+    /// MiB allocated at time `t` (the held MiB included; fractional within a page); `None`
+    /// before the go.
     fn allocated_at(&self, t: u64) -> Option<f64> {
-        let i = self.log.iter().rposition(|(lt, _)| *lt <= t)?;
-        let (_, done) = self.log[i];
-        let Some((end, _)) = self.log.get(i + 1).copied() else { return Some(done as f64) };
-        let begin = self.begin(i + 1)?;
-        if t <= begin || end <= begin {
-            return Some(done as f64);
+        if self.start_ns == 0 || t < self.start_ns {
+            return None;
         }
-        Some(done as f64 + (t - begin) as f64 / (end - begin) as f64)
+        let done = self.pages.partition_point(|&p| p <= t);
+        let into = match self.pages.get(done) {
+            Some(&end) if end > self.before(done) => {
+                (t - self.before(done)) as f64 / (end - self.before(done)) as f64
+            }
+            _ => 0.0,
+        };
+        Some(self.hold_mib as f64 + (done as f64 + into) / self.pages_per_mib())
     }
 
-    /// How long the burst that reached `mib` MiB took; `None` when the log never got there.
-    fn span_of(&self, mib: f64) -> Option<u64> {
-        let i = self.log.iter().position(|(_, m)| *m as f64 >= mib)?;
-        Some(self.log[i].0.saturating_sub(self.begin(i)?))
+    /// When `mib` MiB were allocated (within the page that reached it, at an even pace) and
+    /// how long that page took; `None` when the stamps never got there.
+    fn time_of(&self, mib: f64) -> Option<(u64, u64)> {
+        let pages = ((mib - self.hold_mib as f64) * self.pages_per_mib()).max(0.0);
+        if pages == 0.0 {
+            return (self.start_ns != 0).then_some((self.start_ns, 0));
+        }
+        let i = (pages.ceil() as usize).checked_sub(1)?;
+        let end = *self.pages.get(i)?;
+        let begin = self.before(i);
+        let into = pages - i as f64;
+        Some((begin + (into * end.saturating_sub(begin) as f64) as u64, end.saturating_sub(begin)))
     }
 
-    /// When `mib` MiB were allocated: within the burst that reached it; `None` when the log
-    /// never got there.
-    fn time_of(&self, mib: f64) -> Option<u64> {
-        let i = self.log.iter().position(|(_, m)| *m as f64 >= mib)?;
-        let (end, m) = self.log[i];
-        let Some(begin) = self.begin(i) else { return Some(end) };
-        let into = (mib - (m - 1) as f64).clamp(0.0, 1.0);
-        Some(begin + (into * end.saturating_sub(begin) as f64) as u64)
+    /// The last page done: when, and the MiB allocated by then.
+    fn last(&self) -> Option<(u64, f64)> {
+        let t = *self.pages.last()?;
+        Some((t, self.hold_mib as f64 + self.pages.len() as f64 / self.pages_per_mib()))
+    }
+
+    /// Whether the victim grew past what the file has room for: its last allocation is then
+    /// not known.
+    fn full(&self) -> bool {
+        self.room > 0 && self.pages.len() >= self.room
+    }
+
+    /// MiB/s from the go to the last page.
+    fn rate_mib_s(&self) -> f64 {
+        match self.last() {
+            Some((t, mib)) if t > self.start_ns => {
+                (mib - self.hold_mib as f64) / ((t - self.start_ns) as f64 / 1e9)
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// One page's period at the achieved pace.
+    fn page_period_ns(&self) -> u64 {
+        match self.rate_mib_s() {
+            r if r > 0.0 => (1e9 / (r * self.pages_per_mib())) as u64,
+            _ => 0,
+        }
     }
 }
 
@@ -949,7 +995,7 @@ pub(crate) fn report(out: &Path, samples: &[Sample]) -> anyhow::Result<()> {
     }
     println!(
         "(milliseconds from the node crossing the threshold: det = the decision; stop = the victim's last \
-         allocation + one MiB's period; freed = the node's usage back down by 90 % of the victim's; ms/GiB50 = \
+         page touched + one page's period; freed = the node's usage back down by 90 % of the victim's; ms/GiB50 = \
          p50 of freed per GiB the victim held)"
     );
     eprintln!("[bench] wrote {}", out.join("reaction.csv").display());
@@ -987,35 +1033,66 @@ mod tests {
         assert!(percentiles(std::iter::empty()).is_none());
     }
 
-    /// A hog at 1000 MiB/s holding 10 MiB: MiB 11 in a 0.4 ms burst from the start, MiB 12
-    /// due at 1 ms but slow (1.3 ms), so MiB 13 runs late, at once after it. Times in µs.
-    #[test]
-    fn the_crossing_is_placed_within_the_burst_that_passes_it() {
+    /// A hog holding 10 MiB, with 4 KiB pages (256 a MiB): its first 256 pages 1 µs apart
+    /// from the go at 1 ms, then a page held up for 0.5 ms, then the rest 1 µs apart.
+    fn stamps() -> Stamps {
         let us = 1_000;
-        let log = [(0, 10), (400 * us, 11), (2_300 * us, 12), (2_900 * us, 13)];
-        let b = Bursts { log: &log, rate_mib_s: 1000 };
-        // Asleep after MiB 11 until MiB 12 is due: exactly 11; halfway through MiB 12: 11.5.
-        assert_eq!(b.allocated_at(700 * us), Some(11.0));
-        assert_eq!(b.allocated_at(1_650 * us), Some(11.5));
-        // The late burst of MiB 13 began at MiB 12's line, not when it was due (2 ms).
-        assert_eq!(b.allocated_at(2_600 * us), Some(12.5));
-        assert_eq!(b.time_of(11.25), Some(1_325 * us));
-        assert_eq!(b.time_of(12.0), Some(2_300 * us), "MiB 12 is reached at its line");
-        assert_eq!(b.time_of(13.5), None, "never got past 13 MiB");
-        assert_eq!(b.span_of(11.25), Some(1_300 * us), "MiB 12's burst, due at 1 ms, ended at 2.3");
-        assert_eq!(b.span_of(12.5), Some(600 * us), "MiB 13's, late, began at MiB 12's line");
-        assert_eq!(b.allocated_at(0), Some(10.0));
-        // A node of 1000 MiB under a 100 MiB threshold, read 0.25 MiB past it halfway through
-        // MiB 12's burst: 888.75 MiB beside the workload, so the crossing was at 11.25 MiB.
+        let mut pages: Vec<u64> = (1..=256).map(|i| 1_000 * us + i * us).collect();
+        pages.push(1_256 * us + 500 * us);
+        pages.extend((1..=255).map(|i| 1_756 * us + i * us));
+        Stamps { page_size: 4096, hold_mib: 10, start_ns: 1_000 * us, room: 4096, pages }
+    }
+
+    #[test]
+    fn the_crossing_is_placed_within_the_page_that_passes_it() {
+        let us = 1_000;
+        let s = stamps();
+        assert_eq!(s.allocated_at(999 * us), None, "before the go");
+        assert_eq!(s.allocated_at(1_000 * us), Some(10.0));
+        assert_eq!(s.allocated_at(1_256 * us), Some(11.0), "MiB 11 done with its 256th page");
+        // Halfway through the held-up page: 11 MiB and half a page.
+        assert_eq!(s.allocated_at(1_506 * us), Some(11.0 + 0.5 / 256.0));
+        assert_eq!(s.time_of(10.0), Some((1_000 * us, 0)), "held before the go");
+        assert_eq!(s.time_of(10.5), Some((1_128 * us, us)));
+        // A crossing within the held-up page is placed within it, and says how long it took.
+        assert_eq!(s.time_of(11.0 + 0.5 / 256.0), Some((1_506 * us, 500 * us)));
+        assert_eq!(s.time_of(12.0), Some((2_011 * us, us)), "the last page");
+        assert_eq!(s.time_of(12.01), None, "never got past 12 MiB");
+        assert_eq!(s.last(), Some((2_011 * us, 12.0)));
+        assert!((s.rate_mib_s() - 2.0 / 0.001_011).abs() < 1e-6, "{}", s.rate_mib_s());
+        assert!(!s.full());
+        // A node of 1000 MiB under a 100 MiB threshold, read 0.25 MiB past it three quarters
+        // of the way through MiB 11: 889.5 MiB beside the workload, so the crossing was at
+        // 10.5 MiB.
         let reaction = Reaction {
             decided_ns: 0,
-            reading: Some((1_650 * us, (100 << 20) - (MI / 4) as i64)),
+            reading: Some((1_192 * us, (100 << 20) - (MI / 4) as i64)),
             phases: None,
             decide_ms: None,
             wake: None,
             wake_cause: None,
         };
-        let crossing = crossing_ns(&log, Some(&reaction), 1000 * MI, 100 * MI, 0, 10, 1000);
-        assert_eq!(crossing, Some(Crossing { at_ns: 1_325 * us, burst_ns: Some(1_300 * us) }));
+        let crossing = crossing_ns(&s, Some(&reaction), 1000 * MI, 100 * MI, 0, 10);
+        assert_eq!(crossing, Some(Crossing { at_ns: 1_128 * us, page_ns: Some(us) }));
+    }
+
+    #[test]
+    fn stamps_are_read_as_the_hog_writes_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(STAMPS_FILE);
+        let words: [u64; 8] = [4096, 3, 100, 101, 103, 0, 0, 0];
+        std::fs::write(&path, words.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>())
+            .expect("write");
+        let s = Stamps::read(&path).expect("stamps");
+        assert_eq!((s.page_size, s.hold_mib, s.start_ns, s.room), (4096, 3, 100, 5));
+        assert_eq!(s.pages, [101, 103]);
+        // Out of order, or cut short: an error naming the file, never a crossing from it.
+        let words: [u64; 5] = [4096, 3, 100, 105, 103];
+        std::fs::write(&path, words.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>())
+            .expect("write");
+        let e = Stamps::read(&path).expect_err("out of order");
+        assert!(format!("{e:#}").contains(STAMPS_FILE), "{e:#}");
+        std::fs::write(&path, [0u8; 12]).expect("write");
+        assert!(Stamps::read(&path).is_err());
     }
 }

@@ -377,7 +377,7 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     let mut csv = String::from(
         "pods,walker,run,detection_ms,stop_ms,freed_ms,decide_ms,victim_gib,oom_first,rt_faults,\
-         wake_ms,delivery_ms,observe_ms,wake_cause,read_ms,crossing_burst_ms\n",
+         wake_ms,delivery_ms,observe_ms,wake_cause,read_ms,crossing_page_ms\n",
     );
     for r in runs {
         let s = &r.sample;
@@ -400,7 +400,7 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             f(b.map(|b| b.observe_ms)),
             b.map_or("", |b| b.cause.as_str()),
             f(b.and_then(|b| b.read_ms)),
-            f(b.and_then(|b| b.burst_ms))
+            f(b.and_then(|b| b.page_ms))
         );
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
@@ -518,8 +518,8 @@ fn table(steps: &[Step], runs: &[Run]) -> Vec<CellStats> {
         cells.push(CellStats { pods: *pods, walking: *walking, detection: det, decide: dec });
     }
     println!(
-        "(ms from the node crossing the threshold: det = evictd's decision, stop = the victim's last allocation + \
-         one MiB's period, freed = the node back down by 90 % of the victim's memory; dec = evictd's decision time \
+        "(ms from the node crossing the threshold: det = evictd's decision, stop = the victim's last page touched + \
+         one page's period, freed = the node back down by 90 % of the victim's memory; dec = evictd's decision time \
          (the pods' usage read and ranked); busy% = the disk walker's share of a CPU during the walking runs; RSS \
          idle / CPU% / walk s = evictd with its defaults for {} s: resident set, CPU without the walker (thr%: on the \
          daemon's real-time thread), the walker's CPU seconds (one walk of every pod); RSS busy = after the walking runs; \
@@ -566,7 +566,7 @@ fn before_pass_table(runs: &[Run]) {
     }
     println!(
         "(detection taken apart, ms: wake = the crossing to the wake the deciding pass answered (its kernel \
-         timestamp where it has one; negative: before the crossing as placed within the victim's bursts); \
+         timestamp where it has one; negative: before the crossing as placed within the page the victim crossed on); \
          deliv = the wake's timestamp to evictd's daemon receiving it; obs = received to the node's read \
          beginning; read = the node's read, up to the decision; dec = evictd's decision time)"
     );
