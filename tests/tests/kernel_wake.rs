@@ -648,7 +648,12 @@ fn ebpf_source_on(cg: &TestCgroup, tx: mpsc::Sender<Wake>) -> Box<dyn wake::Wake
         wake::ebpf::start(&opts, &signals, tx, Arc::new(WakeStats::default())).expect("the eBPF source");
     let observations = Default::default();
     source
-        .rearm(&NodeNow { thresholds: &[], observations: &observations, signals: &signals })
+        .rearm(&NodeNow {
+            thresholds: &[],
+            observations: &observations,
+            signals: &signals,
+            charged_since_read: 0,
+        })
         .expect("a wake for every charge");
     source
 }
@@ -778,7 +783,12 @@ async fn a_pass_does_not_wait_for_the_charge_programs_to_attach() {
     let mut pass = |thresholds: &[Threshold]| {
         let t = Instant::now();
         source
-            .rearm(&NodeNow { thresholds, observations: &observations, signals: &signals })
+            .rearm(&NodeNow {
+                thresholds,
+                observations: &observations,
+                signals: &signals,
+                charged_since_read: 0,
+            })
             .expect("a pass");
         (t.elapsed(), source.charge_probes_attached().expect("charge programs on this tier"))
     };

@@ -306,11 +306,21 @@ fn contenders_rank_as_all_readable(
     let bounds: Vec<PodEntry> =
         bound.iter().enumerate().map(|(i, s)| entry(&specs, &protected, i, s)).collect();
     let mut reads = 0;
-    let read = read_memory_contenders(&bounds, k, Signal::MemoryAvailable, |i| {
+    // With the keys the caller keeps, as evictd does.
+    let keys: Vec<PodKeys> = bounds.iter().map(|e| PodKeys::of(e.pod)).collect();
+    let read = read_memory_contenders(&bounds, &keys, k, Signal::MemoryAvailable, |i| {
         assert!(evictable(&bounds[i]), "p{i} is not evictable and was read");
         reads += 1;
         (!unreadable.contains(&i)).then(|| exact[i].clone())
     });
+    // Without them (worked out inside): the same pods read.
+    let unkeyed = read_memory_contenders(&bounds, &[], k, Signal::MemoryAvailable, |i| {
+        (!unreadable.contains(&i)).then(|| exact[i].clone())
+    });
+    assert_eq!(
+        read.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        unkeyed.iter().map(|(i, _)| *i).collect::<Vec<_>>()
+    );
     let subset: Vec<PodEntry> = read.iter().map(|(i, s)| entry(&specs, &protected, *i, s)).collect();
     assert_eq!(first_k(&subset, k), first_k(&all, k), "{pods:?}, k = {k}");
     assert!(read.iter().all(|(i, _)| !unreadable.contains(i)) && read.len() <= reads);
@@ -349,4 +359,44 @@ proptest::proptest! {
     ) {
         contenders_rank_as_all_readable(&pods, k, &unreadable);
     }
+}
+
+/// The keys a decision keeps say what the spec says: who may be evicted, who is active.
+#[test]
+fn a_pods_keys_say_what_its_spec_says() {
+    let status = |phase: &str| serde_json::json!({"phase": phase});
+    let pods: Vec<Pod> = vec![
+        test_pod("plain").build(),
+        test_pod("static").annotations(serde_json::json!({"kubernetes.io/config.source": "file"})).build(),
+        test_pod("mirror").annotations(serde_json::json!({"kubernetes.io/config.mirror": "x"})).build(),
+        test_pod("system").priority(Some(2_000_000_000)).build(),
+        test_pod("opted-out").annotations(serde_json::json!({"evictd.io/eviction": " never "})).build(),
+        serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "done"}, "status": status("Succeeded")}),
+        )
+        .unwrap(),
+        serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "failed"}, "status": status("Failed")}),
+        )
+        .unwrap(),
+    ];
+    for p in &pods {
+        let k = PodKeys::of(p);
+        assert_eq!(k.active, p.is_active(), "{}", p.metadata.name);
+        for protected in [false, true] {
+            let e = PodEntry { pod: p, stats: None, protected };
+            assert_eq!(
+                evictable_by_keys(&k, protected),
+                evictable(&e),
+                "{} protected {protected}",
+                p.metadata.name
+            );
+        }
+    }
+    let evictable: Vec<&str> = (pods.iter())
+        .filter(|p| evictable_by_keys(&PodKeys::of(p), false))
+        .map(|p| p.metadata.name.as_str())
+        .collect();
+    assert_eq!(evictable, ["plain", "done", "failed"]);
+    assert_eq!(pods.iter().filter(|p| !PodKeys::of(p).active).count(), 2);
 }

@@ -52,7 +52,10 @@ use crate::{
         inventory::{self, ApiPodsReceiver, Inventory, PodList, same_cgroups},
     },
     vocab::{EvictionRecord, Urgency, WakeCause, monotonic_ns},
-    wake::{self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats},
+    wake::{
+        self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats,
+        ebpf::{Distance, FineSteps},
+    },
 };
 
 mod background;
@@ -235,6 +238,8 @@ struct Daemon {
     reread_pods_file: Arc<AtomicBool>,
     /// When to look again at an evicted pod's memory (`Pressure::cleanup_recheck`).
     cleanup_recheck: Option<tokio::time::Instant>,
+    /// Passes asked for by `recheck_if_read_behind`, rationed.
+    read_behind: FineSteps,
     /// When the daemon thread's heap reserve was last made (`protect::refresh_heap_reserve`).
     heap_reserve_made: Instant,
 }
@@ -428,7 +433,9 @@ impl Daemon {
         // growth meanwhile — the report, with `--trace`, names a cgroup it has not seen yet by
         // walking the hierarchies (~30 ms at 250 pods: wakes 4–18 MiB past a threshold at
         // 1 GiB/s when that came first).
-        self.rearm(&done.obs);
+        let charged_since_read = done.pressure.charged_since_read().unwrap_or(0);
+        self.rearm(&done.obs, charged_since_read);
+        self.recheck_if_read_behind(&done.obs, charged_since_read);
         let observed_ns = done.obs.values().filter_map(|o| o.time_ns).max();
         self.report.conditions(&done.pressure.conditions, observed_ns)?;
         self.send_conditions_to_api(&done.pressure.conditions);
@@ -528,7 +535,7 @@ impl Daemon {
         self.report.configured(&self.thresholds);
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
         self.report.signals(&self.thresholds, &obs);
-        self.rearm(&obs);
+        self.rearm(&obs, 0);
         let list: Vec<String> = self.thresholds.iter().map(|t| t.to_string()).collect();
         tracing::info!(thresholds = %list.join(", "), "policy in force");
     }
@@ -602,13 +609,31 @@ impl Daemon {
         Ok(())
     }
 
-    /// Every source re-arms on `obs`; one that cannot is dropped, with a warning, and the
-    /// others carry on.
-    fn rearm(&mut self, obs: &Observations) {
-        let node = NodeNow { thresholds: &self.thresholds, observations: obs, signals: &self.signals };
+    /// Every source re-arms on `obs`, read before `charged_since_read` bytes were charged;
+    /// one that cannot is dropped, with a warning, and the others carry on.
+    fn rearm(&mut self, obs: &Observations, charged_since_read: u64) {
+        let node = NodeNow {
+            thresholds: &self.thresholds,
+            observations: obs,
+            signals: &self.signals,
+            charged_since_read,
+        };
         self.sources.retain_mut(|s| {
             s.rearm(&node).inspect_err(|e| tracing::warn!("{e}; disabling this wake source")).is_ok()
         });
+    }
+
+    /// A pass again now when what was charged since the pass read the node could have taken
+    /// it past a memory threshold: a source counting from its re-arm would wake only on the
+    /// next charge, and a victim that crossed and then paused (a paced allocator between
+    /// bursts, a task descheduled) leaves the node past the threshold until then — ~1 ms
+    /// late at 1 GiB/s in `bench scale`. At most `FineSteps`' budget of such passes: a node
+    /// charging fast outside its pods near a threshold does not keep evictd in a loop.
+    fn recheck_if_read_behind(&mut self, obs: &Observations, charged_since_read: u64) {
+        let distance = Distance::of(&self.thresholds, obs);
+        if distance.may_have_crossed(charged_since_read) && self.read_behind.take(Instant::now()) {
+            self.pending.add(&mut vec![Wake::now(WakeCause::Recheck)]);
+        }
     }
 
     fn cgroups_changed(&mut self) {

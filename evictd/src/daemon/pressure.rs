@@ -93,6 +93,8 @@ pub struct Pressure {
     /// The node's charge count (the eBPF source's), which bounds a pod's growth since its
     /// usage was last read (`refresh_usage_reads`, `read_memory_candidates`).
     pub charge_clock: Option<ChargeClock>,
+    /// The charge count just before the last pass read the node (`charged_since_read`).
+    count_at_read: Option<u64>,
     /// When the pods' usage was last read for bounds, and the charge count before it; and
     /// whether that read is still going (one at a time).
     usage_refreshed: Option<(Instant, ChargeMark)>,
@@ -166,6 +168,7 @@ impl Pressure {
             usage_files_for: None,
             usage_files_skipped: Default::default(),
             charge_clock: None,
+            count_at_read: None,
             usage_refreshed: None,
             refreshing: Default::default(),
             pods_read: None,
@@ -204,6 +207,18 @@ impl Pressure {
         self.state = engine::carry_over(&self.state, &self.thresholds, &thresholds);
         self.thresholds = thresholds;
         self.policy = policy;
+    }
+
+    /// Bytes charged since the last pass began to read the node (`ChargeClock::bytes_since`):
+    /// what its reading may be behind by when the sources re-arm on it.
+    pub fn charged_since_read(&self) -> Option<u64> {
+        self.charge_clock.as_ref()?.bytes_since(self.count_at_read?)
+    }
+
+    /// `observe`, with the charge count read just before (`charged_since_read`).
+    fn observe_counted(&mut self, now_ns: i64) -> Observations {
+        self.count_at_read = self.charge_clock.as_ref().and_then(ChargeClock::rough_pages);
+        self.observe(now_ns)
     }
 
     pub fn observe(&self, now_ns: i64) -> Observations {
@@ -251,12 +266,12 @@ impl Pressure {
             // The kubelet returns the pods it evicted over their limits and leaves thresholds
             // to its next tick; so does this pass. A dry run or failed stops evicted nobody.
             if records.iter().any(|r| r.error.is_none() && !r.dry_run) {
-                return (records, self.observe(now_ns()));
+                return (records, self.observe_counted(now_ns()));
             }
         }
         // Stamped as the read begins (memory is read first), as the observations are.
         let observed_ns = monotonic_ns();
-        let obs = self.observe(now_ns());
+        let obs = self.observe_counted(now_ns());
         let mut decided = self.decide_and_act(pods, &obs, now_ns()).await;
         for rec in &mut decided {
             rec.observed_ns = observed_ns;
@@ -270,7 +285,7 @@ impl Pressure {
         // the inventory that follows it (the daemon asks for one), since a pod started
         // meanwhile — maybe the one whose growth is the pressure — is not in this list, and
         // deciding again on it would take one bystander after another.
-        let obs = if evicted { self.observe(now_ns()) } else { obs };
+        let obs = if evicted { self.observe_counted(now_ns()) } else { obs };
         self.open_usage_files(pods);
         self.refresh_usage_reads(pods);
         (records, obs)

@@ -273,6 +273,7 @@ impl Daemon {
             pending_policy: None,
             reread_pods_file,
             cleanup_recheck: None,
+            read_behind: Default::default(),
             heap_reserve_made: Instant::now(),
         };
         daemon.first_observation(&obs);
@@ -285,7 +286,7 @@ impl Daemon {
         self.report.signals(&self.thresholds, obs);
         self.report.wake_sources(&self.sources);
         self.report.observed(&memory_view(&self.thresholds, obs));
-        self.rearm(obs);
+        self.rearm(obs, 0);
         if let Some((rss, locked)) = protect::resident_and_locked() {
             tracing::info!(rss_kib = rss / 1024, locked_mappings_kib = locked / 1024, "started");
         }

@@ -13,6 +13,7 @@ use std::{
 
 use evictd_policy::{
     policy::Resource,
+    rank::PodKeys,
     summary::{ContainerStats, FsStats, MemoryStats, PodRef, PodStats, ProcessStats, VolumeStats},
 };
 
@@ -77,6 +78,9 @@ pub struct PodUsageFiles {
     /// Pod `i`'s usage as last read with the node's charge count taken before that read
     /// (`usage_at`, `bound`); as long as `cgroups`.
     seen: Vec<Option<(u64, ChargeMark)>>,
+    /// What a memory decision reads of each pod's spec (`PodKeys`), worked out once per list
+    /// followed: one array, not 250 specs scattered over the heap.
+    keys: Arc<[PodKeys]>,
     limit: usize,
     /// Usage reads made, for `--trace`'s and the tests' count of what a decision read.
     reads: u64,
@@ -97,6 +101,7 @@ impl PodUsageFiles {
             cgroups: Vec::new(),
             files: Vec::new(),
             seen: Vec::new(),
+            keys: Arc::new([]),
             limit,
             reads: 0,
         }
@@ -136,7 +141,13 @@ impl PodUsageFiles {
                 }
             }
         }
+        self.keys = pods.iter().map(|p| PodKeys::of(&p.spec)).collect();
         self.list = Some(pods.clone());
+    }
+
+    /// Each pod's `PodKeys`, by its index in the list followed.
+    pub fn pod_keys(&self) -> Arc<[PodKeys]> {
+        self.keys.clone()
     }
 
     /// Whether the list followed is `pods` (the same list, not an equal one).
@@ -412,7 +423,9 @@ mod tests {
 
     /// The usage files follow the pod list by position: a list with the same pods' cgroups
     /// keeps what is open, a reordered list reads each pod's own file at its new place, and
-    /// a pod the runtime gave no cgroup parent has neither cgroups nor usage.
+    /// a pod the runtime gave no cgroup parent has neither cgroups nor usage. The specs' keys
+    /// follow every new list, one with the same cgroups too: a pod made critical since is
+    /// never taken for evictable by keys of the list before.
     #[test]
     fn pod_usage_files_follow_the_list_by_position() {
         use crate::runtime::inventory::tests::{list as pod_list, record};
@@ -445,12 +458,20 @@ mod tests {
             (usage(&mut files, 0), usage(&mut files, 1), files.open()),
             (Some(Some(1 << 20)), Some(Some(2 << 20)), 2)
         );
+        let evictable = |files: &PodUsageFiles| -> Vec<bool> {
+            files.pod_keys().iter().map(|k| evictd_policy::rank::evictable_by_keys(k, false)).collect()
+        };
+        assert_eq!(evictable(&files), [true, true]);
         let mut restated = records(&["a", "b"]);
         restated[0].namespace = "changed".into();
+        restated[0].spec.metadata.annotations.insert("kubernetes.io/config.source".into(), "file".into());
+        assert!(restated[0].spec.is_critical());
         files.follow(&pod_list(restated), &layout);
         assert_eq!((usage(&mut files, 0), files.open()), (Some(Some(1 << 20)), 2));
+        assert_eq!(evictable(&files), [false, true], "the critical pod's keys");
         files.follow(&list(&["b", "a"]), &layout);
         assert_eq!((usage(&mut files, 0), usage(&mut files, 1)), (Some(Some(2 << 20)), Some(Some(1 << 20))));
+        assert_eq!(evictable(&files), [true, true]);
         files.follow(&list(&["a", "none"]), &layout);
         assert_eq!((usage(&mut files, 1), files.cgroups(1).is_none(), files.open()), (None, true, 1));
         assert_eq!(usage(&mut files, 2), None, "past the list");

@@ -88,6 +88,24 @@ impl Distance {
             None => Distance::NoMemoryThreshold,
         }
     }
+
+    /// The distance less `bytes` charged since it was read; down to 0 at most where the
+    /// threshold was not met (that the count may have crossed it says not that it did: the
+    /// count holds charges outside the node, and frees are not taken off).
+    pub fn less_charged(self, bytes: u64) -> Self {
+        match self {
+            Distance::Known(d) if d >= 0 => {
+                Distance::Known(d.saturating_sub(i64::try_from(bytes).unwrap_or(i64::MAX)).max(0))
+            }
+            other => other,
+        }
+    }
+
+    /// Whether `bytes` charged since the distance was read may have crossed the threshold
+    /// it was not past.
+    pub fn may_have_crossed(self, bytes: u64) -> bool {
+        matches!(self, Distance::Known(d) if d >= 0 && bytes > 0 && bytes >= d as u64)
+    }
 }
 
 /// The watermark for a given distance to the nearest threshold: half of it, in steps that
@@ -126,7 +144,7 @@ pub struct FineSteps {
 }
 
 impl FineSteps {
-    fn take(&mut self, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
         if self.window.is_none_or(|w| now.duration_since(w) >= FINE_WINDOW) {
             self.window = Some(now);
             self.taken = 0;
@@ -270,7 +288,8 @@ impl WakeSource for EbpfWake {
     }
 
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
-        let distance = Distance::of(node.thresholds, node.observations);
+        // Counted from the re-arm: what was charged between the read and now is not.
+        let distance = Distance::of(node.thresholds, node.observations).less_charged(node.charged_since_read);
         if let Some(band) = self.band {
             self.follow_band(band, distance);
         }
@@ -574,6 +593,28 @@ mod tests {
         assert!(!band.wants_attached(Distance::NoMemoryThreshold, true));
         // A tiny fill rate still gets a band of the watermark's floor.
         assert_eq!(Band::for_fill_rate(1).attach_within, MIN_AUTO_WATERMARK);
+    }
+
+    /// What was charged since the read comes off the distance a source arms on, down to 0
+    /// (the finest step), where the threshold was not met; a met one stays met; a distance
+    /// not known stays so.
+    #[test]
+    fn the_distance_read_loses_what_was_charged_since() {
+        const MI: i64 = 1 << 20;
+        let mut fine = FineSteps::default();
+        let armed = |d: Distance, fine: &mut FineSteps| watermark_for(Watermark::Auto, d, fine);
+        let read = Distance::Known(10 * MI);
+        assert_eq!(read.less_charged(3 << 20), Distance::Known(7 * MI));
+        assert_eq!(armed(read.less_charged(3 << 20), &mut fine), 7 << 19, "half of what is left");
+        assert!(!read.may_have_crossed(3 << 20) && !read.may_have_crossed(0));
+        assert_eq!(read.less_charged(11 << 20), Distance::Known(0));
+        assert!(read.may_have_crossed(11 << 20) && read.may_have_crossed(10 << 20));
+        assert_eq!(armed(read.less_charged(11 << 20), &mut fine), MIN_NEAR_WATERMARK, "the finest step");
+        assert_eq!(Distance::Known(-MI).less_charged(1 << 20), Distance::Known(-MI));
+        assert!(!Distance::Known(-MI).may_have_crossed(1 << 20), "met already: no pass for it");
+        assert!(!Distance::Known(0).may_have_crossed(0), "nothing charged: nothing crossed");
+        assert_eq!(Distance::Unknown.less_charged(1 << 20), Distance::Unknown);
+        assert_eq!(Distance::Known(i64::MAX).less_charged(u64::MAX), Distance::Known(0));
     }
 
     #[test]

@@ -90,6 +90,10 @@ pub struct NodeNow<'a> {
     pub thresholds: &'a [Threshold],
     pub observations: &'a Observations,
     pub signals: &'a NodeSignalSources,
+    /// Bytes charged since the observations were read, as far as the charge count tells
+    /// (0 without it): a source that counts growth from its re-arm takes them off the
+    /// distance, or its next wake would come late by them.
+    pub charged_since_read: u64,
 }
 
 #[derive(Debug, thiserror::Error)]

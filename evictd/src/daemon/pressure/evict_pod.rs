@@ -3,7 +3,7 @@
 //! be taken, its record, and the act step (stop through the runtime or the fast kill, then
 //! the Kubernetes record).
 
-use evictd_policy::rank;
+use evictd_policy::rank::{self, PodKeys};
 
 use super::*;
 
@@ -20,10 +20,12 @@ const CHOSEN_READ_TIMEOUT: Duration = Duration::from_millis(20);
 
 /// The pods a decision ranks (by index into `pods`): pods evicted already (`gone`) and pods
 /// the API says have finished (the kubelet ranks only its active pods: a Failed or Succeeded
-/// pod frees nothing more) are not.
+/// pod frees nothing more) are not. `keys`, where given one a pod, say which are active
+/// without reading each spec.
 fn live_pods<'a>(
     pods: &'a [Arc<PodRecord>],
     gone: &'a BTreeMap<String, BTreeSet<String>>,
+    keys: &'a [PodKeys],
 ) -> impl Iterator<Item = (usize, &'a PodRecord)> {
     tracing::debug!(
         listed = pods.len(),
@@ -31,10 +33,14 @@ fn live_pods<'a>(
         finished = pods.iter().filter(|p| !p.spec.is_active()).count(),
         "candidates"
     );
+    let active = move |i: usize, p: &PodRecord| match keys.get(i) {
+        Some(k) if keys.len() == pods.len() => k.active,
+        _ => p.spec.is_active(),
+    };
     pods.iter()
         .map(|p| &**p)
         .enumerate()
-        .filter(|(_, p)| !gone.contains_key(&p.sandbox_id) && p.spec.is_active())
+        .filter(move |&(i, p)| !gone.contains_key(&p.sandbox_id) && active(i, p))
 }
 
 fn cgroup_gone(p: &PodRecord) {
@@ -50,7 +56,7 @@ fn read_usage(
     disk: Option<&usage::DiskMeasured>,
     reads: usage::Reads,
 ) -> Vec<(usize, Result<PodStats, usage::UsageError>)> {
-    live_pods(pods, gone)
+    live_pods(pods, gone, &[])
         .filter_map(|(i, p)| {
             let cg = usage::pod_cgroups(p, cgroups);
             if cg.as_ref().is_some_and(|c| !c.memory.dir.exists()) {
@@ -157,10 +163,12 @@ impl MemoryRead<'_> {
         let pods = self.pods;
         // Taken before any read below, so it bounds them all for the next decision.
         let now = clock.and_then(ChargeClock::now);
+        // The specs' keys of the list just followed.
+        let list_keys: Arc<[PodKeys]> = if files.follows(pods) { files.pod_keys() } else { Arc::new([]) };
         let mut out = Vec::new();
         let mut bounds = Vec::with_capacity(pods.len());
         let mut earlier = 0;
-        for (i, p) in live_pods(pods, self.gone) {
+        for (i, p) in live_pods(pods, self.gone, &list_keys) {
             if let (Some(clock), Some(now)) = (clock, now)
                 && let Some(bound) = files.bound(i, clock, now)
             {
@@ -193,6 +201,16 @@ impl MemoryRead<'_> {
                 protected: self.protected[b.pod],
             })
             .collect();
+        // One a bounded pod, or none (`read_memory_contenders` works them out).
+        let keys: Vec<PodKeys> = if list_keys.len() == pods.len() {
+            bounds.iter().map(|b| list_keys[b.pod]).collect()
+        } else {
+            Vec::new()
+        };
+        let evictable = |b: usize| match keys.get(b) {
+            Some(k) => rank::evictable_by_keys(k, entries[b].protected),
+            None => rank::evictable(&entries[b]),
+        };
         let mut missed = None;
         // `bound` as of now rather than as of the decision's mark; unchanged when the two
         // marks do not compare (then a pod past it is a miss: every pod is read, the safe way).
@@ -240,8 +258,8 @@ impl MemoryRead<'_> {
                 }
             }
         };
-        let read: Vec<(usize, PodStats)> = if entries.iter().any(rank::evictable) {
-            rank::read_memory_contenders(&entries, 1, self.signal, &mut exact)
+        let read: Vec<(usize, PodStats)> = if (0..entries.len()).any(evictable) {
+            rank::read_memory_contenders(&entries, &keys, 1, self.signal, &mut exact)
         } else {
             (0..entries.len()).filter_map(|b| Some((b, exact(b)?))).collect()
         };

@@ -373,6 +373,23 @@ async fn a_memory_decision_reads_the_working_set_only_of_pods_that_can_rank_firs
     assert_eq!(p.usage_files.lock().unwrap().open(), 120, "each pod's usage file is kept open");
 }
 
+/// evictd's programs loaded and counting, watching the machine's root as the daemon watches
+/// its node (the count does not depend on it); `None` (the test skipped, loudly) where they
+/// do not load.
+fn counting_probes(test: &str) -> Option<(crate::kernel::ebpf::KernelProbes, crate::kernel::ebpf::WakeRing)> {
+    let (mut probes, ring) = match crate::kernel::ebpf::KernelProbes::load(&Default::default()) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            crate::skip(test, &format!("evictd's eBPF programs do not load: {e}"));
+            return None;
+        }
+    };
+    let root = CgroupMounts::detect().unwrap().memory_root;
+    probes.watch(crate::node::cgroup_names::cgroup_id(&root).unwrap()).unwrap();
+    probes.rearm(1 << 50).unwrap();
+    Some((probes, ring))
+}
+
 /// On a node of many pods, a memory decision after a pass that read their usage under the
 /// node's charge count reads again only the pods whose bound (that read plus what the node
 /// was charged since) could rank them first: here one of 250, where it read all 250. A pod
@@ -380,15 +397,11 @@ async fn a_memory_decision_reads_the_working_set_only_of_pods_that_can_rank_firs
 /// decision read every pod again. The count is the kernel's (evictd's programs, loaded).
 #[tokio::test(flavor = "current_thread")]
 async fn a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_first() {
-    const TEST: &str = "a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_first";
-    let (mut probes, _ring) = match crate::kernel::ebpf::KernelProbes::load(&Default::default()) {
-        Ok(loaded) => loaded,
-        Err(e) => return crate::skip(TEST, &format!("evictd's eBPF programs do not load: {e}")),
+    let Some((probes, _ring)) =
+        counting_probes("a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_first")
+    else {
+        return;
     };
-    // The node's root, as the daemon watches it (the count does not depend on it).
-    let root = CgroupMounts::detect().unwrap().memory_root;
-    probes.watch(crate::node::cgroup_names::cgroup_id(&root).unwrap()).unwrap();
-    probes.rearm(1 << 50).unwrap();
     let d = tempfile::tempdir().unwrap();
     let mut pods = Vec::new();
     for i in 0..249 {
@@ -435,6 +448,39 @@ async fn a_memory_decision_reads_again_only_pods_whose_bound_could_rank_them_fir
     let contenders = p.memory_candidates(&pods, Signal::MemoryAvailable, &BTreeSet::new()).await;
     assert_eq!(ranked(&contenders), [("big".to_string(), Some((2048 - 100) << 20))]);
     assert!(reads(&p) - before > 250, "{} reads after a bound was missed", reads(&p) - before);
+}
+
+/// What is charged after a pass read the node is what the sources' re-arm takes off the
+/// distance it read, and a node that may have crossed meanwhile is told apart: otherwise a
+/// source counting from its re-arm wakes late by it. The count is the kernel's.
+#[tokio::test(flavor = "current_thread")]
+async fn what_was_charged_since_a_pass_read_the_node_is_taken_off_its_distance() {
+    use crate::wake::ebpf::Distance;
+    let Some((probes, _ring)) =
+        counting_probes("what_was_charged_since_a_pass_read_the_node_is_taken_off_its_distance")
+    else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let mut p = far_from_pressure(d.path());
+    assert_eq!(p.charged_since_read(), None, "no pass has read the node");
+    p.charge_clock = Some(probes.charge_clock());
+    let (records, _) = p.pass(&list(Vec::new()), || 1, None, false).await;
+    assert!(records.is_empty(), "{records:?}");
+    // 16 MiB charged to this process's memory cgroup, page by page.
+    const CHARGED: usize = 16 << 20;
+    let mut grown = vec![0u8; CHARGED];
+    for page in grown.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&grown);
+    let since = p.charged_since_read().expect("the count, with the programs loaded");
+    assert!(since >= CHARGED as u64, "{since} bytes counted since the read, {CHARGED} charged");
+    // A node read 1 MiB further away than that is 1 MiB away now; one read closer may be past.
+    let far = Distance::Known(since as i64 + (1 << 20));
+    assert_eq!((far.less_charged(since), far.may_have_crossed(since)), (Distance::Known(1 << 20), false));
+    let near = Distance::Known(CHARGED as i64 / 2);
+    assert_eq!((near.less_charged(since), near.may_have_crossed(since)), (Distance::Known(0), true));
 }
 
 /// The usage files of a new pod list are opened after a pass, before any decision needs

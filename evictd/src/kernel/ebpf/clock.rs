@@ -190,6 +190,24 @@ impl ChargeClock {
         still.then_some(ChargeMark { epoch, misses, pages })
     }
 
+    /// The count as it reads, unchecked (`pages_since`).
+    pub fn rough_pages(&self) -> Option<u64> {
+        let state = self.state.upgrade()?;
+        let mut pages = 0;
+        for slot in 0..CHARGED_PAGES_SLOTS {
+            pages += sum_counter(&state.counters, COUNTER_CHARGED_PAGES + slot).ok()?;
+        }
+        Some(pages)
+    }
+
+    /// Bytes charged anywhere since `rough_pages` read `then`, unchecked: two map reads, no
+    /// check that no charge was missed, so it may read low (the programs off, a run skipped)
+    /// and reads high for the node (other cgroups' charges, frees not taken off). Only for
+    /// what may make a wake come sooner (`Daemon::rearm`), never for a bound.
+    pub fn bytes_since(&self, then: u64) -> Option<u64> {
+        Some(self.rough_pages()?.saturating_sub(then).saturating_mul(self.page_size))
+    }
+
     /// How much any one cgroup under the node can have grown between `then` and `now`
     /// (`then` taken before the usage it bounds was read), in bytes; `None` when the two
     /// do not compare.
