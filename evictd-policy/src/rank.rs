@@ -275,23 +275,26 @@ pub fn evictable_by_keys(k: &PodKeys, protected: bool) -> bool {
 /// memory comparator never ranks a pod later for a larger working set (it is then over its
 /// request at least as much), so a pod whose bound ranks after the `k`-th pod read cannot
 /// rank before it with its real working set. Pods that are not `evictable` are not read.
-/// `keys` are the pods' `PodKeys`, in the order of `bounds` (worked out here when they are
-/// not one a pod). Returns the pods read, in input order.
+/// `keys` are the pods' `PodKeys`, in the order of `bounds` (`None`: worked out here).
+/// Returns the pods read, in input order.
 pub fn read_memory_contenders(
     bounds: &[PodEntry],
-    keys: &[PodKeys],
+    keys: Option<&[PodKeys]>,
     k: usize,
     signal: Signal,
     mut exact: impl FnMut(usize) -> Option<PodStats>,
 ) -> Vec<(usize, PodStats)> {
     debug_assert_eq!(signal.resource(), Resource::Memory, "the stop holds for memory ranking only");
     let layout = FsLayout::SingleFs;
+    debug_assert!(keys.is_none_or(|k| k.len() == bounds.len()), "one key a pod");
     let worked_out: Vec<PodKeys>;
-    let keys = if keys.len() == bounds.len() {
-        keys
-    } else {
-        worked_out = bounds.iter().map(|e| PodKeys::of(e.pod)).collect();
-        &worked_out
+    let keys = match keys {
+        Some(keys) if keys.len() == bounds.len() => keys,
+        // Keys of other pods would rank by another pod's spec: never used.
+        _ => {
+            worked_out = bounds.iter().map(|e| PodKeys::of(e.pod)).collect();
+            &worked_out
+        }
     };
     let bound = |i: usize| Keyed { e: &bounds[i], k: &keys[i] };
     let mut by_bound: Vec<usize> =

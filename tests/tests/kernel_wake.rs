@@ -22,6 +22,7 @@ use evictd::{
 };
 use evictd_common::{CAUSE_CHARGE, CAUSE_MEMCG_RECLAIM, CAUSE_OOM_KILL, CGROUP_KIND_MEMCG};
 use evictd_policy::{
+    observations::Observation,
     policy::{Threshold, ThresholdValue},
     quantity::Quantity,
     signal::Signal,
@@ -137,13 +138,24 @@ async fn the_charge_count_bounds_a_pods_growth_until_the_programs_come_off() {
     // One round: 48 MiB anonymous and 16 MiB of page cache between two marks. `None` when
     // the clock gave no mark (the kernel skipped a run of a counting program meanwhile,
     // which a charge in an interrupt can cause): the bound is then not offered, rightly.
+    // The count as a pass reads it before the node (`rough_pages`, unchecked) sees the growth
+    // too: the daemon takes it off the distance its sources re-arm on.
     let mut round = |n: usize| -> Option<()> {
         let then = clock.now()?;
+        let rough = clock.rough_pages().expect("the count, while the programs count");
         let before = usage();
         hog.alloc(48);
         hog.cache(16, &dir.path().join(format!("cache-{n}")));
         let after = usage();
-        let grown = clock.grown_since(then, clock.now()?)?;
+        let since = clock.bytes_since(rough).expect("the count, while the programs count");
+        let now = clock.now()?;
+        let grown = clock.grown_since(then, now)?;
+        let slack = grown - clock.charged(then, now)?;
+        assert!(
+            after - before <= since + slack,
+            "round {n}: the pod grew {} bytes, the count read as a pass does {since}",
+            after - before
+        );
         assert!(after >= before + (60 << 20), "the pod grew {} bytes for 64 MiB", after - before);
         assert!(
             after <= before + grown,
@@ -656,6 +668,46 @@ fn ebpf_source_on(cg: &TestCgroup, tx: mpsc::Sender<Wake>) -> Box<dyn wake::Wake
         })
         .expect("a wake for every charge");
     source
+}
+
+/// The eBPF source counts growth from its re-arm, so what was charged between the pass's read
+/// and the re-arm comes off the distance it arms on: half of what is left, and the finest step
+/// where that may have crossed the threshold. Without it, the wake comes late by that much.
+#[tokio::test]
+async fn the_watermark_leaves_out_what_was_charged_since_the_read() {
+    if !privileged("the_watermark_leaves_out_what_was_charged_since_the_read") {
+        return;
+    }
+    let cg = TestCgroup::new(None);
+    let (tx, _rx) = mpsc::channel(1 << 16);
+    let signals = signals_of(&cg);
+    let mut source = wake::ebpf::start(&wake_options(), &signals, tx, Arc::new(WakeStats::default()))
+        .expect("the eBPF source");
+    const MI: i64 = 1 << 20;
+    let threshold = [Threshold {
+        signal: Signal::MemoryAvailable,
+        value: ThresholdValue::Quantity(Quantity::parse("100Mi").expect("a quantity")),
+        grace_period_ns: 0,
+        min_reclaim: None,
+    }];
+    // Read 40 MiB above the threshold.
+    let observations =
+        [(Signal::MemoryAvailable, Observation { available: 140 * MI, capacity: 1024 * MI, time_ns: None })]
+            .into_iter()
+            .collect();
+    let mut armed = |charged_since_read: u64| {
+        let node = NodeNow {
+            thresholds: &threshold,
+            observations: &observations,
+            signals: &signals,
+            charged_since_read,
+        };
+        source.rearm(&node).expect("a re-arm");
+        source.watermark().expect("a watermark")
+    };
+    assert_eq!(armed(0), 20 << 20, "half the distance");
+    assert_eq!(armed(10 << 20), 15 << 20, "half of what is left of it");
+    assert_eq!(armed(50 << 20), 64 << 10, "the finest step: it may be past the threshold");
 }
 
 /// The node cgroup removed and made again at the same path is a new cgroup (a new id). The

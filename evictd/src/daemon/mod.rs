@@ -157,6 +157,21 @@ struct PassDone {
     obs: Observations,
 }
 
+/// Whether a pass must follow one whose reading, `read`, may be behind by `charged` bytes:
+/// only when they could have crossed a memory threshold the reading was short of, and the
+/// node read again (`read_now`, after the sources re-armed: what is charged from then on they
+/// count) is past it. Reading the node is what the budget (`budget`, `FineSteps`) rations:
+/// the count holds other cgroups' charges and no frees, so page-cache churn near a threshold
+/// would ask often. No wake source's budget is spent on it, and no pass unless one is due.
+fn read_behind(
+    read: Distance,
+    charged: u64,
+    budget: impl FnOnce() -> bool,
+    read_now: impl FnOnce() -> Distance,
+) -> bool {
+    read.may_have_crossed(charged) && budget() && matches!(read_now(), Distance::Known(d) if d < 0)
+}
+
 /// Wakes kept for the next pass while one runs: the first `PENDING_WAKES` (the earliest is
 /// what the decision answers), the rest only counted by cause. A wake storm during a long
 /// stop (reclaim and OOM wakes grow with the CPU count) must not grow evictd's locked memory.
@@ -623,15 +638,16 @@ impl Daemon {
         });
     }
 
-    /// A pass again now when what was charged since the pass read the node could have taken
-    /// it past a memory threshold: a source counting from its re-arm would wake only on the
-    /// next charge, and a victim that crossed and then paused (a paced allocator between
-    /// bursts, a task descheduled) leaves the node past the threshold until then — ~1 ms
-    /// late at 1 GiB/s in `bench scale`. At most `FineSteps`' budget of such passes: a node
-    /// charging fast outside its pods near a threshold does not keep evictd in a loop.
+    /// A pass again now when what was charged since the pass read the node took it past a
+    /// memory threshold: a source counting from its re-arm would wake only on the next
+    /// charge, and a victim that crossed and then paused (a paced allocator between bursts, a
+    /// task descheduled) leaves the node past the threshold until then (~1 ms at 1 GiB/s in
+    /// `bench scale`). Called after every source re-armed (`read_behind`).
     fn recheck_if_read_behind(&mut self, obs: &Observations, charged_since_read: u64) {
-        let distance = Distance::of(&self.thresholds, obs);
-        if distance.may_have_crossed(charged_since_read) && self.read_behind.take(Instant::now()) {
+        let read = Distance::of(&self.thresholds, obs);
+        let (thresholds, signals, budget) = (&self.thresholds, &self.signals, &mut self.read_behind);
+        let read_now = || Distance::of(thresholds, &signals.observe(engine_ns(), &mut Vec::new()));
+        if read_behind(read, charged_since_read, || budget.take(Instant::now()), read_now) {
             self.pending.add(&mut vec![Wake::now(WakeCause::Recheck)]);
         }
     }
@@ -684,6 +700,24 @@ mod tests {
         let err = spawn_inventory(Some(&client), &opts, None, Arc::new(Notify::new()), Default::default())
             .expect_err("an error");
         assert!(format!("{err:#}").contains("memory capacity"), "{err:#}");
+    }
+
+    /// A pass follows one whose reading may be behind only when what was charged since could
+    /// have crossed a memory threshold the reading was short of, the budget allows a read, and
+    /// the node read again is past it; the node is not read again otherwise.
+    #[test]
+    fn a_pass_follows_a_reading_behind_only_when_the_node_read_again_is_past_a_threshold() {
+        const MI: i64 = 1 << 20;
+        let read = Distance::Known(MI);
+        let past = || Distance::Known(-1);
+        let not_read = || -> Distance { panic!("the node read again without cause") };
+        assert!(!read_behind(read, (MI / 2) as u64, || true, not_read), "short of the threshold");
+        assert!(!read_behind(Distance::Known(-MI), 4 << 20, || true, not_read), "met already");
+        assert!(!read_behind(Distance::Unknown, 4 << 20, || true, not_read), "nothing read to be behind");
+        assert!(!read_behind(read, 2 << 20, || false, not_read), "the budget spent");
+        assert!(read_behind(read, 2 << 20, || true, past));
+        assert!(!read_behind(read, 2 << 20, || true, || Distance::Known(0)), "on it, not past it");
+        assert!(!read_behind(read, 2 << 20, || true, || Distance::Unknown), "unreadable: no pass on it");
     }
 
     /// Grace and transition periods are timed on the engine's clock,

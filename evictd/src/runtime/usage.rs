@@ -141,6 +141,8 @@ impl PodUsageFiles {
                 }
             }
         }
+        // Never the old list with the new keys.
+        self.list = None;
         self.keys = pods.iter().map(|p| PodKeys::of(&p.spec)).collect();
         self.list = Some(pods.clone());
     }

@@ -288,12 +288,16 @@ impl WakeSource for EbpfWake {
     }
 
     fn rearm(&mut self, node: &NodeNow) -> Result<(), WakeError> {
-        // Counted from the re-arm: what was charged between the read and now is not.
-        let distance = Distance::of(node.thresholds, node.observations).less_charged(node.charged_since_read);
+        let read = Distance::of(node.thresholds, node.observations);
+        // The band on the distance as read: what the count holds beyond the node's growth
+        // (other cgroups, no frees) must not attach the programs far from every threshold,
+        // and each attach begins a new epoch of the count (the pods' bounds start over).
         if let Some(band) = self.band {
-            self.follow_band(band, distance);
+            self.follow_band(band, read);
         }
         self.follow_scope()?;
+        // Counted from the re-arm: what was charged between the read and now is not.
+        let distance = read.less_charged(node.charged_since_read);
         let w = watermark_for(self.mode, distance, &mut self.fine);
         self.probes.rearm(w)?;
         self.watermark = Some(w);

@@ -259,7 +259,8 @@ impl MemoryRead<'_> {
             }
         };
         let read: Vec<(usize, PodStats)> = if (0..entries.len()).any(evictable) {
-            rank::read_memory_contenders(&entries, &keys, 1, self.signal, &mut exact)
+            let keys = (keys.len() == entries.len()).then_some(keys.as_slice());
+            rank::read_memory_contenders(&entries, keys, 1, self.signal, &mut exact)
         } else {
             (0..entries.len()).filter_map(|b| Some((b, exact(b)?))).collect()
         };

@@ -190,9 +190,13 @@ impl ChargeClock {
         still.then_some(ChargeMark { epoch, misses, pages })
     }
 
-    /// The count as it reads, unchecked (`pages_since`).
+    /// The count as it reads, unchecked (`bytes_since`); `None` while it does not count (the
+    /// programs off far from every threshold: nothing to read, no syscall spent).
     pub fn rough_pages(&self) -> Option<u64> {
         let state = self.state.upgrade()?;
+        if !state.counts() {
+            return None;
+        }
         let mut pages = 0;
         for slot in 0..CHARGED_PAGES_SLOTS {
             pages += sum_counter(&state.counters, COUNTER_CHARGED_PAGES + slot).ok()?;
