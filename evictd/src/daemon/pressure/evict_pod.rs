@@ -33,10 +33,7 @@ fn live_pods<'a>(
         finished = pods.iter().filter(|p| !p.spec.is_active()).count(),
         "candidates"
     );
-    let active = move |i: usize, p: &PodRecord| match keys.get(i) {
-        Some(k) if keys.len() == pods.len() => k.active,
-        _ => p.spec.is_active(),
-    };
+    let active = move |i: usize, p: &PodRecord| keys.get(i).map_or_else(|| p.spec.is_active(), |k| k.active);
     pods.iter()
         .map(|p| &**p)
         .enumerate()
@@ -163,7 +160,7 @@ impl MemoryRead<'_> {
         let pods = self.pods;
         // Taken before any read below, so it bounds them all for the next decision.
         let now = clock.and_then(ChargeClock::now);
-        // The specs' keys of the list just followed.
+        // The specs' keys of the list just followed: one a pod, or none.
         let list_keys: Arc<[PodKeys]> = if files.follows(pods) { files.pod_keys() } else { Arc::new([]) };
         let mut out = Vec::new();
         let mut bounds = Vec::with_capacity(pods.len());
@@ -202,12 +199,8 @@ impl MemoryRead<'_> {
             })
             .collect();
         // One a bounded pod, or none (`read_memory_contenders` works them out).
-        let keys: Vec<PodKeys> = if list_keys.len() == pods.len() {
-            bounds.iter().map(|b| list_keys[b.pod]).collect()
-        } else {
-            Vec::new()
-        };
-        let evictable = |b: usize| match keys.get(b) {
+        let keys: Option<Vec<PodKeys>> = bounds.iter().map(|b| list_keys.get(b.pod).copied()).collect();
+        let evictable = |b: usize| match keys.as_ref().and_then(|k| k.get(b)) {
             Some(k) => rank::evictable_by_keys(k, entries[b].protected),
             None => rank::evictable(&entries[b]),
         };
@@ -259,8 +252,7 @@ impl MemoryRead<'_> {
             }
         };
         let read: Vec<(usize, PodStats)> = if (0..entries.len()).any(evictable) {
-            let keys = (keys.len() == entries.len()).then_some(keys.as_slice());
-            rank::read_memory_contenders(&entries, keys, 1, self.signal, &mut exact)
+            rank::read_memory_contenders(&entries, keys.as_deref(), 1, self.signal, &mut exact)
         } else {
             (0..entries.len()).filter_map(|b| Some((b, exact(b)?))).collect()
         };

@@ -103,6 +103,13 @@ impl ClockState {
         self.counting.store(!self.programs.is_empty(), Ordering::Release);
     }
 
+    /// Pages counted as charged, every counting program's slots summed over the CPUs.
+    fn charged_pages(&self) -> Option<u64> {
+        (0..CHARGED_PAGES_SLOTS)
+            .map(|slot| sum_counter(&self.counters, COUNTER_CHARGED_PAGES + slot).ok())
+            .sum()
+    }
+
     /// Runs that may have left a charge uncounted: skipped by the kernel, or failed reading
     /// what they count. Only ever grows.
     fn missed_runs(&self) -> io::Result<u64> {
@@ -179,10 +186,7 @@ impl ChargeClock {
         }
         let epoch = state.epoch.load(Ordering::SeqCst);
         let misses = state.missed_runs().ok()?;
-        let mut pages = 0;
-        for slot in 0..CHARGED_PAGES_SLOTS {
-            pages += sum_counter(&state.counters, COUNTER_CHARGED_PAGES + slot).ok()?;
-        }
+        let pages = state.charged_pages()?;
         // A skip or a detach begun while the count was read: it may not hold them all.
         let still = state.missed_runs().ok()? == misses
             && state.epoch.load(Ordering::SeqCst) == epoch
@@ -197,11 +201,7 @@ impl ChargeClock {
         if !state.counts() {
             return None;
         }
-        let mut pages = 0;
-        for slot in 0..CHARGED_PAGES_SLOTS {
-            pages += sum_counter(&state.counters, COUNTER_CHARGED_PAGES + slot).ok()?;
-        }
-        Some(pages)
+        state.charged_pages()
     }
 
     /// Bytes charged anywhere since `rough_pages` read `then`, unchecked: two map reads, no
