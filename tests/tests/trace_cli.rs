@@ -656,3 +656,82 @@ fn no_swap(cg: &TestCgroup) {
         std::fs::write(&path, value).unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
     }
 }
+
+/// Output nobody reads holds no decision: a log pipe behind a full disk (the runtime's shim
+/// writes evictd's stderr to a file), a paused pager on `--trace`. With both pipes a page
+/// each and a writer of each waiting in write(2), the node crossing its threshold still gets
+/// its pass: the node condition turns on in the metrics.
+#[test]
+fn output_nobody_reads_holds_no_decision() {
+    const MIB: u64 = 1 << 20;
+    if !privileged("output_nobody_reads_holds_no_decision") {
+        return;
+    }
+    let limit = 512 * MIB;
+    let node = TestCgroup::new(Some(limit));
+    no_swap(&node);
+    let mut hog = MemHog::spawn_in(&node);
+    let (stdout, stdout_w) = small_pipe();
+    let (stderr, stderr_w) = small_pipe();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
+        .args(["--trace", "--json", "--cri-endpoint", "none", "--dry-run", "--duration", "120s"])
+        .args(["--eviction-hard", "memory.available<100Mi", "--metrics-addr", &metrics])
+        .arg("--node-cgroup")
+        .arg(&node.dir)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::from(stdout_w))
+        .stderr(Stdio::from(stderr_w))
+        .spawn()
+        .expect("starting evictd");
+    let pid = evictd.id();
+    let stalled = |fd: u64| writing_to(pid, fd);
+    let until = std::time::Instant::now() + evictd_tests::patience::patience(Duration::from_secs(30));
+    while !(stalled(1) && stalled(2)) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let waiting = (stalled(1), stalled(2));
+    let condition = "evictd_node_condition{condition=\"MemoryPressure\"} 1";
+    let mut seen = false;
+    if waiting.0 || waiting.1 {
+        hog.alloc(448);
+        let until = std::time::Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
+        while !seen && std::time::Instant::now() < until {
+            seen =
+                evictd_tests::try_http_get(&metrics, "/metrics").is_ok_and(|text| text.contains(condition));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = evictd.kill();
+    let _ = evictd.wait();
+    drop(hog);
+    drop((stdout, stderr));
+    assert!(
+        seen,
+        "no pass saw the crossing while the output was stalled (writers waiting on stdout, stderr: {waiting:?})"
+    );
+    assert!(
+        waiting == (true, true),
+        "evictd never waited on both of its pipes (stdout, stderr: {waiting:?})"
+    );
+}
+
+/// A pipe of one page, Linux's smallest: (read end, write end). The read end is kept and
+/// never read.
+fn small_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    let (r, w) = nix::unistd::pipe().expect("a pipe");
+    nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).expect("F_SETPIPE_SZ");
+    (r, w)
+}
+
+/// Whether a thread of `pid` waits in write(2) on its descriptor `fd`.
+fn writing_to(pid: u32, fd: u64) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|t| {
+        // "<syscall number> <first argument> ...", hexadecimal arguments.
+        let call = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+        let mut words = call.split_whitespace();
+        words.next() == Some(&libc::SYS_write.to_string())
+            && words.next().and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok()) == Some(fd)
+    })
+}

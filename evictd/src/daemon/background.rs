@@ -76,12 +76,9 @@ impl Background {
     }
 }
 
-/// `NICE` for the calling thread (Linux nice values are per thread).
+/// `NICE` for the calling thread.
 fn lower_nice() {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    // SAFETY: setpriority reads only its arguments.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE) } != 0 {
-        tracing::info!("evictd-io runs at the default nice value: {}", std::io::Error::last_os_error());
+    if let Err(e) = crate::kernel::sched::set_nice(NICE) {
+        tracing::info!("evictd-io runs at the default nice value: {e}");
     }
 }

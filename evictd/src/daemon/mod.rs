@@ -39,7 +39,7 @@ use crate::{
         reporter::{Reporter, ReporterTask, Retry},
         taints::{NodeTaints, TaintTask},
     },
-    node::{cgroups::CgroupMounts, growth::GrowthTracker, signals::NodeSignalSources},
+    node::{cgroups::CgroupMounts, signals::NodeSignalSources},
     report::{
         Report,
         endpoint::{self, Health},
@@ -223,7 +223,6 @@ struct Daemon {
     emergency: EmergencyLevel,
     scope: NodeScope,
     inventory_dirty: bool,
-    growth: GrowthTracker,
     sources: Vec<Box<dyn WakeSource>>,
     stats: Arc<WakeStats>,
     report: Report,
@@ -286,7 +285,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let served = serve(&mut daemon, &mut rx, deadline, &mut sigterm, &mut sighup).await;
     // Also after an error: the record of what was decided, and evictd's taints taken off
     // the node (nobody else would).
-    let flushed = daemon.report.flush();
+    let flushed = daemon.report.finish();
     tracing::info!("stopping");
     if let Some(api) = daemon.api.take() {
         tokio::join!(api.reporter_task.flush(API_FLUSH), api.taint_task.remove_and_stop(API_FLUSH));
@@ -445,9 +444,7 @@ impl Daemon {
     fn pass_done(&mut self, done: PassDone) -> anyhow::Result<()> {
         // Re-armed before anything else: a source counts growth from its re-arm against the
         // distance this pass read, so whatever ran first would make its next wake late by the
-        // growth meanwhile — the report, with `--trace`, names a cgroup it has not seen yet by
-        // walking the hierarchies (~30 ms at 250 pods: wakes 4–18 MiB past a threshold at
-        // 1 GiB/s when that came first).
+        // growth meanwhile.
         let charged_since_read = done.pressure.charged_since_read().unwrap_or(0);
         self.rearm(&done.obs, charged_since_read);
         self.recheck_if_read_behind(&done.obs, charged_since_read);
@@ -619,8 +616,7 @@ impl Daemon {
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
         self.report.signals(&self.thresholds, &obs);
         let available = obs.get(&Signal::MemoryAvailable).map(|o| o.available);
-        let top_growth = if self.report.traced() { self.growth.sample() } else { Vec::new() };
-        self.report.summary(&self.sources, &self.stats, available, top_growth)?;
+        self.report.summary(&self.sources, &self.stats, available)?;
         Ok(())
     }
 

@@ -218,8 +218,9 @@ impl Daemon {
             // No runtime: the inventory stays empty, and there is nothing to wait for.
             health.set_ready();
         }
-        let report = Report::new(opts.trace, metrics, opts.cgroups.clone());
         let signals = opts.pressure.signals.clone();
+        let growth = crate::node::growth::GrowthTracker::new(signals.node.dir.clone(), signals.node.version);
+        let report = Report::new(opts.trace, metrics, opts.cgroups.clone(), growth);
         let emergency = opts.pressure.kill.emergency;
         let scope = NodeScope::new(&signals.node.dir, &opts.cgroups);
         let (escalate, escalated) = watch::channel(Urgency::Normal);
@@ -244,7 +245,6 @@ impl Daemon {
             drop(crate::runtime::reclaim::detect_images(client, pressure.image_ages.clone()));
         }
         let thresholds = pressure.thresholds.clone();
-        let growth = GrowthTracker::new(signals.node.dir.clone(), signals.node.version);
         let obs = pressure.observe(engine_ns());
         let mut daemon = Daemon {
             pressure: Some(pressure),
@@ -256,7 +256,6 @@ impl Daemon {
             emergency,
             scope,
             inventory_dirty: false,
-            growth,
             sources,
             stats,
             report,

@@ -14,6 +14,14 @@ pub fn set_fifo(priority: u8) -> io::Result<()> {
     if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
+/// Sets the calling thread's nice value (Linux nice values are per thread: PRIO_PROCESS with
+/// its TID). Lowering it below 0 needs CAP_SYS_NICE.
+pub fn set_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid has no preconditions; setpriority reads only its integer arguments.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 /// The calling thread's SCHED_FIFO priority; `None` under any other policy.
 pub fn fifo_priority() -> Option<u8> {
     // SAFETY: pid 0, the calling thread; no memory involved.

@@ -40,6 +40,7 @@ labels! {
     SpecSourceLabel { spec_source }
     PhaseLabel { phase }
     ConditionLabel { condition }
+    OutputLabel { output }
 }
 
 /// The unit of a signal's values, which names its gauge families (Prometheus: one unit per
@@ -97,6 +98,8 @@ pub struct Metrics {
     capacity: Gauges<SignalLabel>,
     thresholds: Gauges<ThresholdLabel>,
     conditions: Family<ConditionLabel, Gauge>,
+    /// Lines dropped rather than wait for stderr (`log`) or stdout (`trace`).
+    output_dropped: Family<OutputLabel, Counter>,
     recent: RecentEvictions,
 }
 
@@ -152,6 +155,7 @@ impl Default for Metrics {
                 "Each eviction threshold (hard or soft), resolved against the signal's capacity",
             ),
             conditions: Family::default(),
+            output_dropped: Family::default(),
             recent: RecentEvictions::default(),
             registry: Registry::default(),
         };
@@ -196,7 +200,14 @@ impl Metrics {
             "1 while evictd's rule holds the node condition (MemoryPressure, DiskPressure, PIDPressure)",
             self.conditions.clone(),
         );
+        r.register(
+            "output_lines_dropped",
+            "Log lines (output=\"log\", stderr) and --trace lines (output=\"trace\", stdout) dropped rather than \
+             wait for a reader that is not keeping up",
+            self.output_dropped.clone(),
+        );
         self.recent.register(r);
+        self.output_dropped(0, 0);
         for source in SpecSource::ALL {
             self.pods.get_or_create(&SpecSourceLabel { spec_source: source.as_str().into() }).set(0);
         }
@@ -235,6 +246,13 @@ impl Metrics {
             self.evictions
                 .get_or_create(&SignalLabel { eviction_signal: t.signal.as_str().into() })
                 .inc_by(0);
+        }
+    }
+
+    /// Output lines dropped since the last call.
+    pub fn output_dropped(&self, log: u64, trace: u64) {
+        for (output, n) in [("log", log), ("trace", trace)] {
+            self.output_dropped.get_or_create(&OutputLabel { output: output.into() }).inc_by(n);
         }
     }
 
@@ -462,6 +480,7 @@ mod tests {
             "evictd_charge_wake_tier gauge",
             "evictd_ring_buffer_drops counter",
             "evictd_kernel_errors counter",
+            "evictd_output_lines_dropped counter",
         ] {
             assert!(text.contains(&format!("# TYPE {family}\n")), "{family} missing:\n{text}");
         }
@@ -475,6 +494,7 @@ mod tests {
             "evictd_charge_wake_tier{tier=\"batched-charge-hook\"} 0",
             "evictd_ring_buffer_drops_total 0",
             "evictd_kernel_errors_total{error=\"no-config\"} 0",
+            "evictd_output_lines_dropped_total{output=\"trace\"} 0",
             "evictd_wakes_total{cause=\"charge\"} 0",
             "evictd_detection_seconds_count{cause=\"oom-kill\"} 0",
             "evictd_eviction_phase_seconds_count{phase=\"stop_sandbox\"} 0",

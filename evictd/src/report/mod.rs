@@ -3,9 +3,9 @@
 //! hands every pass to; it never decides anything.
 
 use std::{
-    io::{self, BufWriter, Stdout},
+    io::{self, BufWriter},
     sync::{Arc, atomic::Ordering},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use evictd_common::{CAUSE_COUNT, KernelError};
@@ -16,39 +16,51 @@ use evictd_policy::{
 
 use crate::{
     kernel::ebpf::Counters,
-    node::{cgroup_names::CgroupNames, cgroups::CgroupMounts, growth::Growth},
+    node::{cgroup_names::CgroupNames, cgroups::CgroupMounts, growth::GrowthTracker},
     runtime::inventory::PodRecord,
     vocab::{EvictionRecord, SpecSource, WakeCause},
     wake::{SourceKind, Wake, WakeSource, WakeStats},
 };
 
 pub mod endpoint;
+pub mod logs;
 pub mod metrics;
 mod recent;
 pub mod trace;
 pub mod units;
 
 use metrics::Metrics;
-use trace::{MemoryView, TraceFormat, TraceSink, TraceSummary};
+use trace::{MemoryView, TraceFormat, TraceSummary, TraceWriter};
+
+/// How long the end of the daemon waits for the trace's last lines to be written.
+const TRACE_DRAIN: Duration = Duration::from_secs(1);
 
 pub struct Report {
     metrics: Arc<Metrics>,
-    sink: Option<TraceSink<BufWriter<Stdout>>>,
-    names: CgroupNames,
+    sink: Option<TraceWriter>,
     counts: WakeCounts,
     /// The node conditions last reported, for the trace's lines on a change.
     conditions: Vec<NodeCondition>,
 }
 
 impl Report {
-    pub fn new(trace: Option<TraceFormat>, metrics: Arc<Metrics>, cgroups: CgroupMounts) -> Self {
-        Report {
-            metrics,
-            sink: trace.map(|f| TraceSink::new(f, BufWriter::new(io::stdout()))),
-            names: CgroupNames::new(cgroups),
-            counts: WakeCounts::default(),
-            conditions: Vec::new(),
-        }
+    /// With `trace`, the trace's thread, naming cgroups of `cgroups` and the growth below the
+    /// node `growth` follows; without that thread (it cannot start), no trace, said why.
+    pub fn new(
+        trace: Option<TraceFormat>,
+        metrics: Arc<Metrics>,
+        cgroups: CgroupMounts,
+        growth: GrowthTracker,
+    ) -> Self {
+        let sink = trace.and_then(|format| {
+            let out = BufWriter::new(io::stdout());
+            TraceWriter::spawn(format, out, CgroupNames::new(cgroups), growth)
+                .inspect_err(|e| {
+                    tracing::error!("cannot start the trace's thread ({e}): --trace prints nothing")
+                })
+                .ok()
+        });
+        Report { metrics, sink, counts: WakeCounts::default(), conditions: Vec::new() }
     }
 
     /// One pass: the wakes that led to it, the evictions it made, and the node after it.
@@ -69,7 +81,7 @@ impl Report {
             self.counts.by_cause[w.cause.index()] += 1;
             self.metrics.wake.wake(w);
             if let Some(s) = self.sink.as_mut() {
-                s.event(w, &mut self.names, view)?;
+                s.event(w, view)?;
             }
         }
         for e in evictions {
@@ -78,7 +90,7 @@ impl Report {
                 s.eviction(e)?;
             }
         }
-        self.flush()
+        Ok(())
     }
 
     /// A new inventory: its pods counted by where their specs come from.
@@ -136,24 +148,20 @@ impl Report {
         sources: &[Box<dyn WakeSource>],
         stats: &WakeStats,
         available: Option<i64>,
-        top_growth: Vec<Growth>,
     ) -> io::Result<()> {
         self.counts.available = available;
-        let mut summary = self.counts.summary(sources, stats, &self.metrics);
-        summary.top_growth = top_growth;
+        let summary = self.counts.summary(sources, stats, &self.metrics);
+        let trace_dropped = self.sink.as_ref().map_or(0, TraceWriter::dropped);
+        self.counts.dropped_output(logs::dropped_lines(), trace_dropped, &self.metrics);
         match self.sink.as_mut() {
-            Some(s) => s.summary(&summary),
+            Some(s) => s.summary(summary),
             None => Ok(()),
         }
     }
 
-    /// Whether summaries are printed (the tuning view is read only then).
-    pub fn traced(&self) -> bool {
-        self.sink.is_some()
-    }
-
-    pub fn flush(&mut self) -> io::Result<()> {
-        self.sink.as_mut().map_or(Ok(()), |s| s.flush())
+    /// The end of the daemon: the trace's last lines written, waiting at most `TRACE_DRAIN`.
+    pub fn finish(&mut self) -> io::Result<()> {
+        self.sink.take().map_or(Ok(()), |s| s.finish(TRACE_DRAIN))
     }
 }
 
@@ -169,6 +177,8 @@ struct WakeCounts {
     last_errors: [u64; KernelError::ALL.len()],
     last_kernel_errors: u64,
     available: Option<i64>,
+    /// Log and trace lines dropped, as the last summary saw them.
+    last_dropped_output: [u64; 2],
 }
 
 impl WakeCounts {
@@ -210,6 +220,23 @@ impl WakeCounts {
         s.charge_probes_attached = sources.iter().find_map(|s| s.charge_probes_attached());
         tracing::debug!(available = ?self.available.map(units::bytes), "summary");
         s
+    }
+
+    /// Lines of output dropped since the last summary because stderr (logs) or stdout (the
+    /// trace) did not keep up: counted, and said once a second while it lasts (a line that
+    /// may itself be dropped; the count is in the metrics).
+    fn dropped_output(&mut self, log: u64, trace: u64, metrics: &Metrics) {
+        let [log_before, trace_before] = self.last_dropped_output;
+        let (log_new, trace_new) = (log.saturating_sub(log_before), trace.saturating_sub(trace_before));
+        self.last_dropped_output = [log, trace];
+        metrics.output_dropped(log_new, trace_new);
+        if log_new + trace_new > 0 {
+            tracing::warn!(
+                log_lines = log_new,
+                trace_lines = trace_new,
+                "output dropped in the last second: stderr or stdout is not being read fast enough"
+            );
+        }
     }
 
     /// Wake events lost to a full ring since the last summary, by cause. Charge events stop

@@ -4,7 +4,8 @@
 
 use std::{
     io::{self, Write},
-    time::SystemTime,
+    sync::mpsc::{self, Receiver, SyncSender, TrySendError},
+    time::{Duration, SystemTime},
 };
 
 use evictd_policy::policy::{NodeCondition, Threshold};
@@ -12,7 +13,10 @@ use serde::Serialize;
 
 use crate::{
     kernel::ebpf::Counters,
-    node::{cgroup_names::CgroupNames, growth::Growth},
+    node::{
+        cgroup_names::CgroupNames,
+        growth::{Growth, GrowthTracker},
+    },
     report::units,
     vocab::{EvictionCause, EvictionRecord, WakeCause},
     wake::Wake,
@@ -77,6 +81,8 @@ pub struct TraceSummary {
     pub kernel: Option<Counters>,
     /// The cgroups under the node that grew most in the interval (the tuning view).
     pub top_growth: Vec<Growth>,
+    /// Trace lines dropped since the start because stdout was not keeping up.
+    pub trace_lines_dropped_total: u64,
 }
 
 pub struct TraceSink<W: Write> {
@@ -84,8 +90,8 @@ pub struct TraceSink<W: Write> {
     out: W,
 }
 
-fn now_text() -> String {
-    humantime::format_rfc3339_micros(SystemTime::now()).to_string()
+fn time_text(at: SystemTime) -> String {
+    humantime::format_rfc3339_micros(at).to_string()
 }
 
 impl<W: Write> TraceSink<W> {
@@ -93,7 +99,13 @@ impl<W: Write> TraceSink<W> {
         TraceSink { format, out }
     }
 
-    pub fn event(&mut self, wake: &Wake, names: &mut CgroupNames, mem: &MemoryView) -> io::Result<()> {
+    pub fn event(
+        &mut self,
+        wake: &Wake,
+        names: &mut CgroupNames,
+        mem: &MemoryView,
+        at: SystemTime,
+    ) -> io::Result<()> {
         // Only kernel events name a cgroup, a pid and an amount.
         let from_kernel = wake.kernel_ts_ns.is_some();
         let cgroup = if wake.lost {
@@ -108,7 +120,7 @@ impl<W: Write> TraceSink<W> {
             TraceFormat::Json => {
                 let line = EventLine {
                     r#type: "event",
-                    time: now_text(),
+                    time: time_text(at),
                     cause: wake.cause,
                     cgroup: &cgroup,
                     cgroup_id: wake.cgroup_id,
@@ -126,7 +138,7 @@ impl<W: Write> TraceSink<W> {
                 writeln!(self.out)
             }
             TraceFormat::Text => {
-                let time = now_text();
+                let time = time_text(at);
                 let clock = time.get(11..26).unwrap_or(&time);
                 let lat = delivery_us.map_or("-".into(), |us| format!("{us:.0}µs"));
                 let avail = mem.available.map_or("unreadable".into(), units::bytes);
@@ -149,12 +161,18 @@ impl<W: Write> TraceSink<W> {
     }
 
     /// A node condition turned on or off; `observed_ns` is when the pass read the node.
-    pub fn condition(&mut self, c: NodeCondition, on: bool, observed_ns: Option<i64>) -> io::Result<()> {
+    pub fn condition(
+        &mut self,
+        c: NodeCondition,
+        on: bool,
+        observed_ns: Option<i64>,
+        at: SystemTime,
+    ) -> io::Result<()> {
         match self.format {
             TraceFormat::Json => {
                 let line = ConditionLine {
                     r#type: "condition",
-                    time: now_text(),
+                    time: time_text(at),
                     condition: c.as_str(),
                     status: on,
                     observed_ns,
@@ -163,7 +181,7 @@ impl<W: Write> TraceSink<W> {
                 writeln!(self.out)
             }
             TraceFormat::Text => {
-                let time = now_text();
+                let time = time_text(at);
                 let clock = time.get(11..26).unwrap_or(&time);
                 writeln!(self.out, "{clock}  condition      {} {}", c.as_str(), if on { "on" } else { "off" })
             }
@@ -171,13 +189,13 @@ impl<W: Write> TraceSink<W> {
     }
 
     /// One line per eviction (or dry-run decision), with its timings.
-    pub fn eviction(&mut self, e: &EvictionRecord) -> io::Result<()> {
+    pub fn eviction(&mut self, e: &EvictionRecord, at: SystemTime) -> io::Result<()> {
         match self.format {
             TraceFormat::Json => {
                 let mut v = serde_json::to_value(e)?;
                 if let Some(o) = v.as_object_mut() {
                     o.insert("type".into(), "eviction".into());
-                    o.insert("time".into(), now_text().into());
+                    o.insert("time".into(), time_text(at).into());
                 }
                 serde_json::to_writer(&mut self.out, &v)?;
                 writeln!(self.out)
@@ -216,7 +234,7 @@ impl<W: Write> TraceSink<W> {
                 writeln!(
                     self.out,
                     "{} {what} {}/{} for {} ({why}, grace {}s){phases}",
-                    now_text(),
+                    time_text(at),
                     e.namespace,
                     e.name,
                     e.signal,
@@ -226,13 +244,13 @@ impl<W: Write> TraceSink<W> {
         }
     }
 
-    pub fn summary(&mut self, s: &TraceSummary) -> io::Result<()> {
+    pub fn summary(&mut self, s: &TraceSummary, at: SystemTime) -> io::Result<()> {
         match self.format {
             TraceFormat::Json => {
                 let mut v = serde_json::to_value(s)?;
                 if let Some(o) = v.as_object_mut() {
                     o.insert("type".into(), "summary".into());
-                    o.insert("time".into(), now_text().into());
+                    o.insert("time".into(), time_text(at).into());
                 }
                 serde_json::to_writer(&mut self.out, &v)?;
                 writeln!(self.out)?;
@@ -250,6 +268,10 @@ impl<W: Write> TraceSink<W> {
                 } else {
                     format!(" | grew most: {}", grew.join(", "))
                 };
+                let dropped = match s.trace_lines_dropped_total {
+                    0 => String::new(),
+                    n => format!(" | trace lines dropped {n} (stdout slow)"),
+                };
                 let probes = match s.charge_probes_attached {
                     Some(true) => " | charge probes attached",
                     Some(false) => " | charge probes detached",
@@ -257,7 +279,7 @@ impl<W: Write> TraceSink<W> {
                 };
                 writeln!(
                     self.out,
-                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}{probes}{errors}{grew}",
+                    "-- events/s: {} | ring-buffer drops {} (total {}) | memory.available {} | watermark {}{probes}{errors}{dropped}{grew}",
                     rates.join(", "),
                     s.ring_drops,
                     s.ring_drops_total,
@@ -266,10 +288,245 @@ impl<W: Write> TraceSink<W> {
                 )?;
             }
         }
-        self.out.flush()
+        Ok(())
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+}
+
+/// A line for the trace's thread, as the daemon made it. Boxed where large: the queue's
+/// slots are made (and locked, under `mlockall`) at its start.
+enum Line {
+    Event(Box<(Wake, MemoryView)>),
+    Condition { condition: NodeCondition, on: bool, observed_ns: Option<i64> },
+    Eviction(Box<EvictionRecord>),
+    Summary(Box<TraceSummary>),
+}
+
+/// Lines waiting for the trace's thread, at most: a storm's lines beyond it are dropped, not
+/// held in evictd's locked memory.
+const QUEUED_LINES: usize = 1024;
+
+/// `--trace`'s output, written by a thread of its own (`evictd-trace`) that also does the
+/// trace's slow parts: naming an event's cgroup walks the cgroup hierarchies (~30 ms at 250
+/// pods), the summary's growth view reads the usage of every cgroup below the node, and
+/// stdout may be a pipe nobody reads for a while (a paused pager, a full disk behind a
+/// redirect). None of it may hold a wake: the daemon hands each line over with the time it
+/// was made, and a line that finds the queue full is dropped and counted.
+pub struct TraceWriter {
+    lines: SyncSender<(SystemTime, Line)>,
+    dropped: u64,
+    /// The thread's end, and its write error if it had one.
+    ended: Receiver<io::Result<()>>,
+}
+
+impl TraceWriter {
+    /// The thread, writing to `out`; the thread's spawn error when it cannot start.
+    pub fn spawn<W: Write + Send + 'static>(
+        format: TraceFormat,
+        out: W,
+        names: CgroupNames,
+        growth: GrowthTracker,
+    ) -> io::Result<Self> {
+        let (lines, queued) = mpsc::sync_channel(QUEUED_LINES);
+        let (end, ended) = mpsc::sync_channel(1);
+        std::thread::Builder::new().name("evictd-trace".into()).spawn(move || {
+            let _ = end.send(write_lines(&queued, TraceSink::new(format, out), names, growth));
+        })?;
+        Ok(TraceWriter { lines, dropped: 0, ended })
+    }
+
+    pub fn event(&mut self, wake: &Wake, view: &MemoryView) -> io::Result<()> {
+        self.send(Line::Event(Box::new((*wake, view.clone()))))
+    }
+
+    pub fn condition(
+        &mut self,
+        condition: NodeCondition,
+        on: bool,
+        observed_ns: Option<i64>,
+    ) -> io::Result<()> {
+        self.send(Line::Condition { condition, on, observed_ns })
+    }
+
+    pub fn eviction(&mut self, e: &EvictionRecord) -> io::Result<()> {
+        self.send(Line::Eviction(Box::new(e.clone())))
+    }
+
+    /// The summary; its growth view is read on the trace's thread.
+    pub fn summary(&mut self, mut s: TraceSummary) -> io::Result<()> {
+        s.trace_lines_dropped_total = self.dropped;
+        self.send(Line::Summary(Box::new(s)))
+    }
+
+    /// Lines dropped since the start: the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Ends the queue and waits at most `within` for the thread to write what is in it (stdout
+    /// may never take it); its write error, if it had one.
+    pub fn finish(self, within: Duration) -> io::Result<()> {
+        drop(self.lines);
+        match self.ended.recv_timeout(within) {
+            Ok(written) => written,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!("stdout took no trace line for {within:?}: the trace's last lines are lost");
+                Ok(())
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Ok(()),
+        }
+    }
+
+    fn send(&mut self, line: Line) -> io::Result<()> {
+        match self.lines.try_send((SystemTime::now(), line)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.dropped += 1;
+                Ok(())
+            }
+            // The thread ended on a write error (stdout closed: `evictd --trace | head`).
+            Err(TrySendError::Disconnected(_)) => Err(match self.ended.try_recv() {
+                Ok(Err(e)) => e,
+                _ => io::Error::other("the trace's thread has ended"),
+            }),
+        }
+    }
+}
+
+/// The trace thread's loop: every line queued, then one flush once the queue is empty (a
+/// line reaches a reader within one batch, and a storm's lines go out in few writes).
+fn write_lines<W: Write>(
+    queued: &Receiver<(SystemTime, Line)>,
+    mut sink: TraceSink<W>,
+    mut names: CgroupNames,
+    mut growth: GrowthTracker,
+) -> io::Result<()> {
+    while let Ok(first) = queued.recv() {
+        for (at, line) in std::iter::once(first).chain(queued.try_iter()) {
+            match line {
+                Line::Event(e) => sink.event(&e.0, &mut names, &e.1, at)?,
+                Line::Condition { condition, on, observed_ns } => {
+                    sink.condition(condition, on, observed_ns, at)?
+                }
+                Line::Eviction(e) => sink.eviction(&e, at)?,
+                Line::Summary(mut s) => {
+                    s.top_growth = growth.sample();
+                    sink.summary(&s, at)?;
+                }
+            }
+        }
+        sink.flush()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Condvar, Mutex};
+
+    use super::*;
+    use crate::node::cgroups::{CgroupMounts, CgroupVersion};
+
+    /// Whether it is open, and what was written.
+    type Written = Mutex<(bool, Vec<u8>)>;
+
+    /// A stdout nobody reads until `open`: every write waits.
+    #[derive(Clone, Default)]
+    struct Gate(Arc<(Written, Condvar)>);
+
+    impl Gate {
+        fn open(&self) {
+            self.0.0.lock().unwrap().0 = true;
+            self.0.1.notify_all();
+        }
+
+        /// The whole lines written so far.
+        fn lines(&self) -> Vec<serde_json::Value> {
+            let text = String::from_utf8(self.0.0.lock().unwrap().1.clone()).unwrap();
+            let whole = text.rsplit_once('\n').map_or("", |(whole, _)| whole);
+            whole.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        }
+    }
+
+    impl Write for Gate {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let (lock, opened) = &*self.0;
+            let mut g = opened.wait_while(lock.lock().unwrap(), |(open, _)| !*open).unwrap();
+            g.1.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn writer_to(out: Gate) -> TraceWriter {
+        let d = std::env::temp_dir();
+        let layout =
+            CgroupMounts { memory_root: d.clone(), memory_version: CgroupVersion::V1, unified_root: None };
+        let growth = GrowthTracker::new(d.join("evictd-no-such-node"), CgroupVersion::V1);
+        TraceWriter::spawn(TraceFormat::Json, out, CgroupNames::new(layout), growth).unwrap()
+    }
+
+    /// A stdout that takes nothing holds no wake: every line is handed over at once (the
+    /// daemon's thread would otherwise wait in write(2) for a reader, every wake behind it),
+    /// what does not fit in the queue is dropped and counted, and what was queued is written
+    /// once stdout takes it, stamped with the time it was handed over.
+    #[test]
+    fn a_stdout_that_takes_nothing_holds_no_wake() {
+        let out = Gate::default();
+        let mut w = writer_to(out.clone());
+        let sent = 2 * QUEUED_LINES;
+        let (done, handed_over) = mpsc::channel();
+        let sender = std::thread::spawn(move || {
+            for _ in 0..sent {
+                w.event(&Wake::now(WakeCause::Timer), &MemoryView::default()).unwrap();
+            }
+            w.summary(TraceSummary::default()).unwrap();
+            let _ = done.send(());
+            w
+        });
+        let waited = handed_over.recv_timeout(Duration::from_secs(60));
+        let before_open = SystemTime::now();
+        out.open();
+        assert!(waited.is_ok(), "the lines were not handed over while stdout took nothing");
+        let w = sender.join().unwrap();
+        let dropped = w.dropped();
+        // The thread holds one line in its write; the queue holds QUEUED_LINES.
+        assert_eq!(dropped, (sent + 1 - QUEUED_LINES - 1) as u64);
+        w.finish(Duration::from_secs(60)).unwrap();
+        let lines = out.lines();
+        assert_eq!(lines.len() as u64, sent as u64 + 1 - dropped, "every line not dropped is written");
+        for l in &lines {
+            let at = humantime::parse_rfc3339(l["time"].as_str().unwrap()).unwrap();
+            assert!(at < before_open, "a line is stamped when it is handed over, not written: {l}");
+        }
+    }
+
+    /// The summary says how many lines were dropped before it.
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "a test's thread, no tokio runtime")]
+    fn the_summary_counts_the_lines_dropped() {
+        let out = Gate::default();
+        let mut w = writer_to(out.clone());
+        for _ in 0..QUEUED_LINES + 10 {
+            w.event(&Wake::now(WakeCause::Timer), &MemoryView::default()).unwrap();
+        }
+        out.open();
+        // The queue empties; the next summary finds room.
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while out.lines().len() < QUEUED_LINES && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let dropped = w.dropped();
+        assert!(dropped >= 9, "{dropped}");
+        w.summary(TraceSummary::default()).unwrap();
+        w.finish(Duration::from_secs(60)).unwrap();
+        let summary = out.lines().into_iter().find(|l| l["type"] == "summary").expect("a summary line");
+        assert_eq!(summary["trace_lines_dropped_total"], dropped);
     }
 }

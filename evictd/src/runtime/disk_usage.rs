@@ -144,11 +144,9 @@ fn background_priority() {
     let lowest_best_effort = (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | 7;
     // SAFETY: ioprio_set with `who` 0 is the calling thread; plain integers, no memory.
     let io = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, lowest_best_effort) };
-    // SAFETY: setpriority on the calling thread (its TID, which Linux takes for
-    // PRIO_PROCESS); plain integers.
-    let cpu = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
-    if io != 0 || cpu != 0 {
-        tracing::warn!("the disk walker runs at the ordinary priority: {}", std::io::Error::last_os_error());
+    let io = if io == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+    if let Err(e) = io.and(crate::kernel::sched::set_nice(10)) {
+        tracing::warn!("the disk walker runs at the ordinary priority: {e}");
     }
 }
 
