@@ -1,8 +1,9 @@
 //! The memory signal of one memory cgroup, computed as the kubelet does:
 //! available = capacity − max(0, usage − inactive_file).
 //!
-//! For the node root, capacity is MemTotal. For a cgroup that plays the node (tests,
-//! benchmarks, `--node-cgroup`), capacity is its limit, capped at MemTotal.
+//! For the node root, capacity is MemTotal, and all of it is read from /proc/meminfo
+//! (`MemoryCgroup::read_root`). For a cgroup that plays the node (tests, benchmarks,
+//! `--node-cgroup`), capacity is its limit, capped at MemTotal.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -195,15 +196,17 @@ impl MemoryCgroup {
     }
 
     pub fn read(&self) -> Result<MemorySample, MemoryError> {
+        if self.is_root {
+            return self.read_root();
+        }
         let mem_total = self.meminfo_bytes("MemTotal")?;
         let (usage, inactive_file) = self.usage_and_inactive_file()?;
-        let (capacity, limited) = match (self.version, self.is_root) {
-            (_, true) => (mem_total, true),
-            (CgroupVersion::V1, false) => {
+        let (capacity, limited) = match self.version {
+            CgroupVersion::V1 => {
                 let limit = self.number("memory.limit_in_bytes")?;
                 if limit >= V1_UNLIMITED { (mem_total, false) } else { (limit.min(mem_total), true) }
             }
-            (CgroupVersion::V2, false) => {
+            CgroupVersion::V2 => {
                 let max = self.text(self.dir.join("memory.max"))?;
                 match max.trim() {
                     "max" => (mem_total, false),
@@ -224,72 +227,75 @@ impl MemoryCgroup {
 
     /// (usage, inactive file pages): what the working set is made of.
     fn usage_and_inactive_file(&self) -> Result<(u64, u64), MemoryError> {
-        match (self.version, self.is_root) {
-            (CgroupVersion::V1, _) => {
+        if self.is_root {
+            let sample = self.read_root()?;
+            return Ok((sample.usage, sample.inactive_file));
+        }
+        match self.version {
+            CgroupVersion::V1 => {
                 Ok((self.number("memory.usage_in_bytes")?, self.stat_key("total_inactive_file")?))
             }
-            (CgroupVersion::V2, true) => {
-                // The v2 root has no memory.current. runc emulates it for cAdvisor, and so the
-                // kubelet, as anon + file from the root's memory.stat: what v1's
-                // usage_in_bytes counted. MemTotal − MemFree would add slab, page tables and
-                // buffers, and see pressure the kubelet does not.
-                let text = self.text(self.dir.join("memory.stat"))?;
-                let field =
-                    |key| parse::stat_value(&text, key).map_err(|e| e.at(&self.dir.join("memory.stat"), key));
-                Ok((field("anon")?.saturating_add(field("file")?), field("inactive_file")?))
-            }
-            (CgroupVersion::V2, false) => {
-                Ok((self.number("memory.current")?, self.stat_key("inactive_file")?))
-            }
+            CgroupVersion::V2 => Ok((self.number("memory.current")?, self.stat_key("inactive_file")?)),
         }
+    }
+
+    /// The hierarchy's root, whole from one read of /proc/meminfo: capacity MemTotal; usage
+    /// what the kubelet's root usage counts — v1's usage_in_bytes, which the kernel sums from
+    /// the same global counters, and on v2 (no memory.current) runc's emulation for
+    /// cAdvisor, anon + file of the root's memory.stat — as AnonPages + the file pages
+    /// (Cached, Buffers and SwapCached make NR_FILE_PAGES); inactive file pages Inactive(file).
+    /// Not the root's memory.stat: reading it makes the kernel flush every cgroup's
+    /// statistics when enough changed since the last flush (on a busy node, mostly), one
+    /// hold of its statistics lock per CPU with interrupts off, on the pass's thread. The
+    /// global counters are the same pages less those charged to no cgroup, and never
+    /// staler than the kernel's last flush (`this_machines_root_reads_as_its_memory_stat`).
+    fn read_root(&self) -> Result<MemorySample, MemoryError> {
+        let text = self.text(self.meminfo.clone())?;
+        let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
+        let file = [field("Cached")?, field("Buffers")?, field("SwapCached")?];
+        let usage = file.iter().fold(field("AnonPages")?, |sum, v| sum.saturating_add(*v));
+        Ok(MemorySample {
+            capacity: field("MemTotal")?,
+            usage,
+            inactive_file: field("Inactive(file)")?,
+            limited: true,
+        })
     }
 }
 
 impl MemoryCgroup {
     /// The cgroup's usage alone, one small file (the adaptive poll's cheap read): what grows
-    /// first when memory fills. On the v2 root, MemTotal − MemFree: the root's memory.stat
-    /// (what `read` uses there) makes the kernel flush every cgroup's statistics, too costly
-    /// for a read every millisecond, and a page charged to anon or file is a page taken from
-    /// MemFree, so this grows at least as fast. The poll only wakes; the pass reads `read`.
+    /// first when memory fills. On the root, the usage `read` takes, from /proc/meminfo.
     pub fn usage(&self) -> Result<u64, MemoryError> {
-        match (self.version, self.is_root) {
-            (CgroupVersion::V1, _) => self.number("memory.usage_in_bytes"),
-            (CgroupVersion::V2, true) => {
-                // One read for both fields: the adaptive poll calls this up to every ms.
-                let text = self.text(self.meminfo.clone())?;
-                let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
-                Ok(field("MemTotal")?.saturating_sub(field("MemFree")?))
-            }
-            (CgroupVersion::V2, false) => self.number("memory.current"),
+        if self.is_root {
+            return Ok(self.read_root()?.usage);
+        }
+        match self.version {
+            CgroupVersion::V1 => self.number("memory.usage_in_bytes"),
+            CgroupVersion::V2 => self.number("memory.current"),
         }
     }
 }
 
 impl MemoryCgroup {
     /// The working set as the adaptive poll estimates it: usage less the inactive file pages,
-    /// what `read` gives (on the v2 root, from /proc/meminfo's LRU lists, see
-    /// `working_set_after_usage`), and never above `usage`. On a node full of page cache,
-    /// anonymous memory displaces cache with usage flat at the limit: only this moves.
+    /// what `read` gives, and never above `usage`. On a node full of page cache, anonymous
+    /// memory displaces cache with usage flat at the limit: only this moves.
     pub fn working_set_estimate(&self) -> Result<u64, MemoryError> {
         self.working_set_after_usage(self.usage()?)
     }
 
     /// `working_set_estimate` given the `usage` just read. Costs a memory.stat read, which
-    /// the poll makes only once usage alone says it might be past its level. On the v2 root
-    /// the root's memory.stat would flush every cgroup's statistics; /proc/meminfo's LRU
-    /// lists hold the same pages (anon and file, shmem on the anon lists, less inactive file)
-    /// without the kernel's own memory, whose shrinking (reclaimable slab under pressure)
-    /// would otherwise hide the working set's growth.
+    /// the poll makes only once usage alone says it might be past its level; on the root, a
+    /// read of /proc/meminfo (`read_root`: the root's memory.stat would flush every cgroup's
+    /// statistics).
     pub fn working_set_after_usage(&self, usage: u64) -> Result<u64, MemoryError> {
-        match (self.version, self.is_root) {
-            (CgroupVersion::V2, true) => {
-                let text = self.text(self.meminfo.clone())?;
-                let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
-                let lru = [field("Active(anon)")?, field("Inactive(anon)")?, field("Active(file)")?];
-                Ok(lru.iter().fold(field("Unevictable")?, |sum, v| sum.saturating_add(*v)).min(usage))
-            }
-            (CgroupVersion::V1, _) => Ok(usage.saturating_sub(self.stat_key("total_inactive_file")?)),
-            (CgroupVersion::V2, false) => Ok(usage.saturating_sub(self.stat_key("inactive_file")?)),
+        if self.is_root {
+            return Ok(self.read_root()?.working_set().min(usage));
+        }
+        match self.version {
+            CgroupVersion::V1 => Ok(usage.saturating_sub(self.stat_key("total_inactive_file")?)),
+            CgroupVersion::V2 => Ok(usage.saturating_sub(self.stat_key("inactive_file")?)),
         }
     }
 }
@@ -420,8 +426,12 @@ impl parse::FieldError {
 mod tests {
     use super::*;
 
-    const MEMINFO: &str =
-        "MemTotal:       16384000 kB\nMemFree:         8192000 kB\nInactive(file):   1024000 kB\n";
+    /// A root of 16384000 kB using 2000000 kB (AnonPages + Cached + Buffers + SwapCached),
+    /// 1024000 kB of it inactive file pages; MemTotal − MemFree would say 8192000 kB.
+    const MEMINFO: &str = "MemTotal:       16384000 kB\nMemFree:         8192000 kB\n\
+                           Buffers:           50000 kB\nCached:          1200000 kB\n\
+                           SwapCached:        10000 kB\nInactive(file):   1024000 kB\n\
+                           AnonPages:        740000 kB\nShmem:             99999 kB\nSlab:  4000000 kB\n";
 
     /// A kept-open usage file reads what the cgroup uses now, is found gone when its cgroup
     /// is removed (a kept file of a removed cgroup answers nothing: it is not taken for a
@@ -495,16 +505,26 @@ mod tests {
         }
     }
 
+    /// The root, either version, is read whole from /proc/meminfo: its memory.stat (which
+    /// would make the kernel flush every cgroup's statistics) and usage file are not read.
     #[test]
-    fn v1_root_uses_mem_total_and_total_inactive_file() {
-        let d = fixture(&[
-            ("memory.usage_in_bytes", "3000000000\n"),
-            ("memory.stat", "cache 5\ninactive_file 7\ntotal_inactive_file 1000000000\n"),
-        ]);
-        let s = cg(&d, CgroupVersion::V1, true).read().unwrap();
-        assert_eq!(s.capacity, 16_384_000 * 1024);
-        assert_eq!(s.working_set(), 2_000_000_000);
-        assert_eq!(s.available(), 16_384_000 * 1024 - 2_000_000_000);
+    fn the_root_is_read_from_meminfo_alone() {
+        let d = fixture(&[]);
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let s = cg(&d, version, true).read().unwrap();
+            assert_eq!(
+                (s.capacity, s.usage, s.inactive_file),
+                (16_384_000 * 1024, 2_000_000 * 1024, 1_024_000 * 1024)
+            );
+            assert_eq!(s.available(), (16_384_000 - 976_000) * 1024);
+        }
+        // A field missing is an error naming it and the file, never a guess.
+        fs::write(d.path().join("meminfo"), MEMINFO.replace("SwapCached", "Swap")).unwrap();
+        let err = cg(&d, CgroupVersion::V2, true).read().unwrap_err();
+        assert!(err.to_string().contains("meminfo: no SwapCached"), "{err}");
+        fs::remove_file(d.path().join("meminfo")).unwrap();
+        let err = cg(&d, CgroupVersion::V1, true).read().unwrap_err();
+        assert!(err.to_string().contains("meminfo"), "{err}");
     }
 
     #[test]
@@ -523,26 +543,6 @@ mod tests {
         let unlimited = cg(&d, CgroupVersion::V1, false).read().unwrap();
         assert_eq!(unlimited.capacity, 16_384_000 * 1024);
         assert!(!unlimited.limited);
-    }
-
-    /// runc's emulation, which the kubelet sees: anon + file of the root's memory.stat, not
-    /// MemTotal − MemFree (here 7.8 GiB, counting slab and page tables).
-    #[test]
-    fn v2_root_usage_is_anon_plus_file_as_runc_emulates_it() {
-        let d = fixture(&[(
-            "memory.stat",
-            "anon 3000\nfile 2000\nkernel 999999\nslab 777777\nanon_thp 5\ninactive_file 1500\nfile_mapped 3\n",
-        )]);
-        let s = cg(&d, CgroupVersion::V2, true).read().unwrap();
-        assert_eq!((s.usage, s.inactive_file, s.capacity), (5000, 1500, 16_384_000 * 1024));
-        assert_eq!(s.working_set(), 3500);
-        // A root memory.stat without a field is an error naming it, never a guess.
-        fs::write(d.path().join("memory.stat"), "anon 3000\ninactive_file 1\n").unwrap();
-        let err = cg(&d, CgroupVersion::V2, true).read().unwrap_err();
-        assert!(err.to_string().contains("memory.stat: no file"), "{err}");
-        fs::remove_file(d.path().join("memory.stat")).unwrap();
-        let err = cg(&d, CgroupVersion::V2, true).read().unwrap_err();
-        assert!(err.to_string().contains("memory.stat"), "{err}");
     }
 
     #[test]
@@ -571,13 +571,13 @@ mod tests {
             assert!(c.read().is_err(), "read needs MemTotal and the limit");
             assert_eq!(c.working_set().unwrap(), expected, "{version:?}");
         }
-        let root = fixture(&[("memory.stat", "anon 3000\nfile 2000\ninactive_file 1500\n")]);
+        let root = fixture(&[]);
         let c = cg(&root, CgroupVersion::V2, true);
         assert_eq!(c.working_set().unwrap(), c.read().unwrap().working_set());
     }
 
-    /// The poll's estimate: usage less the inactive file pages, as `read` has it; on the v2
-    /// root, the LRU lists of /proc/meminfo.
+    /// The poll's estimate: usage less the inactive file pages, as `read` has it, on the root
+    /// too.
     #[test]
     fn the_working_set_estimate_is_usage_less_inactive_file() {
         let v1 = fixture(&[
@@ -596,28 +596,27 @@ mod tests {
         let c = cg(&v2, CgroupVersion::V2, false);
         assert_eq!(c.working_set_estimate().unwrap(), c.read().unwrap().working_set());
         let root = fixture(&[]);
-        fs::write(
-            root.path().join("meminfo"),
-            "MemTotal: 16384000 kB\nMemFree: 8192000 kB\nActive(anon): 1000 kB\nInactive(anon): 2000 kB\n\
-             Active(file): 3000 kB\nInactive(file): 4000 kB\nUnevictable: 500 kB\n",
-        )
-        .unwrap();
-        assert_eq!(cg(&root, CgroupVersion::V2, true).working_set_estimate().unwrap(), 6500 * 1024);
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let c = cg(&root, version, true);
+            assert_eq!(c.working_set_estimate().unwrap(), 976_000 * 1024);
+            assert_eq!(c.working_set_estimate().unwrap(), c.read().unwrap().working_set());
+        }
         fs::remove_file(v1.path().join("memory.stat")).unwrap();
         let err = cg(&v1, CgroupVersion::V1, false).working_set_estimate().unwrap_err();
         assert!(err.to_string().contains("memory.stat"), "{err}");
     }
 
-    /// The poll's cheap read is the same usage `read` takes, from one file; on the v2 root it
-    /// is MemTotal − MemFree, which grows with every page charged to anon or file.
+    /// The poll's cheap read is the same usage `read` takes, from one file.
     #[test]
     fn usage_alone_matches_the_full_read() {
         let v1 = fixture(&[("memory.usage_in_bytes", "3000\n"), ("memory.stat", "total_inactive_file 1\n")]);
         assert_eq!(cg(&v1, CgroupVersion::V1, false).usage().unwrap(), 3000);
         let v2 = fixture(&[("memory.current", "5000\n"), ("memory.stat", "inactive_file 1\n")]);
         assert_eq!(cg(&v2, CgroupVersion::V2, false).usage().unwrap(), 5000);
-        let root = cg(&v2, CgroupVersion::V2, true);
-        assert_eq!(root.usage().unwrap(), (16_384_000 - 8_192_000) * 1024);
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let root = cg(&v2, version, true);
+            assert_eq!(root.usage().unwrap(), root.read().unwrap().usage);
+        }
         fs::remove_file(v1.path().join("memory.usage_in_bytes")).unwrap();
         let err = cg(&v1, CgroupVersion::V1, false).usage().unwrap_err();
         assert!(err.to_string().contains("memory.usage_in_bytes"), "{err}");
@@ -625,15 +624,15 @@ mod tests {
 
     #[test]
     fn vanished_or_garbled_files_are_errors_naming_the_file() {
-        let d = fixture(&[("memory.stat", "total_inactive_file 1\n")]);
-        let err = cg(&d, CgroupVersion::V1, true).read().unwrap_err();
+        let d = fixture(&[("memory.stat", "total_inactive_file 1\n"), ("memory.limit_in_bytes", "8000\n")]);
+        let err = cg(&d, CgroupVersion::V1, false).read().unwrap_err();
         assert!(err.to_string().contains("memory.usage_in_bytes"), "{err}");
         fs::write(d.path().join("memory.usage_in_bytes"), "lots\n").unwrap();
-        let err = cg(&d, CgroupVersion::V1, true).read().unwrap_err();
+        let err = cg(&d, CgroupVersion::V1, false).read().unwrap_err();
         assert!(err.to_string().contains("\"lots\""), "{err}");
         fs::write(d.path().join("memory.usage_in_bytes"), "1\n").unwrap();
         fs::write(d.path().join("memory.stat"), "cache 1\n").unwrap();
-        let err = cg(&d, CgroupVersion::V1, true).read().unwrap_err();
+        let err = cg(&d, CgroupVersion::V1, false).read().unwrap_err();
         assert!(err.to_string().contains("total_inactive_file"), "{err}");
     }
 
@@ -692,6 +691,30 @@ mod tests {
         fs::write(dir.join(limit), "200000000").unwrap();
         assert_eq!(kept.read().unwrap().capacity, 200_000_000 / page * page);
         assert_eq!(kept.kept(), 4, "the files of the removed cgroup closed, the new one's kept");
+    }
+
+    /// The root read from /proc/meminfo is what the kubelet reads from the root cgroup (v1:
+    /// usage_in_bytes and memory.stat's total_inactive_file; v2: runc's anon + file and
+    /// inactive_file of memory.stat), on this machine's own hierarchy: the host's v1, the VMs'
+    /// v2. The two are read moments apart on a live machine, and the global counters also
+    /// hold pages charged to no cgroup: within 16 MiB, and 1 % of the usage.
+    #[test]
+    fn this_machines_root_reads_as_its_memory_stat() {
+        let layout = crate::node::cgroups::CgroupMounts::detect().unwrap();
+        let root = MemoryCgroup::new(&layout.memory_root, layout.memory_version, true);
+        let stat = |key| root.stat_key(key).unwrap();
+        let by_stat = || match layout.memory_version {
+            CgroupVersion::V1 => (root.number("memory.usage_in_bytes").unwrap(), stat("total_inactive_file")),
+            CgroupVersion::V2 => (stat("anon") + stat("file"), stat("inactive_file")),
+        };
+        let (before, read, after) = (by_stat(), root.read().unwrap(), by_stat());
+        let near = |what: &str, a: u64, b: u64, c: u64| {
+            let slack = (16 << 20).max(b / 100);
+            let (lo, hi) = (a.min(c).saturating_sub(slack), a.max(c) + slack);
+            assert!((lo..=hi).contains(&b), "{what}: meminfo {b}, memory.stat {a} then {c} ({layout:?})");
+        };
+        near("usage", before.0, read.usage, after.0);
+        near("inactive file", before.1, read.inactive_file, after.1);
     }
 
     #[test]

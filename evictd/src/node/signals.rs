@@ -313,20 +313,22 @@ mod tests {
     ) -> (tempfile::TempDir, NodeSignalSources) {
         let d = tempfile::tempdir().unwrap();
         let w = |p: &str, s: &str| std::fs::write(d.path().join(p), s).unwrap();
-        w("meminfo", "MemTotal: 4194304 kB\nMemFree: 1048576 kB\nInactive(file): 0 kB\n");
+        // The root uses 2Gi (AnonPages + Cached + Buffers + SwapCached), 1Gi of it inactive
+        // file pages; MemTotal − MemFree says 3Gi.
+        w(
+            "meminfo",
+            "MemTotal: 4194304 kB\nMemFree: 1048576 kB\nAnonPages: 1048576 kB\nCached: 1048576 kB\n\
+             Buffers: 0 kB\nSwapCached: 0 kB\nInactive(file): 1048576 kB\n",
+        );
         std::fs::create_dir(d.path().join("kubepods")).unwrap();
         match version {
             CgroupVersion::V1 => {
-                w("memory.usage_in_bytes", "2147483648\n");
-                w("memory.stat", "total_inactive_file 1073741824\n");
                 w("kubepods/memory.usage_in_bytes", "1610612736\n");
                 w("kubepods/memory.stat", "total_inactive_file 536870912\n");
                 let limit = kubepods_limit.unwrap_or(9223372036854771712);
                 w("kubepods/memory.limit_in_bytes", &format!("{limit}\n"));
             }
             CgroupVersion::V2 => {
-                // anon + file = 2Gi, as the v1 root's usage_in_bytes.
-                w("memory.stat", "anon 1073741824\nfile 1073741824\ninactive_file 1073741824\n");
                 w("kubepods/memory.current", "1610612736\n");
                 w("kubepods/memory.stat", "inactive_file 536870912\n");
                 w("kubepods/memory.max", &kubepods_limit.map_or("max".into(), |l| l.to_string()));
@@ -360,8 +362,7 @@ mod tests {
             let o = unlimited.observe(7, &mut Vec::new());
             assert!(!o.contains_key(&Signal::AllocatableMemoryAvailable), "{version:?}: unlimited kubepods");
         }
-        // Both roots: 4Gi − (2Gi − 1Gi); on v2 the 2Gi is runc's anon + file, not
-        // MemTotal − MemFree (3Gi).
+        // Both roots: 4Gi − (2Gi − 1Gi), from /proc/meminfo.
         for version in [CgroupVersion::V1, CgroupVersion::V2] {
             let (_d, src) = fixture(version, None);
             assert_eq!(src.observe(0, &mut Vec::new())[&Signal::MemoryAvailable].available, 3 << 30);

@@ -49,13 +49,20 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
     Pressure::new(policy, PressureOptions { dry_run: client.is_none(), ..opts }, cgroups, client, escalate)
 }
 
+/// The fixture node's /proc/meminfo: 4 GiB, `used` bytes of it anonymous memory.
+fn node_using(root: &Path, used: u64) {
+    let meminfo = format!(
+        "MemTotal: 4194304 kB\nMemFree: 0 kB\nAnonPages: {} kB\nCached: 0 kB\nBuffers: 0 kB\nSwapCached: 0 kB\n\
+         Inactive(file): 0 kB\n",
+        used >> 10
+    );
+    std::fs::write(root.join("meminfo"), meminfo).unwrap();
+}
+
 /// A Pressure on a fixture node at `root` of 4 GiB with 2 GiB in use, under the hard
 /// threshold `memory.available<75%` (3 GiB), which is met.
 fn under_pressure(root: &Path, client: Option<CriClient>) -> Pressure {
-    std::fs::write(root.join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
-        .unwrap();
-    std::fs::write(root.join("memory.usage_in_bytes"), format!("{}\n", 2u64 << 30)).unwrap();
-    std::fs::write(root.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    node_using(root, 2 << 30);
     let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
     let mut p = pressure_with(root, &args, client);
     p.signals.node.meminfo = root.join("meminfo");
@@ -65,10 +72,7 @@ fn under_pressure(root: &Path, client: Option<CriClient>) -> Pressure {
 /// A Pressure on a fixture node at `root` of 4 GiB with 1 MiB in use, far from the kubelet's
 /// default thresholds, with a reader.
 fn far_from_pressure(root: &Path) -> Pressure {
-    std::fs::write(root.join("meminfo"), "MemTotal: 4194304 kB\nMemFree: 0 kB\nInactive(file): 0 kB\n")
-        .unwrap();
-    std::fs::write(root.join("memory.usage_in_bytes"), "1048576\n").unwrap();
-    std::fs::write(root.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    node_using(root, 1 << 20);
     let mut p = pressure(root);
     p.signals.node.meminfo = root.join("meminfo");
     p.reader = crate::daemon::realtime::Reader::spawn(0);
@@ -584,7 +588,7 @@ async fn a_pass_evicts_one_pod_and_the_next_decides_on_a_new_list() {
     let d = tempfile::tempdir().unwrap();
     let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
     // 3.9 of 4 GiB in use: below the emergency level, so no wait for the evicted pod's memory.
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    node_using(d.path(), 3994 << 20);
     // A clock that moves, as the daemon's does: every observation is newer than the last.
     let clock = std::sync::atomic::AtomicI64::new(0);
     let now = || clock.fetch_add(1_000_000_000, std::sync::atomic::Ordering::Relaxed) + 1_000_000_000;
@@ -603,7 +607,7 @@ async fn an_emergency_evicts_without_waiting_for_the_last_pods_memory() {
     let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
     assert_eq!(names(&records), ["a"], "{records:?}");
     // 3.9 of 4 GiB in use: 0.1 GiB available, under half of the 3 GiB threshold.
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    node_using(d.path(), 3994 << 20);
     let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
     assert_eq!(names(&records)[0], "b", "{records:?}");
 }
@@ -656,7 +660,7 @@ async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
     // The guess grows back; 3.9 of 4 GiB in use: an emergency, and it goes.
     memcg(&d.path().join("kubepods/pod-b"), 1 << 20);
     memcg(&d.path().join("kubepods/pod-a"), 300 << 20);
-    std::fs::write(d.path().join("memory.usage_in_bytes"), format!("{}\n", 3994u64 << 20)).unwrap();
+    node_using(d.path(), 3994 << 20);
     let (records, _) = p.pass(&pods, || 3_000_000_000, None, false).await;
     assert_eq!(names(&records)[0], "a", "{records:?}");
 }
