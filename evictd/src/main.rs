@@ -1,16 +1,44 @@
+use std::{sync::mpsc, time::Duration};
+
 use clap::Parser as _;
 use evictd::cli::{self, Cli};
+
+/// How long the exit waits for stderr to take what is left: the log lines queued, then the
+/// reason for a failure.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 
 fn main() -> std::process::ExitCode {
     let logs = evictd::report::logs::install();
     let ran = cli::run(Cli::parse());
-    // What is still queued is written first, then the reason for a failure, last.
-    drop(logs);
-    match ran {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("evictd: {e:#}");
-            std::process::ExitCode::FAILURE
+    let code = if ran.is_ok() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE };
+    drain_output(logs, ran.err());
+    code
+}
+
+/// Writes the queued log lines, then `failure`, on a thread of its own, waiting for it at most
+/// `OUTPUT_DRAIN`: a stderr nobody reads (a log pipe behind a full disk) must not keep a
+/// stopped evictd from exiting, and tracing-appender's guard, past its own waits, reports a
+/// full queue on stdout, which may be stuck as well.
+fn drain_output(logs: tracing_appender::non_blocking::WorkerGuard, failure: Option<anyhow::Error>) {
+    let message = failure.map(|e| format!("evictd: {e:#}"));
+    let on_thread = message.clone();
+    let (done, drained) = mpsc::channel();
+    let spawned = std::thread::Builder::new().name("evictd-exit".into()).spawn(move || {
+        drop(logs);
+        if let Some(m) = on_thread {
+            eprintln!("{m}");
+        }
+        let _ = done.send(());
+    });
+    match spawned {
+        Ok(_) => {
+            let _ = drained.recv_timeout(OUTPUT_DRAIN);
+        }
+        // No thread to be had: the guard went with the closure; the reason is said here.
+        Err(_) => {
+            if let Some(m) = message {
+                eprintln!("{m}");
+            }
         }
     }
 }

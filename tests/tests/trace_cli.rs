@@ -660,7 +660,7 @@ fn no_swap(cg: &TestCgroup) {
 /// Output nobody reads holds no decision: a log pipe behind a full disk (the runtime's shim
 /// writes evictd's stderr to a file), a paused pager on `--trace`. With both pipes a page
 /// each and a writer of each waiting in write(2), the node crossing its threshold still gets
-/// its pass: the node condition turns on in the metrics.
+/// its pass: the node condition turns on in the metrics. Stopped, it still exits.
 #[test]
 fn output_nobody_reads_holds_no_decision() {
     const MIB: u64 = 1 << 20;
@@ -702,6 +702,14 @@ fn output_nobody_reads_holds_no_decision() {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    // Stopped, it exits though neither pipe takes its last lines.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+    let until = std::time::Instant::now() + evictd_tests::patience::patience(Duration::from_secs(10));
+    let mut exited = None;
+    while exited.is_none() && std::time::Instant::now() < until {
+        exited = evictd.try_wait().expect("evictd's status");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = evictd.kill();
     let _ = evictd.wait();
     drop(hog);
@@ -710,6 +718,7 @@ fn output_nobody_reads_holds_no_decision() {
         seen,
         "no pass saw the crossing while the output was stalled (writers waiting on stdout, stderr: {waiting:?})"
     );
+    assert!(exited.is_some(), "evictd did not exit on SIGTERM with its output stalled");
     assert!(
         waiting == (true, true),
         "evictd never waited on both of its pipes (stdout, stderr: {waiting:?})"
