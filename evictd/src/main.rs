@@ -22,9 +22,12 @@ fn main() -> std::process::ExitCode {
 fn drain_output(logs: tracing_appender::non_blocking::WorkerGuard, failure: Option<anyhow::Error>) {
     let message = failure.map(|e| format!("evictd: {e:#}"));
     let on_thread = message.clone();
+    // The guard is handed over once the thread runs: one that cannot start must not drop it
+    // here, where its waits and its report could block.
+    let (give, guard) = mpsc::channel();
     let (done, drained) = mpsc::channel();
     let spawned = std::thread::Builder::new().name("evictd-exit".into()).spawn(move || {
-        drop(logs);
+        drop(guard.recv());
         if let Some(m) = on_thread {
             eprintln!("{m}");
         }
@@ -32,10 +35,13 @@ fn drain_output(logs: tracing_appender::non_blocking::WorkerGuard, failure: Opti
     });
     match spawned {
         Ok(_) => {
+            let _ = give.send(logs);
             let _ = drained.recv_timeout(OUTPUT_DRAIN);
         }
-        // No thread to be had: the guard went with the closure; the reason is said here.
+        // No thread to be had: the queued lines are left unwritten; the reason is said here.
         Err(_) => {
+            #[allow(clippy::disallowed_methods, reason = "the process exits next; its drop could block it")]
+            std::mem::forget(logs);
             if let Some(m) = message {
                 eprintln!("{m}");
             }

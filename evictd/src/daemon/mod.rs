@@ -285,11 +285,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let served = serve(&mut daemon, &mut rx, deadline, &mut sigterm, &mut sighup).await;
     // Also after an error: the record of what was decided, and evictd's taints taken off
     // the node (nobody else would).
-    let flushed = daemon.report.finish();
     tracing::info!("stopping");
     if let Some(api) = daemon.api.take() {
         tokio::join!(api.reporter_task.flush(API_FLUSH), api.taint_task.remove_and_stop(API_FLUSH));
     }
+    // After the taints are off: a stdout that takes nothing holds this up to a second.
+    let flushed = daemon.report.finish();
     drop(background);
     served.and(flushed.map_err(Into::into))
 }

@@ -68,7 +68,8 @@ struct Gate {
 fn start_spares(rt: &tokio::runtime::Runtime) -> usize {
     let gate = Arc::new((Mutex::new(Gate { arrived: 0, released: false }), Condvar::new()));
     // Tokio's refusal of the pool's first thread is a panic; the warning says it instead.
-    // The hook is the process's: this runs before the daemon starts any other thread.
+    // The hook is the process's: this runs before the daemon starts any thread of its own
+    // (the log writer, already running, does not panic).
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let spawned = std::panic::catch_unwind(AssertUnwindSafe(|| {

@@ -10,14 +10,17 @@ use std::sync::OnceLock;
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
-/// Lines waiting for stderr, at most: a pass's worth of debug lines, and a bounded queue
-/// (~200 B a line) under `mlockall` when stderr stops.
-const QUEUED_LINES: usize = 2048;
+/// Lines waiting for stderr, at most. Each is allocated where it is logged, often on the
+/// daemon's thread, and held until written: 512 lines of ~200–500 B stay well inside the
+/// 1 MiB heap reserve the real-time thread keeps (`protect`) when stderr stops.
+const QUEUED_LINES: usize = 512;
 
 static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 
 /// Installs the global subscriber, `RUST_LOG` filtered (`info` by default). Keep the guard
 /// until the end: dropping it writes what is queued (waiting at most ~1 s).
+/// A panic is logged through it as well: the default hook writes to stderr where it
+/// panicked, and a panic while stderr takes nothing would neither decide nor exit.
 pub fn install() -> WorkerGuard {
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
@@ -30,6 +33,10 @@ pub fn install() -> WorkerGuard {
         .with_writer(writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    std::panic::set_hook(Box::new(|panic| {
+        let thread = std::thread::current();
+        tracing::error!("thread '{}' {panic}", thread.name().unwrap_or("unnamed"));
+    }));
     guard
 }
 
