@@ -14,6 +14,10 @@ pub fn set_fifo(priority: u8) -> io::Result<()> {
     if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
+/// The nice value of evictd's threads whose work is for people or for later (the disk walker,
+/// the trace's writer): they yield to evictd-io and the pressure path's ordinary work.
+pub const BACKGROUND_NICE: i32 = 10;
+
 /// Sets the calling thread's nice value (Linux nice values are per thread: PRIO_PROCESS with
 /// its TID). Lowering it below 0 needs CAP_SYS_NICE.
 pub fn set_nice(nice: i32) -> io::Result<()> {

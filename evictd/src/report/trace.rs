@@ -345,8 +345,9 @@ impl TraceWriter {
         let queued = Arc::new(AtomicUsize::new(0));
         let taken = queued.clone();
         std::thread::Builder::new().name("evictd-trace".into()).spawn(move || {
-            // Its walks of the hierarchies yield to evictd's other ordinary work.
-            let _ = crate::kernel::sched::set_nice(10);
+            // Its walks of the hierarchies yield to evictd's other ordinary work; refused, it
+            // runs at the ordinary priority, which holds no wake either.
+            let _ = crate::kernel::sched::set_nice(crate::kernel::sched::BACKGROUND_NICE);
             let _ = end.send(write_lines(&to_write, &taken, TraceSink::new(format, out), names, growth));
         })?;
         Ok(TraceWriter { lines, queued, dropped: 0, ended })

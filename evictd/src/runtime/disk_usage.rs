@@ -145,7 +145,7 @@ fn background_priority() {
     // SAFETY: ioprio_set with `who` 0 is the calling thread; plain integers, no memory.
     let io = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, lowest_best_effort) };
     let io = if io == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
-    if let Err(e) = io.and(crate::kernel::sched::set_nice(10)) {
+    if let Err(e) = io.and(crate::kernel::sched::set_nice(crate::kernel::sched::BACKGROUND_NICE)) {
         tracing::warn!("the disk walker runs at the ordinary priority: {e}");
     }
 }
