@@ -752,6 +752,70 @@ async fn the_ebpf_source_follows_a_node_cgroup_made_again_at_the_same_path() {
     assert!(charges > 0, "memory charged to the node cgroup made again sent no charge wake");
 }
 
+/// A pod's cgroup made below a node cgroup counts once the scope's walk has found it, and the
+/// walk, when done, asks for a pass (a `recheck` wake) that puts it in place and re-arms on
+/// the node as read. Without that pass the ids waited for the daemon's next second, and the
+/// watermark, counting without the new pod's first charge, woke that much late: a pod that
+/// allocates as it starts crossed a threshold hundreds of MiB before its wake.
+#[tokio::test]
+async fn a_finished_scope_walk_asks_for_a_pass() {
+    if !privileged("a_finished_scope_walk_asks_for_a_pass") {
+        return;
+    }
+    let _tracepoints = TRACEPOINTS.read().await;
+    let node = TestCgroup::new(None);
+    let (tx, mut rx) = mpsc::channel(1 << 16);
+    let mut source = ebpf_source_on(&node, tx);
+    let pod = node.child("pod");
+    let mut hog = MemHog::spawn_in(&pod);
+    // The tracepoints name the memcg charged; the batched hook, the node it watches. The
+    // harness's own small charges to the node (making the pod's cgroup) are not the pod's.
+    let tracepoints = source.charge_tier() == Some(ChargeTier::MemcgTracepoints);
+    let pod_id = pod.id();
+    let charges = |rx: &mut mpsc::Receiver<Wake>| {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .filter(|w| w.cause == WakeCause::Charge && (!tracepoints || w.cgroup_id == pod_id))
+            .count()
+    };
+    if tracepoints {
+        // The premise: the tracepoints count only the scope's cgroups, and the pod's is not
+        // in it yet (the batched hook follows a charge up to the node, scope or not).
+        hog.alloc(8);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(charges(&mut rx), 0, "the pod's cgroup, outside the scope, was counted");
+    }
+    while rx.try_recv().is_ok() {}
+    source.cgroups_changed().expect("a walk of the node's cgroups");
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(3));
+    let mut asked = false;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(w)) if w.cause == WakeCause::Recheck => {
+                asked = true;
+                break;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    assert!(asked, "the scope's walk finished without asking for a pass");
+    // The pass that wake brings re-arms the source (nothing else is called in between).
+    let (signals, observations) = (signals_of(&node), Default::default());
+    let now =
+        NodeNow { thresholds: &[], observations: &observations, signals: &signals, charged_since_read: 0 };
+    source.rearm(&now).expect("the pass's re-arm");
+    hog.alloc(8);
+    let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(3));
+    let mut seen = 0;
+    while seen == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        seen += charges(&mut rx);
+    }
+    assert!(seen > 0, "the new pod's charge sent no wake after the pass the walk asked for");
+    drop(hog);
+    drop(pod);
+}
+
 /// `--charge-tier` forces one tier. The memcg tracepoints where the kernel has them (this
 /// host, Debian's 7.x), with the batched hook left out; the batched hook where `auto` picks
 /// it (kernels with BPF trampolines: the VMs), with the tracepoints left out. Where the

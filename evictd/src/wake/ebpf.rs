@@ -202,9 +202,11 @@ struct EbpfWake {
     scope: Option<PathBuf>,
     /// The scope's walk of that subtree, on the blocking pool, and when it began: at 110
     /// pods it lists thousands of cgroupfs entries (tens of ms), and on the daemon's thread
-    /// it held every wake behind it. Its ids are put in the map at the next pass or second
-    /// that finds it done.
+    /// it held every wake behind it. The walk asks for a pass when it is done, which puts its
+    /// ids in the map and re-arms on the node as read then.
     scope_walk: Option<(oneshot::Receiver<Vec<u64>>, Instant)>,
+    /// Where the walk asks for that pass.
+    wakes: mpsc::Sender<Wake>,
     /// Cgroups may have changed since the last walk began.
     scope_stale: bool,
     /// When the last walk began.
@@ -227,6 +229,7 @@ pub fn start(
     for prog in probes.programs.iter().filter(|p| p.error.is_none()) {
         tracing::info!(tracepoint = %prog.tracepoint, "eBPF wake source attached");
     }
+    let wakes = tx.clone();
     let task = spawn_ring_buffer(ring, tx, stats).map_err(WakeError::RingBuffer)?;
     let scope = (!signals.node.is_root).then(|| signals.node.dir.clone());
     let mut watch = None;
@@ -273,6 +276,7 @@ pub fn start(
         band_failing: false,
         scope,
         scope_walk: None,
+        wakes,
         scope_stale: false,
         scope_walked: Instant::now(),
         slow_walk_warned: false,
@@ -378,8 +382,9 @@ impl EbpfWake {
     /// Puts a finished walk's ids in the scope, and starts a walk when the pod list changed
     /// since the last one began — only while the charge programs are attached, the one time
     /// the scope is read: far from every threshold evictd walks nothing. A new pod's charge
-    /// counts once its walk is done and the next pass or second puts it in place (within
-    /// ~2 s); the poll, where it runs, sees the pod's growth meanwhile.
+    /// counts once its walk is done and the pass the walk asks for puts it in place (within
+    /// the inventory's period and the walk); that pass re-arms on the node as read, what the
+    /// pod was charged before included, and the poll, where it runs, sees the pod meanwhile.
     fn follow_scope(&mut self) -> Result<(), WakeError> {
         if let Some((rx, began)) = &mut self.scope_walk {
             match rx.try_recv() {
@@ -408,8 +413,17 @@ impl EbpfWake {
             return Ok(());
         };
         let (tx, rx) = oneshot::channel();
-        let dir = dir.clone();
-        drop(tokio::task::spawn_blocking(move || tx.send(cgroup_names::subtree_ids(&dir))));
+        let (dir, wakes) = (dir.clone(), self.wakes.clone());
+        drop(tokio::task::spawn_blocking(move || {
+            if tx.send(cgroup_names::subtree_ids(&dir)).is_ok() {
+                // A new pod's charge counted from here only: the watermark, armed on a count
+                // that missed what the pod was charged before its cgroup was in the scope,
+                // would wake that much late (hundreds of MiB for a pod that allocates as it
+                // starts). A pass puts the scope in place and re-arms on the node as read,
+                // that charge included. A full channel means a pass is coming anyway.
+                let _ = wakes.try_send(Wake::now(WakeCause::Recheck));
+            }
+        }));
         self.scope_walk = Some((rx, Instant::now()));
         (self.scope_stale, self.scope_walked, self.slow_walk_warned) = (false, Instant::now(), false);
         Ok(())

@@ -140,12 +140,17 @@ fn past_level(
     node: &MemoryCgroup,
     level: u64,
 ) -> Result<(bool, u64, bool), crate::node::memory::MemoryError> {
+    if node.usage_is_meminfo() {
+        // Usage and working set from one read: a second would only be older.
+        let working_set = node.read()?.working_set();
+        return Ok((working_set >= level, working_set, false));
+    }
     let usage = node.usage()?;
     if usage < level {
         return Ok((false, usage, false));
     }
     let working_set = node.working_set_after_usage(usage)?;
-    Ok((working_set >= level, working_set, true))
+    Ok((working_set >= level, working_set, node.working_set_reads_stat()))
 }
 
 impl WakeSource for PollWake {

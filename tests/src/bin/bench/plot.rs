@@ -13,13 +13,20 @@ use anyhow::anyhow;
 use plotters::{coord::Shift, prelude::*};
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-const COLORS: [RGBColor; 6] = [
+/// Ten colors a reader tells apart (ColorBrewer's Dark2, then near-black, blue and grey): a
+/// reaction plot has up to ten series (five wake modes, two kill paths), and a color used
+/// twice makes two of them one.
+const COLORS: [RGBColor; 10] = [
     RGBColor(0x1b, 0x9e, 0x77),
     RGBColor(0xd9, 0x5f, 0x02),
     RGBColor(0x75, 0x70, 0xb3),
     RGBColor(0xe7, 0x29, 0x8a),
     RGBColor(0x66, 0xa6, 0x1e),
     RGBColor(0xa6, 0x76, 0x1d),
+    RGBColor(0xe6, 0xab, 0x02),
+    RGBColor(0x33, 0x33, 0x33),
+    RGBColor(0x1f, 0x78, 0xb4),
+    RGBColor(0x99, 0x99, 0x99),
 ];
 
 /// The font every plot's text is laid out with, registered once.
@@ -123,7 +130,10 @@ where
             points.push((*v, k as f64 / n));
             points.push((*v, (k + 1) as f64 / n));
         }
-        points.push((hi, if ms.is_empty() { 0.0 } else { 1.0 }));
+        points.push((hi, 1.0));
+        // A series with no sample (the kernel OOM killer first in every run) keeps its legend
+        // entry, and draws no line along the axis, where it would hide the others' start.
+        let points = if ms.is_empty() { Vec::new() } else { points };
         let label = format!("{} (n={})", s.label, ms.len());
         chart
             .draw_series(std::iter::once(PathElement::new(points, color.stroke_width(2))))
@@ -198,13 +208,14 @@ where
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(50)
-        .build_cartesian_2d(0f64..x_max, (lo..hi).log_scale())
+        .build_cartesian_2d(0f64..x_max, (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)))
         .map_err(e)?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc("ms (log scale)")
         .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| if *v >= 10.0 { format!("{v:.0}") } else { format!("{v}") })
         .draw()
         .map_err(e)?;
     for (i, c) in curves.iter().enumerate() {
@@ -365,6 +376,26 @@ mod tests {
         assert!(lo > 0.2 && lo < 0.5 && hi > 40.0 && hi < 100.0, "{lo}..{hi}");
     }
 
+    /// Ten series (a reaction's five wake modes by two kill paths) in ten colors; one without
+    /// a sample is in the legend all the same.
+    #[test]
+    fn ten_series_are_ten_colors() {
+        let stem = std::env::temp_dir().join(format!("evictd-bench-colors-{}", std::process::id()));
+        let mut series: Vec<Series> = (0..9)
+            .map(|i| Series { label: format!("mode{i}"), ms: vec![1.0 + i as f64, 2.0 + i as f64] })
+            .collect();
+        series.push(Series { label: "psi fast".into(), ms: vec![] });
+        let svg = svg_of(&cdf(&series, "freed", &stem).expect("cdf"));
+        assert!(svg.contains("psi fast (n=0)"), "a series without samples keeps its legend entry");
+        let strokes: std::collections::BTreeSet<&str> = svg
+            .split("<polyline")
+            .skip(1)
+            .filter_map(|l| l.split("stroke=\"").nth(1)?.split('"').next())
+            .filter(|c| *c != "#000000") // the legend's border
+            .collect();
+        assert!(strokes.len() >= 10, "ten series, ten colors: {strokes:?}");
+    }
+
     /// A line per curve against N, on a time axis fitted to the data, as SVG and PNG.
     #[test]
     fn cost_curves_are_written_against_their_size() {
@@ -379,6 +410,9 @@ mod tests {
         assert!(labels.iter().any(|l| l == "pods on the node"), "{labels:?}");
         assert!(labels.iter().any(|l| l == "250"), "the size axis reaches N: {labels:?}");
         assert!(!labels.iter().any(|l| l == "100.0" || l == "1000.0"), "no time axis to 100 ms: {labels:?}");
+        // Most of a decision's times lie below 1 ms: a log axis labelled only at powers of ten
+        // leaves them unreadable.
+        assert!(labels.iter().any(|l| l == "0.5"), "a labelled tick below 1 ms: {labels:?}");
     }
 
     #[test]
