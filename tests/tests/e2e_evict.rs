@@ -817,3 +817,106 @@ async fn the_inventory_runs_off_the_daemon_thread() {
         "the daemon's thread used {daemon:.2} s against evictd-io's {background:.2} s: the inventory runs on it"
     );
 }
+
+/// The API server's watch of the node's pods — the HTTP stream, its JSON decoding, each
+/// pod's reading as a spec — runs on evictd's background thread (`evictd-io`), where the
+/// client was made, not on the daemon's real-time thread. 250 pods of the node, each with a
+/// kubelet's status (containers, conditions), are updated in the API server as the kubelet
+/// updates them all day: status only, which changes no spec. The background thread does the
+/// work; the daemon's own thread, which then only answers the timer, uses less than it.
+/// The API server is the test's double (none can run here), speaking plain HTTP: evictd
+/// reaches a real one through TLS, whose records the same connection task decodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_watch_runs_off_the_daemon_thread() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("the_api_watch_runs_off_the_daemon_thread") {
+        return;
+    }
+    use evictd_tests::evictd_proc::thread_cpu_s;
+    let ctd = Containerd::start(1024 * MI);
+    let api = ApiDouble::start();
+    const PODS: usize = 250;
+    for n in 0..PODS {
+        api.put_pod(pod_with_a_kubelets_status(n, 0));
+    }
+    let evictd = Evictd::start(
+        &ctd,
+        None,
+        &[
+            "--dry-run",
+            "--kubeconfig",
+            api.kubeconfig(),
+            "--node-name",
+            "e2e-node",
+            "--inventory-interval",
+            "10s",
+        ],
+    );
+    evictd.wait_for_log("the first list of the node's pods", Duration::from_secs(20), |log| {
+        log.contains("pod specs from the Kubernetes API")
+    });
+    let pid = evictd.pid();
+    let cpu = || (thread_cpu_s(pid, "evictd"), thread_cpu_s(pid, "evictd-io"));
+    let (daemon0, background0) = cpu();
+    let t = Instant::now();
+    let mut updates = 0;
+    while t.elapsed() < Duration::from_secs(4) {
+        for _ in 0..10 {
+            updates += 1;
+            api.put_pod(pod_with_a_kubelets_status(updates % PODS, updates));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The last updates decoded before the reading.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (daemon, background) = cpu();
+    let (daemon, background) = (daemon - daemon0, background - background0);
+    println!(
+        "{updates} status updates over 4 s: CPU of the daemon thread {daemon:.3} s, evictd-io {background:.3} s"
+    );
+    assert!(background > 0.05, "{background:.3} s of CPU on evictd-io: the watch does not run there");
+    assert!(
+        daemon < background,
+        "the daemon's thread used {daemon:.3} s against evictd-io's {background:.3} s: the watch runs on it"
+    );
+    assert!(evictd.evictions().is_empty(), "{:?}", evictd.evictions());
+}
+
+/// Pod `n` of the node as the API server holds it once the kubelet runs it: a spec and a
+/// status with four containers; `generation` changes the status alone.
+fn pod_with_a_kubelets_status(n: usize, generation: usize) -> serde_json::Value {
+    let container = |c: usize, env: &[serde_json::Value]| {
+        serde_json::json!({
+            "name": format!("c{c}"), "image": "registry.example/app:1.2.3",
+            "resources": {"requests": {"memory": "64Mi", "cpu": "100m"}, "limits": {"memory": "128Mi"}},
+            "env": env,
+        })
+    };
+    let status = |c: usize| {
+        serde_json::json!({
+            "name": format!("c{c}"), "ready": true, "restartCount": generation % 7, "started": true,
+            "image": "registry.example/app:1.2.3", "imageID": format!("registry.example/app@sha256:{:064x}", c),
+            "containerID": format!("containerd://{:064x}", n * 16 + c),
+            "state": {"running": {"startedAt": format!("2026-11-29T04:{:02}:00Z", generation % 60)}},
+        })
+    };
+    let conditions: Vec<serde_json::Value> = ["Initialized", "Ready", "ContainersReady", "PodScheduled"]
+        .iter()
+        .map(|t| {
+            serde_json::json!({"type": t, "status": "True",
+                "lastTransitionTime": format!("2026-11-29T04:00:{:02}Z", generation % 60)})
+        })
+        .collect();
+    let env: Vec<serde_json::Value> =
+        (0..8).map(|e| serde_json::json!({"name": format!("VAR_{e}"), "value": "x".repeat(32)})).collect();
+    let containers: Vec<serde_json::Value> = (0..4).map(|c| container(c, &env)).collect();
+    let statuses: Vec<serde_json::Value> = (0..4).map(status).collect();
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("app-{n}"), "namespace": "team", "uid": format!("api-watch-{n}"),
+            "labels": {"app": "app", "pod-template-hash": "5d8f7c9b6"}},
+        "spec": {"nodeName": "e2e-node", "priority": 0, "containers": containers},
+        "status": {"phase": "Running", "qosClass": "Burstable", "podIP": "10.0.0.1",
+            "conditions": conditions, "containerStatuses": statuses},
+    })
+}

@@ -13,7 +13,7 @@ use crate::{
     },
     node::{
         cgroups::{CgroupMounts, CgroupVersion},
-        memory::MemoryCgroup,
+        memory::{self, MemoryCgroup},
     },
     vocab::ChargeTier,
     wake::{eventfd, poll, psi},
@@ -78,6 +78,11 @@ pub fn run() -> ProbeReport {
                 layout
                     .check_sees_the_node()
                     .map(|()| format!("{} is the hierarchy's root", layout.memory_root.display())),
+            ));
+            r.checks.push(check(
+                "the node's /proc/meminfo",
+                memory::check_meminfo_is_the_kernels(Path::new("/proc/self/mountinfo"))
+                    .map(|()| "the kernel's (no filesystem mounted over it)".to_string()),
             ));
             probe_eventfd(&layout, &mut r);
             probe_psi(&layout, &mut r);

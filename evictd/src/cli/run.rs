@@ -1,7 +1,10 @@
 //! The daemon's flags, and turning them into `RunOptions`: every flag validated, the node's
 //! cgroups and filesystems resolved; errors name the flag at fault.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -20,7 +23,7 @@ use crate::{
     kernel::{stat_items, tracefs},
     node::{
         cgroups::CgroupMounts,
-        memory::MemoryCgroup,
+        memory::{self, MemoryCgroup},
         own_pod,
         signals::{NodeSignalSources, PidSources},
     },
@@ -394,6 +397,8 @@ impl RunArgs {
     /// The cgroup playing the node (`--node-cgroup`), its pods' cgroup, and the filesystems
     /// of nodefs and imagefs.
     fn node_signals(&self, cgroups: &CgroupMounts) -> anyhow::Result<NodeSignalSources> {
+        // The node's capacity is read from it, whichever cgroup plays the node.
+        memory::check_meminfo_is_the_kernels(Path::new("/proc/self/mountinfo"))?;
         let node = match &self.node_cgroup {
             None => {
                 cgroups.check_sees_the_node()?;

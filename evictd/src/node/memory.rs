@@ -30,6 +30,7 @@ impl MemorySample {
     }
 
     /// May be negative: a working set above capacity is real pressure, not an underflow.
+    /// Both fit in an `i64`: the parsers refuse a count above `i64::MAX` as garbage.
     pub fn available(&self) -> i64 {
         self.capacity as i64 - self.working_set() as i64
     }
@@ -43,6 +44,12 @@ pub enum MemoryError {
     MissingKey { path: PathBuf, key: &'static str },
     #[error("{path}: cannot parse {what:?} as a number")]
     Parse { path: PathBuf, what: String },
+    #[error(
+        "/proc/meminfo is a {fs_type} mount (LXCFS, or the like): it shows a container's memory, not \
+         the node's, and evictd would decide on it. Run evictd in a container without it (LXCFS \
+         mounts it only where a container asks for it)"
+    )]
+    MeminfoOvermounted { fs_type: String },
 }
 
 /// A memory cgroup to observe.
@@ -145,13 +152,7 @@ const V1_UNLIMITED: u64 = 1 << 62;
 
 impl MemoryCgroup {
     pub fn new(dir: impl Into<PathBuf>, version: CgroupVersion, is_root: bool) -> Self {
-        MemoryCgroup {
-            dir: dir.into(),
-            version,
-            is_root,
-            meminfo: "/proc/meminfo".into(),
-            files: Files::default(),
-        }
+        MemoryCgroup { dir: dir.into(), version, is_root, meminfo: MEMINFO.into(), files: Files::default() }
     }
 
     /// The same cgroup, its files kept open after their first read (`Files`): for the
@@ -422,8 +423,27 @@ fn read_u64_at(file: &fs::File, path: impl FnOnce() -> PathBuf) -> Result<u64, M
     text.trim().parse().map_err(|_| MemoryError::Parse { path: path(), what: text.trim().to_owned() })
 }
 
+/// Where the node's memory is read from: `MemoryCgroup::meminfo`'s default.
+pub const MEMINFO: &str = "/proc/meminfo";
+
+/// Refuses a /proc/meminfo that another filesystem is mounted over (`mountinfo`: this
+/// process's /proc/self/mountinfo). LXCFS (`fuse.lxcfs`) mounts one in the containers that
+/// ask for it, showing the container's own limit and usage as the machine's: the node's
+/// memory signal read from it would be the container's, and every threshold wrong.
+pub fn check_meminfo_is_the_kernels(mountinfo: &Path) -> Result<(), MemoryError> {
+    let read = |source| MemoryError::Read { path: mountinfo.to_owned(), source };
+    let file = fs::File::open(mountinfo).map_err(read)?;
+    let infos =
+        <procfs::process::MountInfos as procfs::FromBufRead>::from_buf_read(std::io::BufReader::new(file))
+            .map_err(|e| read(std::io::Error::other(e)))?;
+    match infos.0.iter().find(|m| m.mount_point == Path::new(MEMINFO)) {
+        Some(m) => Err(MemoryError::MeminfoOvermounted { fs_type: m.fs_type.clone() }),
+        None => Ok(()),
+    }
+}
+
 fn parse_u64(path: &Path, s: &str) -> Result<u64, MemoryError> {
-    s.parse().map_err(|_| MemoryError::Parse { path: path.to_owned(), what: s.to_owned() })
+    parse::number(s).map_err(|_| MemoryError::Parse { path: path.to_owned(), what: s.to_owned() })
 }
 
 pub mod parse;
@@ -721,6 +741,11 @@ mod tests {
     #[test]
     fn this_machines_root_reads_as_its_memory_stat() {
         let layout = crate::node::cgroups::CgroupMounts::detect().unwrap();
+        // In a private cgroup namespace the mount's root is a container's cgroup, whose
+        // memory.stat is not the machine's meminfo.
+        if let Err(e) = layout.check_sees_the_node() {
+            return crate::skip("this_machines_root_reads_as_its_memory_stat", &e.to_string());
+        }
         let root = MemoryCgroup::new(&layout.memory_root, layout.memory_version, true);
         let stat = |key| root.stat_key(key).unwrap();
         let by_stat = || match layout.memory_version {
@@ -749,12 +774,41 @@ mod tests {
         assert!(s.available() <= s.capacity as i64);
     }
 
+    /// A /proc/meminfo with a filesystem mounted over it (LXCFS in a container) is refused,
+    /// named by its type; this machine's own is the kernel's.
+    #[test]
+    fn an_overmounted_meminfo_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let mountinfo = d.path().join("mountinfo");
+        let proc = "22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw\n";
+        fs::write(&mountinfo, proc).unwrap();
+        check_meminfo_is_the_kernels(&mountinfo).unwrap();
+        let lxcfs = "1234 22 0:50 /proc/meminfo /proc/meminfo rw,nosuid,nodev,relatime - fuse.lxcfs lxcfs \
+                     rw,user_id=0,group_id=0,allow_other\n";
+        fs::write(&mountinfo, format!("{proc}{lxcfs}")).unwrap();
+        let err = check_meminfo_is_the_kernels(&mountinfo).unwrap_err().to_string();
+        assert!(err.contains("/proc/meminfo is a fuse.lxcfs mount"), "{err}");
+        let err = check_meminfo_is_the_kernels(&d.path().join("gone")).unwrap_err().to_string();
+        assert!(err.contains("gone"), "{err}");
+        check_meminfo_is_the_kernels(Path::new("/proc/self/mountinfo")).unwrap();
+    }
+
     /// A meminfo value too large to be bytes is an error, not an overflow.
     #[test]
     fn meminfo_values_that_do_not_fit_are_errors() {
         let huge = format!("MemTotal: {} kB\n", u64::MAX / 512);
         assert!(matches!(parse::meminfo_bytes(&huge, "MemTotal"), Err(parse::FieldError::NotANumber(_))));
         assert_eq!(parse::meminfo_bytes("MemTotal: 2 kB\n", "MemTotal"), Ok(2048));
+        // Above i64::MAX bytes, a value would read as plenty available once signed.
+        let over = format!("MemTotal: {} kB\n", (i64::MAX as u64) / 1024 + 1);
+        assert!(matches!(parse::meminfo_bytes(&over, "MemTotal"), Err(parse::FieldError::NotANumber(_))));
+        let garbage = format!("inactive_file {}\n", u64::MAX);
+        assert!(matches!(
+            parse::stat_value(&garbage, "inactive_file"),
+            Err(parse::FieldError::NotANumber(_))
+        ));
+        assert!(parse_u64(Path::new("memory.current"), &u64::MAX.to_string()).is_err());
+        assert_eq!(parse_u64(Path::new("memory.current"), &i64::MAX.to_string()).ok(), Some(i64::MAX as u64));
         assert_eq!(parse::stat_value("total_inactive_file 7\n", "total_inactive_file"), Ok(7));
         assert_eq!(
             parse::stat_value("inactive_file x\n", "inactive_file"),

@@ -729,6 +729,33 @@ pub(crate) mod tests {
         assert_eq!(inv.named_untrusted.len(), 2, "u1 and u3 named once each");
     }
 
+    /// The pods already named in the log (inferred specs, ignored annotations) are the node's
+    /// pods, not every pod the node ever ran: on a node where short-lived pods come and go
+    /// all day (jobs, CI runners) the lists stay the size of the node.
+    #[test]
+    fn the_pods_already_named_are_only_the_nodes_pods() {
+        let mut inv = Inventory::new(None, 1 << 30);
+        let pod = |n: usize| {
+            let mut r = record(&format!("/kubepods/pod{n}"), vec![container(None, None)]);
+            (r.sandbox_id, r.uid, r.name) = (format!("sb-{n}"), format!("u-{n}"), format!("job-{n}"));
+            r.annotations.insert("evictd.io/eviction".into(), "never".into());
+            Arc::new(r)
+        };
+        let resident = pod(0);
+        inv.pods.insert(resident.sandbox_id.clone(), resident);
+        for n in 1..=1000 {
+            // Each job replaces the one before: two pods at a time on the node.
+            inv.pods.retain(|_, r| r.uid == "u-0");
+            let job = pod(n);
+            inv.pods.insert(job.sandbox_id.clone(), job);
+            inv.give_best_specs();
+            let uids = |named: &BTreeSet<String>| named.iter().cloned().collect::<Vec<_>>();
+            let now = vec!["u-0".to_string(), format!("u-{n}")];
+            assert_eq!(uids(&inv.named_inferred), now, "inferred, after {n} jobs");
+            assert_eq!(uids(&inv.named_untrusted), now, "ignored annotations, after {n} jobs");
+        }
+    }
+
     /// Only a list with other pods or containers names other cgroups; a new state, spec or
     /// disk usage does not.
     #[test]

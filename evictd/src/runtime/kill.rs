@@ -543,6 +543,18 @@ pub(crate) mod tests {
                 let _ = c.kill();
                 let _ = c.wait();
             }
+            // What the test's children forked and left in the pod (a test that failed before
+            // its kill): only the pod's own processes, each by its pid.
+            for d in &self.dirs {
+                let mut pids = Vec::new();
+                let _ = list_tree(d, &mut pids);
+                for pid in pids {
+                    let _ = rustix::process::kill_process(
+                        Pid::from_raw(pid).expect("a listed pid"),
+                        Signal::KILL,
+                    );
+                }
+            }
             if let Some(freezer) = self.dirs.iter().find(|d| d.join("freezer.state").exists()) {
                 let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
             }
@@ -694,6 +706,68 @@ pub(crate) mod tests {
             return;
         }
         kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::CgroupKill).await;
+    }
+
+    /// `cgroup.kill` comes before any pinning, and on cgroup v2 only the largest processes are
+    /// pinned after it: a pod forking as fast as it can (a shell starting `sleep`s) dies in the
+    /// one write, with what it forked during the kill, and costs evictd no pidfd, /proc read
+    /// or signal for each of its hundreds of processes (pinning them first gave the fork bomb
+    /// that long a head start).
+    #[tokio::test]
+    async fn a_forking_pod_dies_in_one_write_and_is_not_pinned_process_by_process() {
+        const TEST: &str = "a_forking_pod_dies_in_one_write_and_is_not_pinned_process_by_process";
+        let Some(layout) = layout_or_skip(TEST) else { return };
+        // The cgroup2 tree as a node on cgroup v2 has it; on a hybrid host, its unified
+        // hierarchy (cgroup.kill and cgroup.procs, no memory controller).
+        let v2 = match (layout.memory_version, &layout.unified_root) {
+            (CgroupVersion::V2, _) => layout.clone(),
+            (CgroupVersion::V1, Some(unified)) => CgroupMounts {
+                memory_root: unified.clone(),
+                memory_version: CgroupVersion::V2,
+                unified_root: Some(unified.clone()),
+            },
+            (CgroupVersion::V1, None) => return crate::skip(TEST, "no cgroup2 hierarchy"),
+        };
+        let mut pod = TestPod::new(&v2, 0);
+        let target = KillTarget::at(&pod.rel, &v2);
+        if target.cgroup_kill.is_none() {
+            return crate::skip(TEST, "no cgroup.kill in the unified hierarchy (kernel < 5.14)");
+        }
+        let mut forker = Command::new("sh")
+            .args(["-c", "read go; i=0; while [ $i -lt 600 ]; do sleep 600 & i=$((i+1)); done; wait"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut go = forker.stdin.take().unwrap();
+        pod.adopt(forker);
+        io::Write::write_all(&mut go, b"go\n").unwrap();
+        let listed = || {
+            let mut pids = Vec::new();
+            list_tree(&target.memory, &mut pids).map(|()| pids.len()).unwrap_or(0)
+        };
+        let t = Instant::now();
+        while listed() < 200 {
+            // Set-up, not the subject: generous for an emulated VM on a busy host.
+            assert!(t.elapsed() < Duration::from_secs(60), "the shell forked only {} processes", listed());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let report = fast_kill(&target, None).await.unwrap();
+        assert_eq!(report.method, KillMethod::CgroupKill);
+        assert!(
+            report.processes <= REAP_MAX,
+            "{} processes pinned for a pod of hundreds of small ones (at most {REAP_MAX}, the largest)",
+            report.processes
+        );
+        assert!(pod.all_killed(), "the forking shell survived the kill");
+        let t = Instant::now();
+        while listed() > 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{} processes of the pod outlived the kill",
+                listed()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]

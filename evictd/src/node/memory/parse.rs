@@ -10,8 +10,13 @@ pub enum FieldError {
     NotANumber(String),
 }
 
-fn number(s: &str) -> Result<u64, FieldError> {
-    s.parse().map_err(|_| FieldError::NotANumber(s.to_owned()))
+/// A count of bytes or pages. One above `i64::MAX` (8 EiB) is no machine's: garbage, read as
+/// no number, so that no signal is computed from it (the signals are signed).
+pub fn number(s: &str) -> Result<u64, FieldError> {
+    s.parse::<u64>()
+        .ok()
+        .filter(|&n| i64::try_from(n).is_ok())
+        .ok_or_else(|| FieldError::NotANumber(s.to_owned()))
 }
 
 /// The value of the `key value` line of memory.stat.
@@ -31,5 +36,8 @@ pub fn meminfo_bytes(text: &str, key: &str) -> Result<u64, FieldError> {
         .find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')))
         .ok_or(FieldError::Missing)?;
     let kb = value.trim().trim_end_matches("kB").trim();
-    number(kb)?.checked_mul(1024).ok_or_else(|| FieldError::NotANumber(kb.to_owned()))
+    number(kb)?
+        .checked_mul(1024)
+        .filter(|&n| i64::try_from(n).is_ok())
+        .ok_or_else(|| FieldError::NotANumber(kb.to_owned()))
 }
