@@ -874,10 +874,14 @@ async fn the_api_watch_runs_off_the_daemon_thread() {
     println!(
         "{updates} status updates over 4 s: CPU of the daemon thread {daemon:.3} s, evictd-io {background:.3} s"
     );
-    assert!(background > 0.05, "{background:.3} s of CPU on evictd-io: the watch does not run there");
+    // No relist or runtime list comes within these 4 s (a watch lasts minutes, the inventory
+    // runs every 10 s here): evictd-io's CPU is the updates'.
+    assert!(background > 0.2, "{background:.3} s of CPU on evictd-io: the watch does not run there");
+    // A tenth: the decoding on the daemon's thread and the connection on evictd-io would
+    // split the work about evenly.
     assert!(
-        daemon < background,
-        "the daemon's thread used {daemon:.3} s against evictd-io's {background:.3} s: the watch runs on it"
+        daemon * 10.0 < background,
+        "the daemon's thread used {daemon:.3} s against evictd-io's {background:.3} s: part of the watch runs on it"
     );
     assert!(evictd.evictions().is_empty(), "{:?}", evictd.evictions());
 }

@@ -70,6 +70,10 @@ pub fn run() -> ProbeReport {
         charge_wake: ChargeWake { tier: ChargeTier::AdaptivePoll, why: String::new() },
     };
     r.charge_wake = probe_bpf(&mut r);
+    r.checks.push(check(
+        "the node's /proc/meminfo",
+        memory::check_meminfo_is_the_kernels(Path::new(memory::MEMINFO)).map(|()| "procfs's".to_string()),
+    ));
     match CgroupMounts::detect() {
         Ok(layout) => {
             r.checks.push(passed("cgroups", describe_cgroups(&layout)));
@@ -78,11 +82,6 @@ pub fn run() -> ProbeReport {
                 layout
                     .check_sees_the_node()
                     .map(|()| format!("{} is the hierarchy's root", layout.memory_root.display())),
-            ));
-            r.checks.push(check(
-                "the node's /proc/meminfo",
-                memory::check_meminfo_is_the_kernels(Path::new("/proc/self/mountinfo"))
-                    .map(|()| "the kernel's (no filesystem mounted over it)".to_string()),
             ));
             probe_eventfd(&layout, &mut r);
             probe_psi(&layout, &mut r);

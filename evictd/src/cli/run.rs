@@ -398,7 +398,7 @@ impl RunArgs {
     /// of nodefs and imagefs.
     fn node_signals(&self, cgroups: &CgroupMounts) -> anyhow::Result<NodeSignalSources> {
         // The node's capacity is read from it, whichever cgroup plays the node.
-        memory::check_meminfo_is_the_kernels(Path::new("/proc/self/mountinfo"))?;
+        memory::check_meminfo_is_the_kernels(Path::new(memory::MEMINFO))?;
         let node = match &self.node_cgroup {
             None => {
                 cgroups.check_sees_the_node()?;

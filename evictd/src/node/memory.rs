@@ -30,9 +30,11 @@ impl MemorySample {
     }
 
     /// May be negative: a working set above capacity is real pressure, not an underflow.
-    /// Both fit in an `i64`: the parsers refuse a count above `i64::MAX` as garbage.
+    /// The readers refuse a count above `i64::MAX` as garbage; a sample made otherwise
+    /// (a fixture, a sum) is clamped, never wrapped.
     pub fn available(&self) -> i64 {
-        self.capacity as i64 - self.working_set() as i64
+        let available = i128::from(self.capacity) - i128::from(self.working_set());
+        i64::try_from(available).unwrap_or(if available < 0 { i64::MIN } else { i64::MAX })
     }
 }
 
@@ -44,12 +46,14 @@ pub enum MemoryError {
     MissingKey { path: PathBuf, key: &'static str },
     #[error("{path}: cannot parse {what:?} as a number")]
     Parse { path: PathBuf, what: String },
+    #[error("{path}: {what} is above i64::MAX: not a count of bytes or pages")]
+    TooLarge { path: PathBuf, what: String },
     #[error(
-        "/proc/meminfo is a {fs_type} mount (LXCFS, or the like): it shows a container's memory, not \
-         the node's, and evictd would decide on it. Run evictd in a container without it (LXCFS \
-         mounts it only where a container asks for it)"
+        "{path} is not procfs's (filesystem magic {magic:#x}; LXCFS, a FUSE filesystem, is \
+         0x65735546): it shows a container's memory, not the node's, and evictd would decide on \
+         it. Run evictd in a container without LXCFS's /proc files"
     )]
-    MeminfoOvermounted { fs_type: String },
+    NotProcfs { path: PathBuf, magic: u64 },
 }
 
 /// A memory cgroup to observe.
@@ -255,7 +259,13 @@ impl MemoryCgroup {
         let text = self.text(self.meminfo.clone())?;
         let field = |key| parse::meminfo_bytes(&text, key).map_err(|e| e.at(&self.meminfo, key));
         let file = [field("Cached")?, field("Buffers")?, field("SwapCached")?];
-        let usage = file.iter().fold(field("AnonPages")?, |sum, v| sum.saturating_add(*v));
+        let usage = file
+            .iter()
+            .try_fold(field("AnonPages")?, |sum, v| sum.checked_add(*v).filter(|&u| i64::try_from(u).is_ok()))
+            .ok_or_else(|| MemoryError::TooLarge {
+                path: self.meminfo.clone(),
+                what: "AnonPages + Cached + Buffers + SwapCached".into(),
+            })?;
         Ok(MemorySample {
             capacity: field("MemTotal")?,
             usage,
@@ -420,30 +430,31 @@ fn read_u64_at(file: &fs::File, path: impl FnOnce() -> PathBuf) -> Result<u64, M
         Err(source) => return Err(MemoryError::Read { path: path(), source }),
     };
     let text = String::from_utf8_lossy(&buf[..n]);
-    text.trim().parse().map_err(|_| MemoryError::Parse { path: path(), what: text.trim().to_owned() })
+    parse::number(text.trim()).map_err(|e| e.at(&path(), "the file's number"))
 }
 
 /// Where the node's memory is read from: `MemoryCgroup::meminfo`'s default.
 pub const MEMINFO: &str = "/proc/meminfo";
 
-/// Refuses a /proc/meminfo that another filesystem is mounted over (`mountinfo`: this
-/// process's /proc/self/mountinfo). LXCFS (`fuse.lxcfs`) mounts one in the containers that
-/// ask for it, showing the container's own limit and usage as the machine's: the node's
-/// memory signal read from it would be the container's, and every threshold wrong.
-pub fn check_meminfo_is_the_kernels(mountinfo: &Path) -> Result<(), MemoryError> {
-    let read = |source| MemoryError::Read { path: mountinfo.to_owned(), source };
-    let file = fs::File::open(mountinfo).map_err(read)?;
-    let infos =
-        <procfs::process::MountInfos as procfs::FromBufRead>::from_buf_read(std::io::BufReader::new(file))
-            .map_err(|e| read(std::io::Error::other(e)))?;
-    match infos.0.iter().find(|m| m.mount_point == Path::new(MEMINFO)) {
-        Some(m) => Err(MemoryError::MeminfoOvermounted { fs_type: m.fs_type.clone() }),
-        None => Ok(()),
+/// Refuses a `meminfo` that is not the kernel's: a file on another filesystem than procfs.
+/// LXCFS (FUSE) is mounted over /proc/meminfo in the containers set up for it (LXD's, or a
+/// pod given it by a webhook or a hostPath), showing the container's own limit and usage as
+/// the machine's: the node's memory signal read from it would be the container's, and every
+/// threshold wrong. The file itself is asked, not the mount table: a bind of the host's
+/// procfs passes, and so does a kernel that is not the node's (gVisor, a Kata VM), which no
+/// file can tell.
+pub fn check_meminfo_is_the_kernels(meminfo: &Path) -> Result<(), MemoryError> {
+    use nix::sys::statfs::{PROC_SUPER_MAGIC, statfs};
+    let fs = statfs(meminfo)
+        .map_err(|e| MemoryError::Read { path: meminfo.to_owned(), source: std::io::Error::from(e) })?;
+    match fs.filesystem_type() {
+        PROC_SUPER_MAGIC => Ok(()),
+        other => Err(MemoryError::NotProcfs { path: meminfo.to_owned(), magic: other.0 as u64 }),
     }
 }
 
 fn parse_u64(path: &Path, s: &str) -> Result<u64, MemoryError> {
-    parse::number(s).map_err(|_| MemoryError::Parse { path: path.to_owned(), what: s.to_owned() })
+    parse::number(s).map_err(|e| e.at(path, "the file's number"))
 }
 
 pub mod parse;
@@ -453,6 +464,7 @@ impl parse::FieldError {
         match self {
             Self::Missing => MemoryError::MissingKey { path: path.to_owned(), key },
             Self::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
+            Self::TooLarge(what) => MemoryError::TooLarge { path: path.to_owned(), what },
         }
     }
 }
@@ -774,40 +786,53 @@ mod tests {
         assert!(s.available() <= s.capacity as i64);
     }
 
-    /// A /proc/meminfo with a filesystem mounted over it (LXCFS in a container) is refused,
-    /// named by its type; this machine's own is the kernel's.
+    /// A meminfo on another filesystem than procfs (LXCFS's, FUSE, in a container) is
+    /// refused, named with its filesystem; the kernel's own is taken.
     #[test]
-    fn an_overmounted_meminfo_is_refused() {
+    fn a_meminfo_that_is_not_procfs_is_refused() {
+        const TEST: &str = "a_meminfo_that_is_not_procfs_is_refused";
+        if let Err(e) = check_meminfo_is_the_kernels(Path::new(super::MEMINFO)) {
+            return crate::skip(TEST, &format!("this machine's own is not the kernel's: {e}"));
+        }
         let d = tempfile::tempdir().unwrap();
-        let mountinfo = d.path().join("mountinfo");
-        let proc = "22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw\n";
-        fs::write(&mountinfo, proc).unwrap();
-        check_meminfo_is_the_kernels(&mountinfo).unwrap();
-        let lxcfs = "1234 22 0:50 /proc/meminfo /proc/meminfo rw,nosuid,nodev,relatime - fuse.lxcfs lxcfs \
-                     rw,user_id=0,group_id=0,allow_other\n";
-        fs::write(&mountinfo, format!("{proc}{lxcfs}")).unwrap();
-        let err = check_meminfo_is_the_kernels(&mountinfo).unwrap_err().to_string();
-        assert!(err.contains("/proc/meminfo is a fuse.lxcfs mount"), "{err}");
+        let copy = d.path().join("meminfo");
+        fs::write(&copy, fs::read(super::MEMINFO).unwrap()).unwrap();
+        let err = check_meminfo_is_the_kernels(&copy).unwrap_err().to_string();
+        assert!(err.contains(&copy.display().to_string()) && err.contains("not procfs's"), "{err}");
         let err = check_meminfo_is_the_kernels(&d.path().join("gone")).unwrap_err().to_string();
         assert!(err.contains("gone"), "{err}");
-        check_meminfo_is_the_kernels(Path::new("/proc/self/mountinfo")).unwrap();
     }
 
     /// A meminfo value too large to be bytes is an error, not an overflow.
     #[test]
     fn meminfo_values_that_do_not_fit_are_errors() {
         let huge = format!("MemTotal: {} kB\n", u64::MAX / 512);
-        assert!(matches!(parse::meminfo_bytes(&huge, "MemTotal"), Err(parse::FieldError::NotANumber(_))));
+        assert!(matches!(parse::meminfo_bytes(&huge, "MemTotal"), Err(parse::FieldError::TooLarge(_))));
         assert_eq!(parse::meminfo_bytes("MemTotal: 2 kB\n", "MemTotal"), Ok(2048));
         // Above i64::MAX bytes, a value would read as plenty available once signed.
         let over = format!("MemTotal: {} kB\n", (i64::MAX as u64) / 1024 + 1);
-        assert!(matches!(parse::meminfo_bytes(&over, "MemTotal"), Err(parse::FieldError::NotANumber(_))));
+        assert!(matches!(parse::meminfo_bytes(&over, "MemTotal"), Err(parse::FieldError::TooLarge(_))));
         let garbage = format!("inactive_file {}\n", u64::MAX);
-        assert!(matches!(
-            parse::stat_value(&garbage, "inactive_file"),
-            Err(parse::FieldError::NotANumber(_))
-        ));
-        assert!(parse_u64(Path::new("memory.current"), &u64::MAX.to_string()).is_err());
+        assert!(matches!(parse::stat_value(&garbage, "inactive_file"), Err(parse::FieldError::TooLarge(_))));
+        let err = parse_u64(Path::new("memory.current"), &u64::MAX.to_string()).unwrap_err().to_string();
+        assert!(err.contains("memory.current") && err.contains("above i64::MAX"), "{err}");
+        // Each term fits, their sum would not: no sample, the file named.
+        let d = tempfile::tempdir().unwrap();
+        let kb = i64::MAX as u64 / 1024 / 2;
+        fs::write(
+            d.path().join("meminfo"),
+            format!(
+                "MemTotal: 1000 kB\nAnonPages: {kb} kB\nCached: {kb} kB\nBuffers: {kb} kB\nSwapCached: 0 kB\n\
+                 Inactive(file): 0 kB\n"
+            ),
+        )
+        .unwrap();
+        let err = cg(&d, CgroupVersion::V2, true).read().unwrap_err().to_string();
+        assert!(err.contains("meminfo") && err.contains("above i64::MAX"), "{err}");
+        // A sample made otherwise is clamped, never wrapped.
+        let sample = |capacity, usage| MemorySample { capacity, usage, inactive_file: 0, limited: true };
+        assert_eq!(sample(0, u64::MAX).available(), i64::MIN);
+        assert_eq!(sample(u64::MAX, 0).available(), i64::MAX);
         assert_eq!(parse_u64(Path::new("memory.current"), &i64::MAX.to_string()).ok(), Some(i64::MAX as u64));
         assert_eq!(parse::stat_value("total_inactive_file 7\n", "total_inactive_file"), Ok(7));
         assert_eq!(

@@ -175,23 +175,24 @@ fn kill(target: &KillTarget) -> Result<(KillMethod, Vec<Victim>), KillError> {
         not_evictds(target)?;
         match write(file, "1") {
             Ok(()) => {
-                let listed = match target.memory_version {
-                    // A hybrid node's v1 memory tree is not the cgroup2 tree the write killed:
-                    // every process in it is pinned and signalled, so that one the runtime
-                    // put in the v1 tree alone cannot survive.
-                    CgroupVersion::V1 => pin_new(target, &mut pinned),
-                    // The same tree: the kernel killed all of it. Only the largest are
-                    // pinned, for process_mrelease; a pod of thousands of processes costs
-                    // one listing and a statm read each, not a pidfd and two reads each.
-                    CgroupVersion::V2 => pin_largest(target, REAP_MAX, REAP_MIN_BYTES, &mut pinned),
+                // A hybrid node's v1 memory tree, which evictd lists, is not the cgroup2 tree
+                // the write killed: a process the runtime put in the v1 tree alone is pinned
+                // and signalled here, so that it cannot survive.
+                let beyond = match (target.memory_version, file.parent()) {
+                    (CgroupVersion::V1, Some(killed)) => pin_beyond_the_write(target, killed, &mut pinned),
+                    _ => Ok(()),
                 };
-                if let Err(e) = listed {
+                // Only the largest are pinned for process_mrelease: a pod of thousands of
+                // processes costs one listing and a statm read each, not a pidfd and two
+                // reads each.
+                let largest = pin_largest(target, REAP_MAX, REAP_MIN_BYTES, &mut pinned);
+                if let Err(e) = beyond.and(largest) {
                     tracing::warn!(
                         "after cgroup.kill, the pod's processes could not be listed for reaping: {e}"
                     );
                 }
-                // On a v1 memory tree this is the kill of what cgroup.kill did not reach; on v2
-                // it repeats the kernel's SIGKILL (harmless).
+                // The kill of what cgroup.kill did not reach; for the rest, it repeats the
+                // kernel's SIGKILL (harmless).
                 signal_all(pinned.values());
                 return Ok((KillMethod::CgroupKill, pinned.into_values().collect()));
             }
@@ -307,6 +308,36 @@ fn pin_new(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<()
     Ok(())
 }
 
+/// Pins the processes of the pod's v1 memory tree that are not in the cgroup2 tree at
+/// `killed`, whose `cgroup.kill` was written: those the kernel did not kill. The cgroup2 tree
+/// is listed first: a process in both that exits between the listings is then in neither,
+/// and nothing can join the pod once it is killed (its processes cannot fork any more). A
+/// cgroup2 tree that cannot be listed kills nobody here: every process of the v1 tree is then
+/// pinned and signalled.
+fn pin_beyond_the_write(
+    target: &KillTarget,
+    killed: &Path,
+    pinned: &mut BTreeMap<i32, Victim>,
+) -> Result<(), KillError> {
+    let mut dying = Vec::new();
+    if let Err(e) = list_tree(killed, &mut dying) {
+        tracing::warn!("{e}: every process of the pod's v1 memory tree is signalled");
+        dying.clear();
+    }
+    let dying: std::collections::HashSet<i32> = dying.into_iter().collect();
+    let mut pids = Vec::new();
+    list_tree(&target.memory, &mut pids)?;
+    if pids.contains(&target.spare) {
+        return Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare });
+    }
+    for pid in pids.into_iter().filter(|p| !dying.contains(p)) {
+        if let Some(v) = pin(pid, target) {
+            pinned.insert(pid, v);
+        }
+    }
+    Ok(())
+}
+
 /// Pins the `max` processes of the pod's cgroup tree with the most resident memory (each at
 /// least `min_bytes`): the ones whose reaping on evictd's side frees the most.
 fn pin_largest(
@@ -321,7 +352,7 @@ fn pin_largest(
         return Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare });
     }
     let mut sized: Vec<(u64, i32)> = pids.into_iter().map(|pid| (private_resident_bytes(pid), pid)).collect();
-    sized.retain(|(rss, _)| *rss >= min_bytes);
+    sized.retain(|(rss, pid)| *rss >= min_bytes && !pinned.contains_key(pid));
     sized.sort_unstable_by(|a, b| b.cmp(a));
     for (_, pid) in sized.into_iter().take(max) {
         // Killed already by the kernel: one gone from the cgroup by now is just not reaped.
@@ -470,6 +501,8 @@ pub(crate) mod tests {
         pub(crate) rel: PathBuf,
         dirs: Vec<PathBuf>,
         children: Vec<Child>,
+        /// The pod as the kill sees it, for the clean-up of what the children forked.
+        target: KillTarget,
     }
 
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -482,8 +515,11 @@ pub(crate) mod tests {
                 NEXT.fetch_add(1, Ordering::Relaxed)
             ));
             let mut dirs = vec![layout.memory_root.join(&rel)];
-            if let Some(freezer) =
-                layout.memory_root.parent().map(|p| p.join("freezer")).filter(|d| d.is_dir())
+            if let Some(freezer) = layout
+                .memory_root
+                .parent()
+                .map(|p| p.join("freezer"))
+                .filter(|d| layout.memory_version == CgroupVersion::V1 && d.is_dir())
             {
                 dirs.push(freezer.join(&rel));
             }
@@ -495,7 +531,8 @@ pub(crate) mod tests {
             for d in &dirs {
                 std::fs::create_dir(d).unwrap();
             }
-            let mut pod = TestPod { rel, dirs, children: Vec::new() };
+            let target = KillTarget::at(&rel, layout);
+            let mut pod = TestPod { rel, dirs, children: Vec::new(), target };
             for _ in 0..processes {
                 let child = pod.spawn_sleep();
                 pod.adopt(child);
@@ -508,6 +545,13 @@ pub(crate) mod tests {
             for d in &self.dirs {
                 std::fs::write(d.join("cgroup.procs"), child.id().to_string()).unwrap();
             }
+            self.children.push(child);
+        }
+
+        /// `child` moved into the pod's memory cgroup alone, as a runtime that left it out of
+        /// the other hierarchies would.
+        fn adopt_into_memory_alone(&mut self, child: Child) {
+            std::fs::write(self.dirs[0].join("cgroup.procs"), child.id().to_string()).unwrap();
             self.children.push(child);
         }
 
@@ -539,25 +583,23 @@ pub(crate) mod tests {
     impl Drop for TestPod {
         #[expect(clippy::disallowed_methods, reason = "waits for the kernel to let go of test cgroups")]
         fn drop(&mut self) {
+            // Thawed first: a frozen process dies only once it runs again.
+            if let Some(freezer) = self.dirs.iter().find(|d| d.join("freezer.state").exists()) {
+                let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
+            }
             for c in &mut self.children {
                 let _ = c.kill();
                 let _ = c.wait();
             }
-            // What the test's children forked and left in the pod (a test that failed before
-            // its kill): only the pod's own processes, each by its pid.
-            for d in &self.dirs {
-                let mut pids = Vec::new();
-                let _ = list_tree(d, &mut pids);
-                for pid in pids {
-                    let _ = rustix::process::kill_process(
-                        Pid::from_raw(pid).expect("a listed pid"),
-                        Signal::KILL,
-                    );
-                }
+            // What the children forked and left in the pod (a test that failed before its
+            // kill), pinned as the kill pins: a pid listed here that exits and is reused by
+            // another process of the machine is never signalled.
+            if let Some(file) = &self.target.cgroup_kill {
+                let _ = std::fs::write(file, "1");
             }
-            if let Some(freezer) = self.dirs.iter().find(|d| d.join("freezer.state").exists()) {
-                let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
-            }
+            let mut left = BTreeMap::new();
+            let _ = pin_new(&self.target, &mut left);
+            signal_all(left.values());
             for d in &self.dirs {
                 let t = Instant::now();
                 while std::fs::remove_dir(d).is_err() && t.elapsed() < Duration::from_secs(5) {
@@ -708,28 +750,17 @@ pub(crate) mod tests {
         kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::CgroupKill).await;
     }
 
-    /// `cgroup.kill` comes before any pinning, and on cgroup v2 only the largest processes are
-    /// pinned after it: a pod forking as fast as it can (a shell starting `sleep`s) dies in the
-    /// one write, with what it forked during the kill, and costs evictd no pidfd, /proc read
-    /// or signal for each of its hundreds of processes (pinning them first gave the fork bomb
-    /// that long a head start).
+    /// `cgroup.kill` comes before any pinning, and only the largest processes are pinned after
+    /// it: a pod forking as fast as it can (a shell starting `sleep`s) dies in the one write,
+    /// with whatever it forked while it was being killed, and costs evictd no pidfd for each
+    /// of its hundreds of processes (pinning them first gave the fork bomb that long a head
+    /// start). Its processes are all small: none is pinned for reaping.
     #[tokio::test]
     async fn a_forking_pod_dies_in_one_write_and_is_not_pinned_process_by_process() {
         const TEST: &str = "a_forking_pod_dies_in_one_write_and_is_not_pinned_process_by_process";
         let Some(layout) = layout_or_skip(TEST) else { return };
-        // The cgroup2 tree as a node on cgroup v2 has it; on a hybrid host, its unified
-        // hierarchy (cgroup.kill and cgroup.procs, no memory controller).
-        let v2 = match (layout.memory_version, &layout.unified_root) {
-            (CgroupVersion::V2, _) => layout.clone(),
-            (CgroupVersion::V1, Some(unified)) => CgroupMounts {
-                memory_root: unified.clone(),
-                memory_version: CgroupVersion::V2,
-                unified_root: Some(unified.clone()),
-            },
-            (CgroupVersion::V1, None) => return crate::skip(TEST, "no cgroup2 hierarchy"),
-        };
-        let mut pod = TestPod::new(&v2, 0);
-        let target = KillTarget::at(&pod.rel, &v2);
+        let mut pod = TestPod::new(&layout, 0);
+        let target = KillTarget::at(&pod.rel, &layout);
         if target.cgroup_kill.is_none() {
             return crate::skip(TEST, "no cgroup.kill in the unified hierarchy (kernel < 5.14)");
         }
@@ -745,10 +776,11 @@ pub(crate) mod tests {
             let mut pids = Vec::new();
             list_tree(&target.memory, &mut pids).map(|()| pids.len()).unwrap_or(0)
         };
+        // Set-up and clean-up, not the subject: generous for an emulated VM on a busy host.
+        let patience = Duration::from_secs(60);
         let t = Instant::now();
         while listed() < 200 {
-            // Set-up, not the subject: generous for an emulated VM on a busy host.
-            assert!(t.elapsed() < Duration::from_secs(60), "the shell forked only {} processes", listed());
+            assert!(t.elapsed() < patience, "the shell forked only {} processes", listed());
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let report = fast_kill(&target, None).await.unwrap();
@@ -761,13 +793,35 @@ pub(crate) mod tests {
         assert!(pod.all_killed(), "the forking shell survived the kill");
         let t = Instant::now();
         while listed() > 0 {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "{} processes of the pod outlived the kill",
-                listed()
-            );
+            assert!(t.elapsed() < patience, "{} processes of the pod outlived the kill", listed());
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// On a hybrid node the write kills the pod's cgroup2 tree: a process the runtime put in
+    /// the pod's v1 memory cgroup alone is not in it, and is killed by its pidfd, while the
+    /// pod's processes the write killed are not pinned one by one.
+    #[tokio::test]
+    async fn a_process_outside_the_cgroup2_tree_dies_with_the_pod() {
+        const TEST: &str = "a_process_outside_the_cgroup2_tree_dies_with_the_pod";
+        let Some(layout) = layout_or_skip(TEST) else { return };
+        if layout.memory_version != CgroupVersion::V1 || layout.unified_root.is_none() {
+            return crate::skip(
+                TEST,
+                "not a hybrid node (the memory controller on cgroup v1, and a cgroup2 mount)",
+            );
+        }
+        let mut pod = TestPod::new(&layout, 3);
+        let target = KillTarget::at(&pod.rel, &layout);
+        if target.cgroup_kill.is_none() {
+            return crate::skip(TEST, "no cgroup.kill in the unified hierarchy (kernel < 5.14)");
+        }
+        let alone = pod.spawn_sleep();
+        pod.adopt_into_memory_alone(alone);
+        let report = fast_kill(&target, None).await.unwrap();
+        assert_eq!(report.method, KillMethod::CgroupKill);
+        assert_eq!(report.processes, 1, "only the process the write did not reach is pinned");
+        assert!(pod.all_killed(), "a process of the pod survived");
     }
 
     #[tokio::test]

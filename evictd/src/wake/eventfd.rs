@@ -24,7 +24,7 @@ use tokio::{
 use super::{NodeNow, SourceKind, SourceTask, Wake, WakeCause, WakeError, WakeSource};
 use crate::{
     kernel::sched,
-    node::{cgroup_names, cgroups::CgroupVersion, signals::NodeSignalSources},
+    node::{cgroup_names, cgroups::CgroupVersion, memory::parse, signals::NodeSignalSources},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +54,7 @@ impl UsageThreshold {
         use std::os::unix::fs::FileExt as _;
         let mut buf = [0u8; 32];
         let Ok(n) = self.usage.read_at(&mut buf, 0) else { return false };
-        let usage = std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.trim().parse::<u64>().ok());
+        let usage = std::str::from_utf8(&buf[..n]).ok().and_then(|s| parse::number(s.trim()).ok());
         usage.is_some_and(|u| u >= self.bytes)
     }
 }

@@ -78,6 +78,7 @@ const BOOKWORM: &[(&str, &str)] = &[
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
+    ("a_process_outside_the_cgroup2_tree_dies_with_the_pod", V1_ONLY),
     (E2E_TESTS[0], E2E_ELSEWHERE),
     (E2E_TESTS[1], E2E_ELSEWHERE),
 ];
@@ -93,6 +94,7 @@ const TRIXIE: &[(&str, &str)] = &[
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
+    ("a_process_outside_the_cgroup2_tree_dies_with_the_pod", V1_ONLY),
     (E2E_TESTS[1], E2E_ELSEWHERE),
 ];
 
@@ -106,6 +108,7 @@ const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
     ("an_eventfd_threshold_armed_below_the_usage_wakes_at_once", V1_ONLY),
     ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
+    ("a_process_outside_the_cgroup2_tree_dies_with_the_pod", V1_ONLY),
     (E2E_TESTS[0], E2E_ELSEWHERE),
 ];
 

@@ -8,15 +8,15 @@
 pub enum FieldError {
     Missing,
     NotANumber(String),
+    /// A number above `i64::MAX`.
+    TooLarge(String),
 }
 
 /// A count of bytes or pages. One above `i64::MAX` (8 EiB) is no machine's: garbage, read as
 /// no number, so that no signal is computed from it (the signals are signed).
 pub fn number(s: &str) -> Result<u64, FieldError> {
-    s.parse::<u64>()
-        .ok()
-        .filter(|&n| i64::try_from(n).is_ok())
-        .ok_or_else(|| FieldError::NotANumber(s.to_owned()))
+    let n = s.parse::<u64>().map_err(|_| FieldError::NotANumber(s.to_owned()))?;
+    i64::try_from(n).map(|_| n).map_err(|_| FieldError::TooLarge(s.to_owned()))
 }
 
 /// The value of the `key value` line of memory.stat.
@@ -39,5 +39,5 @@ pub fn meminfo_bytes(text: &str, key: &str) -> Result<u64, FieldError> {
     number(kb)?
         .checked_mul(1024)
         .filter(|&n| i64::try_from(n).is_ok())
-        .ok_or_else(|| FieldError::NotANumber(kb.to_owned()))
+        .ok_or_else(|| FieldError::TooLarge(format!("{kb} kB")))
 }
