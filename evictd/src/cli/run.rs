@@ -45,6 +45,11 @@ pub struct RunArgs {
     /// controller's mount). Default: the hierarchy root, i.e. the whole node.
     #[arg(long, value_name = "PATH")]
     pub node_cgroup: Option<PathBuf>,
+    /// Take /proc/meminfo even when it is not procfs's: for a node that is itself a
+    /// container (LXD, Incus, Proxmox), whose kubelet reads the same LXCFS file. Off, such a
+    /// file is refused: in a container on a real node it shows the container's memory.
+    #[arg(long)]
+    pub accept_lxcfs_meminfo: bool,
     /// The container runtime's CRI socket; `none` runs without one (nothing can be evicted).
     #[arg(long, value_name = "unix:///PATH|none", default_value = cri::DEFAULT_ENDPOINT)]
     pub cri_endpoint: String,
@@ -398,7 +403,12 @@ impl RunArgs {
     /// of nodefs and imagefs.
     fn node_signals(&self, cgroups: &CgroupMounts) -> anyhow::Result<NodeSignalSources> {
         // The node's capacity is read from it, whichever cgroup plays the node.
-        memory::check_meminfo_is_the_kernels(Path::new(memory::MEMINFO))?;
+        match memory::check_meminfo_is_the_kernels(Path::new(memory::MEMINFO)) {
+            Err(e) if self.accept_lxcfs_meminfo => {
+                tracing::warn!("{e} — taken all the same (--accept-lxcfs-meminfo)")
+            }
+            checked => checked?,
+        }
         let node = match &self.node_cgroup {
             None => {
                 cgroups.check_sees_the_node()?;

@@ -49,11 +49,12 @@ pub enum MemoryError {
     #[error("{path}: {what} is above i64::MAX: not a count of bytes or pages")]
     TooLarge { path: PathBuf, what: String },
     #[error(
-        "{path} is not procfs's (filesystem magic {magic:#x}; LXCFS, a FUSE filesystem, is \
+        "{path} is not procfs's (filesystem magic {magic}; LXCFS, a FUSE filesystem, is \
          0x65735546): it shows a container's memory, not the node's, and evictd would decide on \
-         it. Run evictd in a container without LXCFS's /proc files"
+         it. Run evictd in a container without LXCFS's /proc files; on a node that is itself \
+         a container, whose kubelet reads the same file, give --accept-lxcfs-meminfo"
     )]
-    NotProcfs { path: PathBuf, magic: u64 },
+    NotProcfs { path: PathBuf, magic: String },
 }
 
 /// A memory cgroup to observe.
@@ -430,7 +431,7 @@ fn read_u64_at(file: &fs::File, path: impl FnOnce() -> PathBuf) -> Result<u64, M
         Err(source) => return Err(MemoryError::Read { path: path(), source }),
     };
     let text = String::from_utf8_lossy(&buf[..n]);
-    parse::number(text.trim()).map_err(|e| e.at(&path(), "the file's number"))
+    parse::number(text.trim()).map_err(|e| e.in_file(&path()))
 }
 
 /// Where the node's memory is read from: `MemoryCgroup::meminfo`'s default.
@@ -449,22 +450,36 @@ pub fn check_meminfo_is_the_kernels(meminfo: &Path) -> Result<(), MemoryError> {
         .map_err(|e| MemoryError::Read { path: meminfo.to_owned(), source: std::io::Error::from(e) })?;
     match fs.filesystem_type() {
         PROC_SUPER_MAGIC => Ok(()),
-        other => Err(MemoryError::NotProcfs { path: meminfo.to_owned(), magic: other.0 as u64 }),
+        other => Err(MemoryError::NotProcfs { path: meminfo.to_owned(), magic: format!("{:#x}", other.0) }),
     }
 }
 
 fn parse_u64(path: &Path, s: &str) -> Result<u64, MemoryError> {
-    parse::number(s).map_err(|e| e.at(path, "the file's number"))
+    parse::number(s).map_err(|e| e.in_file(path))
 }
 
 pub mod parse;
 
 impl parse::FieldError {
+    /// The error of a file that holds one number.
+    fn in_file(self, path: &Path) -> MemoryError {
+        match self {
+            Self::Missing => MemoryError::Parse { path: path.to_owned(), what: String::new() },
+            Self::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
+            Self::TooLarge(what) => MemoryError::TooLarge { path: path.to_owned(), what },
+        }
+    }
+
+    /// The error of `key`'s line in a file of many.
     fn at(self, path: &Path, key: &'static str) -> MemoryError {
         match self {
             Self::Missing => MemoryError::MissingKey { path: path.to_owned(), key },
-            Self::NotANumber(what) => MemoryError::Parse { path: path.to_owned(), what },
-            Self::TooLarge(what) => MemoryError::TooLarge { path: path.to_owned(), what },
+            Self::NotANumber(what) => {
+                MemoryError::Parse { path: path.to_owned(), what: format!("{key} {what}") }
+            }
+            Self::TooLarge(what) => {
+                MemoryError::TooLarge { path: path.to_owned(), what: format!("{key} {what}") }
+            }
         }
     }
 }

@@ -115,6 +115,11 @@ impl KillTarget {
         }
     }
 
+    /// The memory controller on cgroup v1, with the pod's cgroup2 directory beside it.
+    fn is_hybrid(&self) -> bool {
+        self.memory_version == CgroupVersion::V1 && self.cgroup_kill.is_some()
+    }
+
     /// The method the node offers (`kill` may fall back from it).
     fn method(&self) -> KillMethod {
         match (&self.cgroup_kill, &self.freezer) {
@@ -171,7 +176,7 @@ fn kill(target: &KillTarget) -> Result<(KillMethod, Vec<Victim>), KillError> {
     if let Some(file) = &target.cgroup_kill {
         // `cgroup.kill` first: pinning a fork-bombing pod's processes one by one before it
         // would give the bomb a head start. evictd's own process is looked for before it,
-        // by one listing and no per-process work.
+        // by listing the trees, with no per-process work.
         not_evictds(target)?;
         match write(file, "1") {
             Ok(()) => {
@@ -186,10 +191,13 @@ fn kill(target: &KillTarget) -> Result<(KillMethod, Vec<Victim>), KillError> {
                 // processes costs one listing and a statm read each, not a pidfd and two
                 // reads each.
                 let largest = pin_largest(target, REAP_MAX, REAP_MIN_BYTES, &mut pinned);
-                if let Err(e) = beyond.and(largest) {
-                    tracing::warn!(
-                        "after cgroup.kill, the pod's processes could not be listed for reaping: {e}"
-                    );
+                // What joined the pod's cgroup2 tree since the write (a `runc exec`, or a
+                // child forked across it on a kernel without the fork race's fix) was not
+                // killed, and was listed above as dying: a second write kills it (the dying
+                // are skipped).
+                let again = write(file, "1");
+                if let Err(e) = beyond.and(largest).and(again) {
+                    tracing::warn!("after cgroup.kill, the pod's processes could not all be looked at: {e}");
                 }
                 // The kill of what cgroup.kill did not reach; for the rest, it repeats the
                 // kernel's SIGKILL (harmless).
@@ -280,12 +288,17 @@ fn signal_all<'a>(victims: impl Iterator<Item = &'a Victim>) {
 
 /// The pod's cgroup tree does not hold evictd's own process (checked before any signal).
 fn not_evictds(target: &KillTarget) -> Result<(), KillError> {
-    let mut pids = Vec::new();
-    list_tree(&target.memory, &mut pids)?;
-    match pids.contains(&target.spare) {
-        true => Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare }),
-        false => Ok(()),
+    // On a hybrid node the write kills the cgroup2 tree, which evictd's process could be in
+    // without being in the v1 one.
+    let killed = target.cgroup_kill.as_deref().and_then(Path::parent).filter(|_| target.is_hybrid());
+    for tree in std::iter::once(target.memory.as_path()).chain(killed) {
+        let mut pids = Vec::new();
+        list_tree(tree, &mut pids)?;
+        if pids.contains(&target.spare) {
+            return Err(KillError::HoldsEvictd { path: tree.to_path_buf(), pid: target.spare });
+        }
     }
+    Ok(())
 }
 
 /// Pins every process of the pod's cgroup tree that is not pinned yet and is still in the
@@ -310,10 +323,9 @@ fn pin_new(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<()
 
 /// Pins the processes of the pod's v1 memory tree that are not in the cgroup2 tree at
 /// `killed`, whose `cgroup.kill` was written: those the kernel did not kill. The cgroup2 tree
-/// is listed first: a process in both that exits between the listings is then in neither,
-/// and nothing can join the pod once it is killed (its processes cannot fork any more). A
-/// cgroup2 tree that cannot be listed kills nobody here: every process of the v1 tree is then
-/// pinned and signalled.
+/// is listed first: a process in both that exits between the listings is then in neither
+/// (one css_set leaves every hierarchy at once). A cgroup2 tree that cannot be listed
+/// excludes nobody: every process of the v1 tree is then pinned and signalled.
 fn pin_beyond_the_write(
     target: &KillTarget,
     killed: &Path,
@@ -390,7 +402,12 @@ fn pin(pid: i32, target: &KillTarget) -> Option<Victim> {
 /// `pin` without a word: the pidfd, if the process is in the pod's cgroup once pinned.
 fn pin_checked(pid: i32, target: &KillTarget) -> Option<Victim> {
     let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
-    if !pid_in_cgroup(pid as u32, &target.rel, target.memory_version) {
+    // A process that is exiting (a killed one, say) reads `/` on every v1 line of
+    // /proc/<pid>/cgroup, while its cgroup2 line keeps its path: on a hybrid node that line
+    // counts too, or the victims cgroup.kill just killed could never be reaped.
+    let in_pod = pid_in_cgroup(pid as u32, &target.rel, target.memory_version)
+        || (target.is_hybrid() && pid_in_cgroup(pid as u32, &target.rel, CgroupVersion::V2));
+    if !in_pod {
         return None;
     }
     Some(Victim { fd, rss_bytes: resident_bytes(pid) })
@@ -583,16 +600,9 @@ pub(crate) mod tests {
     impl Drop for TestPod {
         #[expect(clippy::disallowed_methods, reason = "waits for the kernel to let go of test cgroups")]
         fn drop(&mut self) {
-            // Thawed first: a frozen process dies only once it runs again.
-            if let Some(freezer) = self.dirs.iter().find(|d| d.join("freezer.state").exists()) {
-                let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
-            }
-            for c in &mut self.children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
             // What the children forked and left in the pod (a test that failed before its
-            // kill), pinned as the kill pins: a pid listed here that exits and is reused by
+            // kill) is killed while the pod may still be frozen (it cannot fork meanwhile),
+            // and pinned as the kill pins: a pid listed here that exits and is reused by
             // another process of the machine is never signalled.
             if let Some(file) = &self.target.cgroup_kill {
                 let _ = std::fs::write(file, "1");
@@ -600,6 +610,24 @@ pub(crate) mod tests {
             let mut left = BTreeMap::new();
             let _ = pin_new(&self.target, &mut left);
             signal_all(left.values());
+            // A frozen process dies once it runs again.
+            if let Some(freezer) = self.dirs.iter().find(|d| d.join("freezer.state").exists()) {
+                let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
+            }
+            for c in &mut self.children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) {
+                let before = left.len();
+                let _ = pin_new(&self.target, &mut left);
+                if left.len() == before {
+                    break;
+                }
+                signal_all(left.values());
+                std::thread::sleep(Duration::from_millis(10));
+            }
             for d in &self.dirs {
                 let t = Instant::now();
                 while std::fs::remove_dir(d).is_err() && t.elapsed() < Duration::from_secs(5) {

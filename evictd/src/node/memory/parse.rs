@@ -12,8 +12,8 @@ pub enum FieldError {
     TooLarge(String),
 }
 
-/// A count of bytes or pages. One above `i64::MAX` (8 EiB) is no machine's: garbage, read as
-/// no number, so that no signal is computed from it (the signals are signed).
+/// A count of bytes or pages. One above `i64::MAX` (8 EiB) is no machine's: garbage, an
+/// error of its own, so that no signal is computed from it (the signals are signed).
 pub fn number(s: &str) -> Result<u64, FieldError> {
     let n = s.parse::<u64>().map_err(|_| FieldError::NotANumber(s.to_owned()))?;
     i64::try_from(n).map(|_| n).map_err(|_| FieldError::TooLarge(s.to_owned()))
@@ -28,8 +28,8 @@ pub fn stat_value(text: &str, key: &str) -> Result<u64, FieldError> {
     number(value.trim())
 }
 
-/// The `Key:   N kB` line of /proc/meminfo, in bytes; a value that does not fit in bytes is
-/// not a number either.
+/// The `Key:   N kB` line of /proc/meminfo, in bytes; a value whose bytes pass `i64::MAX` is
+/// too large, as in `number`.
 pub fn meminfo_bytes(text: &str, key: &str) -> Result<u64, FieldError> {
     let value = text
         .lines()

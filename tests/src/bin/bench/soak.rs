@@ -51,15 +51,37 @@ impl Opts {
 
 /// evictd's resident set (KiB) and open file descriptors.
 fn footprint(pid: u32) -> (u64, usize) {
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    (status_kib(pid, "VmRSS"), fds)
+}
+
+/// A `Key:  N kB` line of evictd's /proc/<pid>/status (0 when it cannot be read).
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
         .find_map(|l| {
-            l.strip_prefix("VmRSS:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            let v = l.strip_prefix(key)?.strip_prefix(':')?;
+            v.trim().trim_end_matches("kB").trim().parse().ok()
         })
-        .unwrap_or(0);
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
-    (rss, fds)
+        .unwrap_or(0)
+}
+
+/// How often the footprint is said during the soak: growth that levels off (pages touched
+/// once: code, buffers sized by the node) and growth that goes on (a leak) look alike at the
+/// two ends alone.
+const FOOTPRINT_EVERY: Duration = Duration::from_secs(300);
+
+/// evictd's footprint now, its resident set split into heap and stacks (RssAnon) and mapped
+/// files (RssFile: its code, faulted in as paths are first taken).
+fn say_footprint(pid: u32, started: Instant, episodes: usize) {
+    let (rss, fds) = footprint(pid);
+    eprintln!(
+        "[soak] {:.0} min, {episodes} episodes: evictd RSS {rss} KiB (anon {} KiB, file {} KiB), open fds {fds}",
+        started.elapsed().as_secs_f64() / 60.0,
+        status_kib(pid, "RssAnon"),
+        status_kib(pid, "RssFile"),
+    );
 }
 
 #[derive(Default, Debug)]
@@ -142,6 +164,8 @@ pub async fn soak(o: &Opts) -> anyhow::Result<()> {
     );
     let mut c = Counts::default();
     let mut start = None;
+    let started = Instant::now();
+    let mut next_footprint = started;
     while Instant::now() < deadline {
         let api = api.as_mut().map(|api| {
             let down = (c.episodes + 1) % o.api_down_every == 0;
@@ -150,6 +174,10 @@ pub async fn soak(o: &Opts) -> anyhow::Result<()> {
         episode(&mut ctd, api, &evictd, &mut c, grow_mib).await;
         // The footprint after the first episode: everything is loaded and warm by then.
         start.get_or_insert_with(|| footprint(evictd.pid()));
+        if Instant::now() >= next_footprint {
+            say_footprint(evictd.pid(), started, c.episodes);
+            next_footprint += FOOTPRINT_EVERY;
+        }
         if o.restart_every > 0 && c.episodes % o.restart_every == 0 {
             ctd.stop_daemon();
             ctd.spawn();
