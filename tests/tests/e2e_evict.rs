@@ -823,9 +823,9 @@ async fn the_inventory_runs_off_the_daemon_thread() {
 /// client was made, not on the daemon's real-time thread. 250 pods of the node, each with a
 /// kubelet's status (containers, conditions), are updated in the API server as the kubelet
 /// updates them all day: status only, which changes no spec. The background thread does the
-/// work; the daemon's own thread, which then only answers the timer, uses less than it.
-/// The API server is the test's double (none can run here), speaking plain HTTP: evictd
-/// reaches a real one through TLS, whose records the same connection task decodes.
+/// work; the daemon's own thread, which then only answers the timer, uses under a tenth of
+/// it. The API server is the test's double (none can run here), speaking plain HTTP: TLS,
+/// which a real one speaks, is not tested here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_watch_runs_off_the_daemon_thread() {
     let _serial = SERIAL.lock().await;
