@@ -301,15 +301,21 @@ fn not_evictds(target: &KillTarget) -> Result<(), KillError> {
     Ok(())
 }
 
+/// The pids of the pod's memory cgroup tree, refused when evictd's own is among them:
+/// checked on every listing, and the first comes before any signal.
+fn pod_pids(target: &KillTarget) -> Result<Vec<i32>, KillError> {
+    let mut pids = Vec::new();
+    list_tree(&target.memory, &mut pids)?;
+    match pids.contains(&target.spare) {
+        true => Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare }),
+        false => Ok(pids),
+    }
+}
+
 /// Pins every process of the pod's cgroup tree that is not pinned yet and is still in the
 /// pod's cgroup once pinned.
 fn pin_new(target: &KillTarget, pinned: &mut BTreeMap<i32, Victim>) -> Result<(), KillError> {
-    let mut pids = Vec::new();
-    list_tree(&target.memory, &mut pids)?;
-    // Checked on every listing, and the first comes before any signal.
-    if pids.contains(&target.spare) {
-        return Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare });
-    }
+    let pids = pod_pids(target)?;
     for pid in pids {
         if pinned.contains_key(&pid) {
             continue;
@@ -337,11 +343,7 @@ fn pin_beyond_the_write(
         dying.clear();
     }
     let dying: std::collections::HashSet<i32> = dying.into_iter().collect();
-    let mut pids = Vec::new();
-    list_tree(&target.memory, &mut pids)?;
-    if pids.contains(&target.spare) {
-        return Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare });
-    }
+    let pids = pod_pids(target)?;
     for pid in pids.into_iter().filter(|p| !dying.contains(p)) {
         if let Some(v) = pin(pid, target) {
             pinned.insert(pid, v);
@@ -358,11 +360,7 @@ fn pin_largest(
     min_bytes: u64,
     pinned: &mut BTreeMap<i32, Victim>,
 ) -> Result<(), KillError> {
-    let mut pids = Vec::new();
-    list_tree(&target.memory, &mut pids)?;
-    if pids.contains(&target.spare) {
-        return Err(KillError::HoldsEvictd { path: target.memory.clone(), pid: target.spare });
-    }
+    let pids = pod_pids(target)?;
     let mut sized: Vec<(u64, i32)> = pids.into_iter().map(|pid| (private_resident_bytes(pid), pid)).collect();
     sized.retain(|(rss, pid)| *rss >= min_bytes && !pinned.contains_key(pid));
     sized.sort_unstable_by(|a, b| b.cmp(a));
