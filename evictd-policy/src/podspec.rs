@@ -110,6 +110,16 @@ pub struct EmptyDir {
     pub size_limit: Option<Quantity>,
 }
 
+/// `Succeeded` or `Failed`, the phases after which a pod runs no more containers (the
+/// kubelet's `podutil.IsPodTerminal`); `None` for any other phase, or none.
+pub fn terminal_phase(phase: Option<&str>) -> Option<&'static str> {
+    match phase {
+        Some("Succeeded") => Some("Succeeded"),
+        Some("Failed") => Some("Failed"),
+        _ => None,
+    }
+}
+
 /// A PodList file that cannot be used; names the file (and the item at fault).
 #[derive(Debug, thiserror::Error)]
 pub enum PodListError {
@@ -227,7 +237,22 @@ impl Pod {
     /// leaving it out would let a tenant shield a pod that ignores SIGTERM behind a long
     /// grace period, and leave a node being drained with no candidate at all.
     pub fn is_active(&self) -> bool {
-        !matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+        terminal_phase(self.status.phase.as_deref()).is_none()
+    }
+
+    /// What is left of a finished pod for eviction: who it is and that it has finished. It is
+    /// never ranked, so nothing else of its spec is kept.
+    pub fn finished(name: &str, namespace: &str, uid: &str, phase: &'static str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: name.to_owned(),
+                namespace: namespace.to_owned(),
+                uid: uid.to_owned(),
+                ..ObjectMeta::default()
+            },
+            spec: PodSpec::default(),
+            status: PodStatus { phase: Some(phase.to_owned()) },
+        }
     }
 
     pub fn priority(&self) -> i32 {

@@ -674,7 +674,9 @@ async fn an_api_server_that_never_answers_does_not_delay_the_kill() {
 /// (m) Pod specs from the API server drive the ranking. No pods file: the double serves this
 /// node's pods (and one of another node's). Inferred from the node, the two burstable pods
 /// would both be priority 0 and the bigger one would go first (as in (a)); the API says the
-/// bigger one has priority 1000, so the smaller one is evicted.
+/// bigger one has priority 1000, so the smaller one is evicted. A third pod, BestEffort and
+/// the furthest over its request, is Failed in the API while its sandbox still runs (the
+/// kubelet not yet done tearing it down): a finished pod is never ranked, so it stays too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_specs_from_the_api_server_drive_the_ranking() {
     let _serial = SERIAL.lock().await;
@@ -687,24 +689,29 @@ async fn pod_specs_from_the_api_server_drive_the_ranking() {
         &[
             PodDef { priority: 1000, request_mib: Some(100), ..PodDef::new("big", "burstable") },
             PodDef { request_mib: Some(100), ..PodDef::new("small", "burstable") },
+            PodDef::new("done", "besteffort"),
         ],
     )
     .await;
-    let (big, small) = (&pods[0], &pods[1]);
+    let (big, small, done) = (&pods[0], &pods[1], &pods[2]);
     let api = ApiDouble::start();
     let list: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     for mut pod in list["items"].as_array().unwrap().iter().cloned() {
         pod["spec"]["nodeName"] = "e2e-node".into();
+        if pod["metadata"]["name"] == "done" {
+            pod["status"]["phase"] = "Failed".into();
+        }
         api.put_pod(pod);
     }
     let mut stranger = list["items"][0].clone();
     stranger["metadata"]["uid"] = "not-on-this-node".into();
     stranger["spec"]["nodeName"] = "another-node".into();
     api.put_pod(stranger);
-    big.set_mib(200);
+    big.set_mib(150);
     small.set_mib(200);
-    for p in [big, small] {
-        p.wait_usage_at_least(200 * MI, Duration::from_secs(10));
+    done.set_mib(150);
+    for (p, mib) in [(big, 150), (small, 200), (done, 150)] {
+        p.wait_usage_at_least(mib * MI, Duration::from_secs(10));
     }
     let addr = format!("127.0.0.1:{}", free_port());
     let evictd = Evictd::start(
@@ -723,7 +730,7 @@ async fn pod_specs_from_the_api_server_drive_the_ranking() {
     );
     // Both pods have their specs from the API before the pressure comes.
     let t = Instant::now();
-    while !http_get(&addr, "/metrics").contains("evictd_pods{spec_source=\"api\"} 2") {
+    while !http_get(&addr, "/metrics").contains("evictd_pods{spec_source=\"api\"} 3") {
         assert!(t.elapsed() < Duration::from_secs(15), "{}\n{}", http_get(&addr, "/metrics"), evictd.log());
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -735,9 +742,13 @@ async fn pod_specs_from_the_api_server_drive_the_ranking() {
     }
     big.set_mib(450);
     let e = evictd.wait_eviction(Duration::from_secs(20));
-    assert_eq!(e["name"], "small", "the API's priority 1000 protects the bigger pod: {e}");
+    assert_eq!(
+        e["name"], "small",
+        "the API's priority 1000 protects the bigger pod, and a finished pod is not ranked: {e}"
+    );
     assert!(e["error"].is_null(), "{e}");
     assert!(ctd.sandbox_ready(&big.sandbox_id).await);
+    assert!(ctd.sandbox_ready(&done.sandbox_id).await);
     let list = api.requests().into_iter().find(|r| r.method == "GET").expect("the list");
     assert!(list.path.contains("fieldSelector=spec.nodeName%3De2e-node"), "{}", list.path);
 }

@@ -15,10 +15,10 @@ use evictd::{
         taints::{NodeTaints, TaintEffect, TaintTask},
     },
     report::metrics::Metrics,
-    runtime::inventory::{ApiPods, ApiPodsReceiver},
+    runtime::inventory::{ApiPod, ApiPods, ApiPodsReceiver},
     vocab::monotonic_ns,
 };
-use evictd_policy::policy::NodeCondition;
+use evictd_policy::{podspec::Pod, policy::NodeCondition};
 use evictd_tests::api_double::{self, ApiDouble, Recorded, api_options, eviction_record};
 use serde_json::json;
 
@@ -631,9 +631,15 @@ async fn the_pod_watch_follows_this_nodes_pods() {
     assert!(list.path.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{}", list.path);
 
     api.put_pod(api_pod("b", "node-a", 7));
-    wait_snapshot(&mut rx, "a pod added later", |s| s.get("b").is_some_and(|p| p.priority() == 7)).await;
+    let priority = |s: &ApiPods, uid: &str| s.get(uid).and_then(ApiPod::spec).map(Pod::priority);
+    wait_snapshot(&mut rx, "a pod added later", |s| priority(s, "b") == Some(7)).await;
     api.put_pod(api_pod("a", "node-a", 5000));
-    wait_snapshot(&mut rx, "a changed priority", |s| s.get("a").is_some_and(|p| p.priority() == 5000)).await;
+    wait_snapshot(&mut rx, "a changed priority", |s| priority(s, "a") == Some(5000)).await;
+    // Evicted: kept as finished, with no spec, until the server deletes it.
+    let mut failed = api_pod("b", "node-a", 7);
+    failed["status"] = json!({"phase": "Failed", "reason": "Evicted"});
+    api.put_pod(failed);
+    wait_snapshot(&mut rx, "a pod finished", |s| s.get("b") == Some(&ApiPod::Finished("Failed"))).await;
     api.delete_pod("b");
     wait_snapshot(&mut rx, "a deleted pod gone", |s| !s.contains_key("b") && s.contains_key("a")).await;
     assert!(api.requests().iter().any(|r| r.path.contains("watch=true")), "a watch, not polling");

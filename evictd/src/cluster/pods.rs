@@ -8,7 +8,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use evictd_policy::podspec::Pod;
+use evictd_policy::podspec::{Pod, terminal_phase};
 use futures::StreamExt as _;
 use kube::{
     Api, Client,
@@ -17,7 +17,7 @@ use kube::{
 use tokio::sync::watch;
 
 use super::metrics::{ApiCall, ApiMetrics, ApiOutcome};
-use crate::runtime::inventory::{ApiPods, ApiPodsReceiver};
+use crate::runtime::inventory::{ApiPod, ApiPods, ApiPodsReceiver};
 
 /// Starts the watch on `node`'s pods; the receiver sees a new map after the first complete
 /// list and after every change.
@@ -62,12 +62,13 @@ pub fn spawn_pod_watch(client: Client, node: &str, metrics: ApiMetrics) -> ApiPo
 }
 
 /// The watcher's events folded into a map; a re-list replaces the map only once complete,
-/// so a pass never sees half a list.
+/// so a pass never sees half a list. Its size is the server's count of this node's pods,
+/// finished ones included, each finished one a UID and its phase (`ApiPod::Finished`).
 #[derive(Default)]
 struct PodMirror {
-    pods: HashMap<String, Pod>,
+    pods: HashMap<Arc<str>, ApiPod>,
     /// Filled between `Init` and `InitDone`.
-    relist: Option<HashMap<String, Pod>>,
+    relist: Option<HashMap<Arc<str>, ApiPod>>,
     published: bool,
 }
 
@@ -81,8 +82,8 @@ impl PodMirror {
                 None
             }
             InitApply(p) => {
-                if let (Some(relist), Some((uid, spec))) = (self.relist.as_mut(), spec_of(&p)) {
-                    relist.insert(uid, spec);
+                if let (Some(relist), Some((uid, pod))) = (self.relist.as_mut(), entry_of(&p)) {
+                    relist.insert(uid, pod);
                 }
                 None
             }
@@ -92,18 +93,18 @@ impl PodMirror {
                 Some(self.snapshot())
             }
             Apply(p) => {
-                let (uid, spec) = spec_of(&p)?;
+                let (uid, pod) = entry_of(&p)?;
                 // Most updates are to the status (conditions, container states): nothing
                 // eviction reads, nothing to publish.
-                if self.pods.get(&uid) == Some(&spec) {
+                if self.pods.get(&uid) == Some(&pod) {
                     return None;
                 }
-                self.pods.insert(uid, spec);
+                self.pods.insert(uid, pod);
                 self.published.then(|| self.snapshot())
             }
             Delete(p) => {
                 let uid = p.metadata.uid?;
-                self.pods.remove(&uid);
+                self.pods.remove(uid.as_str());
                 self.published.then(|| self.snapshot())
             }
         }
@@ -114,13 +115,18 @@ impl PodMirror {
     }
 }
 
-/// The spec eviction needs, through the same JSON reading as `--pods-file`: one parser for
-/// both sources, so they cannot disagree on what a field means. A pod that does not read
-/// (never seen from a conforming server) is left out, logged.
-fn spec_of(p: &k8s_openapi::api::core::v1::Pod) -> Option<(String, Pod)> {
-    let uid = p.metadata.uid.clone()?;
+/// What eviction keeps of an API pod: for an active pod its spec, through the same JSON
+/// reading as `--pods-file` (one parser for both sources, so they cannot disagree on what a
+/// field means); for a finished one its phase alone. A pod that does not read (never seen
+/// from a conforming server) is left out, logged.
+fn entry_of(p: &k8s_openapi::api::core::v1::Pod) -> Option<(Arc<str>, ApiPod)> {
+    let uid: Arc<str> = p.metadata.uid.as_deref()?.into();
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+    if let Some(phase) = terminal_phase(phase) {
+        return Some((uid, ApiPod::Finished(phase)));
+    }
     match serde_json::to_value(p).and_then(serde_json::from_value::<Pod>) {
-        Ok(spec) => Some((uid, spec)),
+        Ok(spec) => Some((uid, ApiPod::Spec(Arc::new(spec)))),
         Err(e) => {
             let name = p.metadata.name.as_deref().unwrap_or("?");
             tracing::warn!(pod = name, uid = %uid, "a pod from the API server does not read as a pod spec: {e}");
@@ -158,8 +164,8 @@ mod tests {
                 "status": {"phase": "Running"}
             }),
         );
-        let (uid, spec) = spec_of(&p).unwrap();
-        assert_eq!(uid, "u1");
+        let (uid, ApiPod::Spec(spec)) = entry_of(&p).unwrap() else { panic!("an active pod keeps its spec") };
+        assert_eq!(&*uid, "u1");
         assert_eq!(spec.priority(), 100);
         assert_eq!(spec.spec.termination_grace_period_seconds, Some(20));
         assert_eq!(spec.request_nanos("memory"), (111i128 << 20) * 1_000_000_000);
@@ -177,7 +183,7 @@ mod tests {
         assert!(m.apply(Event::Apply(api_pod("x", serde_json::json!({})))).is_none());
         assert!(m.apply(Event::InitApply(api_pod("b", serde_json::json!({})))).is_none());
         let s = m.apply(Event::InitDone).unwrap();
-        let mut uids: Vec<&String> = s.keys().collect();
+        let mut uids: Vec<&str> = s.keys().map(|k| &**k).collect();
         uids.sort();
         assert_eq!(uids, ["a", "b"], "the relist replaces what came before it");
         let s = m.apply(Event::Apply(api_pod("c", serde_json::json!({})))).unwrap();
@@ -192,6 +198,50 @@ mod tests {
         assert!(m.apply(Event::Init).is_none());
         assert!(m.apply(Event::InitApply(api_pod("d", serde_json::json!({})))).is_none());
         let s = m.apply(Event::InitDone).unwrap();
-        assert_eq!(s.keys().collect::<Vec<_>>(), ["d"]);
+        assert_eq!(s.keys().map(|k| &**k).collect::<Vec<_>>(), ["d"]);
+    }
+
+    /// Evicted pods stay in the API server until their controller or the pod GC deletes
+    /// them; a node that has evicted thousands must not hold thousands of specs.
+    #[test]
+    fn a_finished_pod_is_kept_as_its_phase_alone() {
+        let mut m = PodMirror::default();
+        m.apply(Event::Init);
+        m.apply(Event::InitDone);
+        let spec = serde_json::json!({
+            "metadata": {"namespace": "web", "annotations": {"a": "b"}},
+            "spec": {"priority": 100, "containers": [{"name": "a"}]},
+            "status": {"phase": "Running"}
+        });
+        let s = m.apply(Event::Apply(api_pod("u", spec.clone()))).unwrap();
+        assert!(matches!(s.get("u"), Some(ApiPod::Spec(p)) if p.priority() == 100));
+        for phase in ["Failed", "Succeeded"] {
+            let mut done = spec.clone();
+            done["status"]["phase"] = phase.into();
+            let s = m.apply(Event::Apply(api_pod("u", done))).unwrap();
+            assert_eq!(s.get("u"), Some(&ApiPod::Finished(phase)));
+        }
+        let mut pending = spec;
+        pending["status"]["phase"] = "Pending".into();
+        let s = m.apply(Event::Apply(api_pod("u", pending))).unwrap();
+        assert!(matches!(s.get("u"), Some(ApiPod::Spec(_))), "any other phase is active");
+    }
+
+    /// A snapshot is published on every change the passes see; on a node of 250 pods it
+    /// must not copy 250 specs each time.
+    #[test]
+    fn snapshots_share_the_specs() {
+        let mut m = PodMirror::default();
+        m.apply(Event::Init);
+        m.apply(Event::InitApply(api_pod("a", serde_json::json!({}))));
+        let first = m.apply(Event::InitDone).unwrap();
+        let second = m.apply(Event::Apply(api_pod("b", serde_json::json!({})))).unwrap();
+        let (Some(ApiPod::Spec(x)), Some(ApiPod::Spec(y))) = (first.get("a"), second.get("a")) else {
+            panic!("both snapshots hold a's spec")
+        };
+        assert!(Arc::ptr_eq(x, y));
+        let (kx, _) = first.get_key_value("a").unwrap();
+        let (ky, _) = second.get_key_value("a").unwrap();
+        assert!(Arc::ptr_eq(kx, ky));
     }
 }

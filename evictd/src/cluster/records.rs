@@ -65,7 +65,7 @@ pub fn disruption_target_patch(uid: &str, on: bool, message: &str, now: Timestam
 /// (evictd's Failed, or the kubelet's own) keeps the eviction.
 pub fn record_reverted(pod: &Pod, uid: &str) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    pod.metadata.uid.as_deref() == Some(uid) && !matches!(phase, Some("Failed" | "Succeeded"))
+    pod.metadata.uid.as_deref() == Some(uid) && evictd_policy::podspec::terminal_phase(phase).is_none()
 }
 
 /// Who an event is about.

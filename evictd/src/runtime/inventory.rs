@@ -27,8 +27,31 @@ use crate::{
 };
 
 /// The pods bound to this node, by UID, as the API server last listed and watched them
-/// (`cluster::pods` keeps it current).
-pub type ApiPods = Arc<HashMap<String, Pod>>;
+/// (`cluster::pods` keeps it current). Snapshots share their keys and specs with the map
+/// they were taken from: publishing one costs a pointer per pod, not a copy of every spec.
+pub type ApiPods = Arc<HashMap<Arc<str>, ApiPod>>;
+
+/// One pod the API server holds for this node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ApiPod {
+    /// Still active: the spec eviction ranks it by.
+    Spec(Arc<Pod>),
+    /// Finished (`Succeeded` or `Failed`): never ranked again, even while its sandbox still
+    /// runs, so its spec is not kept. The server keeps evicted pods until their controller or
+    /// the pod GC deletes them, and a node that runs jobs can hold thousands of finished pods
+    /// for each one that runs; kept whole, they would grow evictd with every eviction.
+    Finished(&'static str),
+}
+
+impl ApiPod {
+    /// The spec of an active pod.
+    pub fn spec(&self) -> Option<&Pod> {
+        match self {
+            ApiPod::Spec(spec) => Some(spec),
+            ApiPod::Finished(_) => None,
+        }
+    }
+}
 
 /// The latest snapshot, `None` until the first list has completed.
 pub type ApiPodsReceiver = watch::Receiver<Option<ApiPods>>;
@@ -232,14 +255,18 @@ impl Inventory {
     /// the node (re-inferred each time: containers come and go); with the evictd annotations
     /// it ignores.
     fn best_spec(&self, rec: &PodRecord) -> (Pod, SpecSource, Vec<String>) {
-        let api = self.api.as_ref().and_then(|(_, latest)| latest.as_ref()).and_then(|m| m.get(&rec.uid));
+        let api =
+            self.api.as_ref().and_then(|(_, latest)| latest.as_ref()).and_then(|m| m.get(rec.uid.as_str()));
         let known = match (api, self.specs.get(&rec.uid)) {
-            (Some(spec), _) => Some((spec, SpecSource::Api)),
-            (None, Some(spec)) => Some((spec, SpecSource::PodsFile)),
+            (Some(ApiPod::Spec(spec)), _) => Some((Pod::clone(spec), SpecSource::Api)),
+            (Some(&ApiPod::Finished(phase)), _) => {
+                Some((Pod::finished(&rec.name, &rec.namespace, &rec.uid, phase), SpecSource::Api))
+            }
+            (None, Some(spec)) => Some((spec.clone(), SpecSource::PodsFile)),
             (None, None) => None,
         };
         let (mut spec, source) = match known {
-            Some((spec, source)) => (with_trusted_annotations(spec.clone(), &rec.annotations), source),
+            Some((spec, source)) => (with_trusted_annotations(spec, &rec.annotations), source),
             None => (infer_spec(rec, self.capacity), SpecSource::Inferred),
         };
         let ignored = self.trust.apply(&mut spec);
