@@ -36,8 +36,6 @@ pub struct ObjectMeta {
     pub uid: String,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
     #[serde(default, rename = "ownerReferences")]
     pub owner_references: Vec<OwnerReference>,
 }
@@ -155,6 +153,22 @@ pub const EVICTION_ANNOTATION: &str = "evictd.io/eviction";
 /// An integer: among pods the kubelet's keys rank equal, a lower order goes first. Unset or
 /// not an integer: 0.
 pub const EVICTION_ORDER_ANNOTATION: &str = "evictd.io/eviction-order";
+
+/// The pod annotations eviction reads: static and mirror pods (critical), and evictd's own.
+/// No other is kept: annotations are the pod author's to fill (`last-applied-configuration`
+/// alone can be most of the API's 256 KiB limit), and the kubelet copies every one onto the
+/// sandbox, so kept whole they would make evictd's memory a tenant's to grow.
+pub const ANNOTATIONS_READ: [&str; 4] = [
+    "kubernetes.io/config.source",
+    "kubernetes.io/config.mirror",
+    EVICTION_ANNOTATION,
+    EVICTION_ORDER_ANNOTATION,
+];
+
+/// `annotations` less those eviction does not read (`ANNOTATIONS_READ`).
+pub fn annotations_read(annotations: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    annotations.into_iter().filter(|(k, _)| ANNOTATIONS_READ.contains(&k.as_str())).collect()
+}
 
 /// The namespaces whose pods' own evictd annotations count: the operator's word
 /// (`--annotation-namespaces`). The kubelet gives pod annotations no say in eviction; a pod

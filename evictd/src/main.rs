@@ -20,7 +20,7 @@ fn main() -> std::process::ExitCode {
 /// stopped evictd from exiting, and tracing-appender's guard, past its own waits, reports a
 /// full queue on stdout, which may be stuck as well.
 fn drain_output(logs: tracing_appender::non_blocking::WorkerGuard, failure: Option<anyhow::Error>) {
-    let message = failure.map(|e| format!("evictd: {e:#}"));
+    let message = failure.map(|e| format!("evictd: {}", evictd::report::logs::causes(&e)));
     let on_thread = message.clone();
     // The guard is handed over once the thread runs: one that cannot start must not drop it
     // here, where its waits and its report could block.

@@ -5,7 +5,9 @@
 //! a pod and its status patch applied to the pods it holds), records
 //! every request, and can be told to fail, to hold its answers, or to be down. It checks
 //! nothing itself but what the API server would (a merge patch's resource version); the
-//! tests read what it recorded.
+//! tests read what it recorded. It speaks plain HTTP, or (`start_tls`) HTTPS with a
+//! certificate from a CA of its own that its kubeconfig names, and a bearer token, as a
+//! real cluster's kubeconfig and service account do.
 
 use std::{
     collections::BTreeMap,
@@ -21,6 +23,7 @@ use hyper::{Request, Response, body::Bytes, server::conn::http1, service::servic
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
 /// One request as the double received it.
 #[derive(Clone, Debug)]
@@ -29,6 +32,8 @@ pub struct Recorded {
     /// Path and query.
     pub path: String,
     pub content_type: String,
+    /// The `Authorization` header ("" without one).
+    pub authorization: String,
     pub body: Value,
     pub at: Instant,
 }
@@ -72,6 +77,7 @@ pub struct ApiDouble {
     open: watch::Sender<bool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    tls: Option<Tls>,
     /// Holds the kubeconfig naming this double.
     dir: tempfile::TempDir,
     kubeconfig: String,
@@ -89,6 +95,16 @@ impl ApiDouble {
 
     /// On `port` (0: any).
     pub fn start_on(port: u16) -> Self {
+        Self::serve(port, None)
+    }
+
+    /// Over TLS: a certificate for 127.0.0.1 signed by a CA made for this double; its
+    /// kubeconfig names that CA and the bearer token `API_TOKEN`.
+    pub fn start_tls() -> Self {
+        Self::serve(0, Some(Tls::new()))
+    }
+
+    fn serve(port: u16, tls: Option<Tls>) -> Self {
         let shared = Arc::new(Shared {
             requests: Mutex::new(Vec::new()),
             behaviour: Mutex::new(Behaviour::default()),
@@ -98,10 +114,20 @@ impl ApiDouble {
             nodes: Mutex::new(BTreeMap::new()),
         });
         let (open, _) = watch::channel(true);
-        let (addr, stop, thread) = serve_on(("127.0.0.1", port), &shared, &open);
+        let acceptor = tls.as_ref().map(|t| t.acceptor.clone());
+        let (addr, stop, thread) = serve_on(("127.0.0.1", port), &shared, &open, acceptor);
         let dir = tempfile::tempdir().expect("a directory for the kubeconfig");
-        let kubeconfig = kubeconfig_for(&format!("http://{addr}"), dir.path()).display().to_string();
-        ApiDouble { addr, shared, open, stop: Some(stop), thread: Some(thread), dir, kubeconfig }
+        let kubeconfig = match &tls {
+            Some(t) => kubeconfig_tls(&format!("https://{addr}"), &t.ca_pem, API_TOKEN, dir.path()),
+            None => kubeconfig_for(&format!("http://{addr}"), dir.path()),
+        };
+        let kubeconfig = kubeconfig.display().to_string();
+        ApiDouble { addr, shared, open, stop: Some(stop), thread: Some(thread), tls, dir, kubeconfig }
+    }
+
+    /// The PEM of the CA that signed the double's certificate (with `start_tls`).
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(|t| t.ca_pem.as_str())
     }
 
     /// Stops serving, as an API server that goes down: its open connections (watches
@@ -121,15 +147,17 @@ impl ApiDouble {
         if self.thread.is_some() {
             return;
         }
-        let (_, stop, thread) = serve_on(self.addr, &self.shared, &self.open);
+        let acceptor = self.tls.as_ref().map(|t| t.acceptor.clone());
+        let (_, stop, thread) = serve_on(self.addr, &self.shared, &self.open, acceptor);
         (self.stop, self.thread) = (Some(stop), Some(thread));
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
-    /// A kubeconfig naming this double (plain HTTP, no credentials).
+    /// A kubeconfig naming this double (plain HTTP and no credentials, or its CA and token).
     pub fn kubeconfig(&self) -> &str {
         debug_assert!(self.dir.path().exists());
         &self.kubeconfig
@@ -237,12 +265,43 @@ impl Drop for ApiDouble {
     }
 }
 
+/// The TLS double's server side, and the CA its kubeconfig names.
+struct Tls {
+    acceptor: TlsAcceptor,
+    ca_pem: String,
+}
+
+impl Tls {
+    /// A CA made for this double, and a certificate it signed for 127.0.0.1, served with
+    /// rustls on ring (kube-rs's client side uses the same).
+    fn new() -> Self {
+        use tokio_rustls::rustls::{ServerConfig, crypto::ring, pki_types::PrivatePkcs8KeyDer};
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "evictd test CA");
+        let ca_key = rcgen::KeyPair::generate().expect("the CA's key");
+        let ca = rcgen::CertifiedIssuer::self_signed(ca, ca_key).expect("the CA's certificate");
+        let key = rcgen::KeyPair::generate().expect("the server's key");
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .and_then(|p| p.signed_by(&key, &*ca))
+            .expect("the server's certificate");
+        let config = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], PrivatePkcs8KeyDer::from(key.serialize_der()).into())
+            .expect("the server's TLS configuration");
+        Tls { acceptor: TlsAcceptor::from(Arc::new(config)), ca_pem: ca.pem() }
+    }
+}
+
 /// Serves `shared` on `addr` from a thread of its own, until the returned sender fires (or
 /// is dropped); the thread's runtime ends with it, closing every connection it served.
 fn serve_on(
     addr: impl std::net::ToSocketAddrs,
     shared: &Arc<Shared>,
     open: &watch::Sender<bool>,
+    tls: Option<TlsAcceptor>,
 ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>) {
     // Coming back on its old port, which a client's outgoing socket may hold for a moment.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -261,7 +320,7 @@ fn serve_on(
     let (s, opened) = (shared.clone(), open.subscribe());
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        rt.block_on(serve(listener, s, opened, stopped));
+        rt.block_on(serve(listener, s, opened, stopped, tls));
     });
     (addr, stop, thread)
 }
@@ -276,6 +335,25 @@ pub fn api_options(kubeconfig: &str) -> evictd::cluster::connect::ApiOptions {
         timeout: Duration::from_secs(2),
         taint_effect: Default::default(),
     }
+}
+
+/// The bearer token the TLS double's kubeconfig carries.
+pub const API_TOKEN: &str = "evictd-test-token";
+
+/// A kubeconfig for an HTTPS API server at `url` whose certificate `ca_pem` signed, with a
+/// bearer token, written into `dir`.
+pub fn kubeconfig_tls(url: &str, ca_pem: &str, token: &str, dir: &Path) -> PathBuf {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {url}\n\
+         \x20   certificate-authority-data: {ca}\n\
+         users:\n- name: evictd\n  user:\n    token: {token}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: evictd\n\
+         current-context: double\n"
+    );
+    std::fs::write(&path, text).expect("writing the kubeconfig");
+    path
 }
 
 /// A kubeconfig for a plain-HTTP API server at `url`, written into `dir`.
@@ -295,6 +373,7 @@ async fn serve(
     shared: Arc<Shared>,
     opened: watch::Receiver<bool>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
+    tls: Option<TlsAcceptor>,
 ) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
     loop {
@@ -305,10 +384,20 @@ async fn serve(
                 Err(_) => continue,
             },
         };
-        let (shared, opened) = (shared.clone(), opened.clone());
+        let (shared, opened, tls) = (shared.clone(), opened.clone(), tls.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req| answer(req, shared.clone(), opened.clone()));
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            match tls {
+                // A client that does not trust the certificate ends the handshake: no request.
+                Some(tls) => {
+                    if let Ok(stream) = tls.accept(stream).await {
+                        let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
+                None => {
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                }
+            }
         });
     }
 }
@@ -320,14 +409,15 @@ async fn answer(
 ) -> Result<Response<BoxBody<Bytes, Infallible>>, hyper::Error> {
     let method = req.method().to_string();
     let path = req.uri().path_and_query().map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
-    let content_type =
-        req.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let (content_type, authorization) = (header("content-type"), header("authorization"));
     let bytes = req.into_body().collect().await?.to_bytes();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     shared.requests.lock().expect("requests").push(Recorded {
         method: method.clone(),
         path: path.clone(),
         content_type: content_type.clone(),
+        authorization,
         body: body.clone(),
         at: Instant::now(),
     });

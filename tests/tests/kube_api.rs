@@ -650,6 +650,63 @@ async fn the_pod_watch_follows_this_nodes_pods() {
     );
 }
 
+/// A real cluster's API server speaks TLS, with a certificate from the cluster's CA that the
+/// kubeconfig (or the service account's `ca.crt`) names, and takes a bearer token. Both of
+/// evictd's clients, the watch's and the requests', verify the server with that CA and send
+/// the token: the watch lists and follows the node's pods, and an eviction's record lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_and_the_records_speak_tls_with_the_kubeconfigs_ca_and_token() {
+    let api = ApiDouble::start_tls();
+    assert!(api.url().starts_with("https://127.0.0.1:"), "{}", api.url());
+    api.put_pod(api_pod("a", "node-a", 100));
+    let opts = api_options(api.kubeconfig());
+    let client = connect::watch_client(&opts).await.expect("a watch client for the TLS double");
+    let mut rx = spawn_pod_watch(client, &opts.node_name, Metrics::default().api);
+    wait_snapshot(&mut rx, "the first list over TLS", |s| s.contains_key("a")).await;
+    api.put_pod(api_pod("b", "node-a", 7));
+    wait_snapshot(&mut rx, "a pod added later, over the TLS watch", |s| s.contains_key("b")).await;
+
+    let (r, task, _) = reporter(api.kubeconfig(), quick()).await;
+    r.pod_evicted(&eviction_record(), monotonic_ns());
+    api.wait_for("the eviction's status patch over TLS", WITHIN, |r| !status_patches(r).is_empty());
+    task.flush(Duration::from_secs(1)).await;
+    let bearer = format!("Bearer {}", api_double::API_TOKEN);
+    let requests = api.requests();
+    assert!(requests.iter().any(|r| r.path.contains("watch=true")), "a watch over TLS");
+    for r in &requests {
+        assert_eq!(r.authorization, bearer, "{} {}", r.method, r.path);
+    }
+}
+
+/// A server whose certificate the kubeconfig's CA did not sign (a man in the middle, or a
+/// kubeconfig of another cluster) is never read: no request reaches it, the watch counts
+/// the error and publishes nothing, and the record is not sent there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_the_kubeconfigs_ca_did_not_sign_is_never_read() {
+    let api = ApiDouble::start_tls();
+    api.put_pod(api_pod("a", "node-a", 100));
+    let other = ApiDouble::start_tls();
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_ca = other.ca_pem().expect("a TLS double's CA");
+    let kubeconfig = api_double::kubeconfig_tls(&api.url(), wrong_ca, api_double::API_TOKEN, dir.path());
+    let opts = api_options(&kubeconfig.display().to_string());
+    let metrics = Arc::new(Metrics::default());
+    let client = connect::watch_client(&opts).await.expect("a client (no request is made yet)");
+    let rx = spawn_pod_watch(client, &opts.node_name, metrics.api.clone());
+    let series = "evictd_kube_api_calls_total{call=\"watch_pods\",outcome=\"error\"}";
+    let t = std::time::Instant::now();
+    while counter(&metrics.encode(), series) < 1.0 {
+        assert!(t.elapsed() < WITHIN, "the refused certificate was never counted as the watch's error");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (r, task, _) = reporter(&kubeconfig.display().to_string(), quick()).await;
+    r.pod_evicted(&eviction_record(), monotonic_ns());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(task);
+    assert!(rx.borrow().is_none(), "nothing published from a server not trusted");
+    assert!(api.requests().is_empty(), "no request over an untrusted connection: {:?}", api.requests());
+}
+
 /// A quiet cluster: the watch stays open however long no pod changes. A read deadline on
 /// the watch would tear it down after every quiet second here, and each time the pod
 /// watch would count an error and list the node's pods again.

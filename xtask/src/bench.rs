@@ -148,28 +148,10 @@ fn evictd_under_test(env: &BuildEnv) -> Result<std::path::PathBuf> {
     Ok(bin)
 }
 
-/// Debian's earlyoom, unpacked under target/tools (not installed: the package would start a
-/// service that watches the whole machine). `apt-get download` uses the machine's sources as
-/// they are. Quick when it is there.
+/// Debian's earlyoom, unpacked (not installed: the package would start a service that
+/// watches the whole machine).
 fn earlyoom_binary() -> Result<std::path::PathBuf> {
-    let dir = workspace_root().join("target/tools/earlyoom");
-    let bin = dir.join("usr/bin/earlyoom");
-    if bin.is_file() {
-        return Ok(bin);
-    }
-    step("fetching Debian's earlyoom package (apt-get download, unpacked, not installed)");
-    std::fs::create_dir_all(&dir)?;
-    run_status(
-        Command::new("apt-get").args(["download", "earlyoom"]).current_dir(&dir),
-        "apt-get download earlyoom",
-    )?;
-    let deb = std::fs::read_dir(&dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| anyhow::anyhow!("apt-get download earlyoom left no .deb in {}", dir.display()))?;
-    run_status(Command::new("dpkg").arg("-x").arg(&deb).arg(&dir), "unpacking earlyoom")?;
-    anyhow::ensure!(bin.is_file(), "{} is not in Debian's earlyoom package", bin.display());
-    Ok(bin)
+    Ok(crate::setup::debian_unpacked("earlyoom", "usr/bin/earlyoom")?.join("usr/bin/earlyoom"))
 }
 
 #[derive(Args)]

@@ -75,6 +75,30 @@ fn ensure_nightly() -> Result<()> {
     Ok(())
 }
 
+/// Debian's `package`, unpacked under target/tools/<package>, not installed (its
+/// maintainer scripts would start a service on this machine); its directory, which must
+/// hold `file`. `apt-get download` uses the machine's sources as they are. Quick when it is
+/// there.
+pub(crate) fn debian_unpacked(package: &str, file: &str) -> Result<std::path::PathBuf> {
+    let dir = crate::workspace_root().join("target/tools").join(package);
+    if dir.join(file).is_file() {
+        return Ok(dir);
+    }
+    step(&format!("fetching Debian's {package} package (apt-get download, unpacked, not installed)"));
+    std::fs::create_dir_all(&dir)?;
+    run_status(
+        Command::new("apt-get").args(["download", package]).current_dir(&dir),
+        &format!("apt-get download {package}"),
+    )?;
+    let deb = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| anyhow!("apt-get download {package} left no .deb in {}", dir.display()))?;
+    run_status(Command::new("dpkg").arg("-x").arg(&deb).arg(&dir), &format!("unpacking {package}"))?;
+    anyhow::ensure!(dir.join(file).is_file(), "{file} is not in Debian's {package} package");
+    Ok(dir)
+}
+
 /// Installs those of `packages` that are missing (as root; otherwise says what to install).
 pub(crate) fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages

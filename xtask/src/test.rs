@@ -31,9 +31,11 @@ pub(crate) fn test(env: &BuildEnv, with_vms: bool) -> Result<()> {
     // but with the dev profile, whose static build takes a CI run ~4 minutes less than the
     // release profile's at opt-level 1 without LTO (and more than that with it).
     let image = crate::image::image(env, &crate::image::ImageArgs { for_tests: true, ..Default::default() })?;
+    // LXCFS, for the test of a node that is itself a container (tests/tests/lxcfs.rs).
+    let lxcfs = crate::setup::debian_unpacked("lxcfs", "usr/bin/lxcfs")?;
     step("running the tests");
     let mut cmd = env.cargo();
-    cmd.args(["test", "--workspace"]).env("EVICTD_IMAGE", &image);
+    cmd.args(["test", "--workspace"]).env("EVICTD_IMAGE", &image).env("EVICTD_LXCFS", &lxcfs);
     // In CI a skipped privileged test is a failure: CI runs as root on a BPF-capable kernel.
     if env::var("CI").is_ok_and(|v| v == "true") {
         cmd.env("EVICTD_REQUIRE_PRIVILEGED", "1");

@@ -1,15 +1,15 @@
 //! Pod specs from the API server: a watch on the pods bound to this node (field selector
-//! `spec.nodeName=<node>`, the kubelet's own), kept as a map from UID to the spec eviction
-//! needs. The watch runs on a task of its own; the inventory reads the latest published map,
-//! so a slow or absent API server never holds up a pass.
+//! `spec.nodeName=<node>`, the kubelet's own), kept as a map from UID to what eviction needs
+//! of each pod (`ApiPod`). The watch runs on a task of its own; the inventory reads the
+//! latest published map, so a slow or absent API server never holds up a pass.
 //!
 //! kube-runtime's `watcher` does the list-then-watch, the resource versions, re-lists after
 //! a 410, and the back-off; this module only turns its events into snapshots.
 
 use std::{collections::HashMap, sync::Arc};
 
-use evictd_policy::podspec::{Pod, terminal_phase};
-use futures::StreamExt as _;
+use evictd_policy::podspec::{Pod, annotations_read, terminal_phase};
+use futures::{FutureExt as _, StreamExt as _};
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt as _, watcher},
@@ -27,38 +27,64 @@ pub fn spawn_pod_watch(client: Client, node: &str, metrics: ApiMetrics) -> ApiPo
     // `any_semantic`: the first list is served from the API server's watch cache
     // (resourceVersion=0), as the kubelet's informer does — one DaemonSet pod per node lists.
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}")).any_semantic();
-    let node = node.to_owned();
+    let mut watch = PodWatch { node: node.to_owned(), metrics, mirror: PodMirror::default(), healthy: None };
     tokio::spawn(async move {
         let mut stream = watcher(api, config).default_backoff().boxed();
-        let mut mirror = PodMirror::default();
-        let mut healthy: Option<bool> = None;
         while let Some(event) = stream.next().await {
-            match event {
-                Ok(event) => {
-                    let listed = matches!(event, watcher::Event::InitDone);
-                    let Some(snapshot) = mirror.apply(event) else { continue };
-                    if listed && healthy != Some(true) {
-                        tracing::info!(node = %node, pods = snapshot.len(), "pod specs from the Kubernetes API");
-                        healthy = Some(true);
-                    }
-                    if tx.send(Some(snapshot)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    metrics.call(ApiCall::WatchPods, ApiOutcome::Error);
-                    if healthy != Some(false) {
-                        tracing::warn!(
-                            "watching this node's pods in the Kubernetes API: {e}; specs stay as last \
-                             seen, retrying with back-off"
-                        );
-                    }
-                    healthy = Some(false);
-                }
+            let mut changed = watch.take(event);
+            // The events already waiting (a burst of the pod GC's deletes, a deployment's
+            // roll-out) make one snapshot: each copies the map, so one for each would cost
+            // the square of the burst.
+            while let Some(Some(event)) = stream.next().now_or_never() {
+                changed |= watch.take(event);
+            }
+            if changed && tx.send(Some(watch.mirror.snapshot())).is_err() {
+                return;
             }
         }
     });
     rx
+}
+
+/// The watch task's state: the mirror, and whether the watch last worked (said once each
+/// time it changes).
+struct PodWatch {
+    node: String,
+    metrics: ApiMetrics,
+    mirror: PodMirror,
+    healthy: Option<bool>,
+}
+
+impl PodWatch {
+    /// Whether `event` changed what a pass should see.
+    fn take(
+        &mut self,
+        event: Result<watcher::Event<k8s_openapi::api::core::v1::Pod>, watcher::Error>,
+    ) -> bool {
+        match event {
+            Ok(event) => {
+                let listed = matches!(event, watcher::Event::InitDone);
+                let changed = self.mirror.apply(event);
+                if listed && self.healthy != Some(true) {
+                    let pods = self.mirror.pods.len();
+                    tracing::info!(node = %self.node, pods, "pod specs from the Kubernetes API");
+                    self.healthy = Some(true);
+                }
+                changed
+            }
+            Err(e) => {
+                self.metrics.call(ApiCall::WatchPods, ApiOutcome::Error);
+                if self.healthy != Some(false) {
+                    tracing::warn!(
+                        "watching this node's pods in the Kubernetes API: {e}; specs stay as last seen, \
+                         retrying with back-off"
+                    );
+                }
+                self.healthy = Some(false);
+                false
+            }
+        }
+    }
 }
 
 /// The watcher's events folded into a map; a re-list replaces the map only once complete,
@@ -73,39 +99,46 @@ struct PodMirror {
 }
 
 impl PodMirror {
-    /// The new snapshot, when the event changed what a pass should see.
-    fn apply(&mut self, event: watcher::Event<k8s_openapi::api::core::v1::Pod>) -> Option<ApiPods> {
+    /// Whether the event changed what a pass should see (nothing is published before the
+    /// first complete list).
+    fn apply(&mut self, event: watcher::Event<k8s_openapi::api::core::v1::Pod>) -> bool {
         use watcher::Event::*;
         match event {
             Init => {
                 self.relist = Some(HashMap::new());
-                None
+                false
             }
             InitApply(p) => {
                 if let (Some(relist), Some((uid, pod))) = (self.relist.as_mut(), entry_of(&p)) {
                     relist.insert(uid, pod);
                 }
-                None
+                false
             }
             InitDone => {
                 self.pods = self.relist.take().unwrap_or_default();
                 self.published = true;
-                Some(self.snapshot())
+                true
             }
             Apply(p) => {
-                let (uid, pod) = entry_of(&p)?;
+                let Some((uid, pod)) = entry_of(&p) else { return false };
                 // Most updates are to the status (conditions, container states): nothing
                 // eviction reads, nothing to publish.
                 if self.pods.get(&uid) == Some(&pod) {
-                    return None;
+                    return false;
                 }
                 self.pods.insert(uid, pod);
-                self.published.then(|| self.snapshot())
+                self.published
             }
             Delete(p) => {
-                let uid = p.metadata.uid?;
+                let Some(uid) = p.metadata.uid else { return false };
                 self.pods.remove(uid.as_str());
-                self.published.then(|| self.snapshot())
+                // A table never shrinks by itself: after the pod GC's purge of thousands of
+                // finished pods it, and each snapshot's copy, would keep their size until
+                // the next re-list, days later.
+                if self.pods.capacity() > 4 * self.pods.len() + 64 {
+                    self.pods.shrink_to_fit();
+                }
+                self.published
             }
         }
     }
@@ -117,7 +150,8 @@ impl PodMirror {
 
 /// What eviction keeps of an API pod: for an active pod its spec, through the same JSON
 /// reading as `--pods-file` (one parser for both sources, so they cannot disagree on what a
-/// field means); for a finished one its phase alone. A pod that does not read (never seen
+/// field means), with only the annotations eviction reads; for a finished one its phase
+/// alone. A pod that does not read (never seen
 /// from a conforming server) is left out, logged.
 fn entry_of(p: &k8s_openapi::api::core::v1::Pod) -> Option<(Arc<str>, ApiPod)> {
     let uid: Arc<str> = p.metadata.uid.as_deref()?.into();
@@ -126,7 +160,10 @@ fn entry_of(p: &k8s_openapi::api::core::v1::Pod) -> Option<(Arc<str>, ApiPod)> {
         return Some((uid, ApiPod::Finished(phase)));
     }
     match serde_json::to_value(p).and_then(serde_json::from_value::<Pod>) {
-        Ok(spec) => Some((uid, ApiPod::Spec(Arc::new(spec)))),
+        Ok(mut spec) => {
+            spec.metadata.annotations = annotations_read(std::mem::take(&mut spec.metadata.annotations));
+            Some((uid, ApiPod::Spec(Arc::new(spec))))
+        }
         Err(e) => {
             let name = p.metadata.name.as_deref().unwrap_or("?");
             tracing::warn!(pod = name, uid = %uid, "a pod from the API server does not read as a pod spec: {e}");
@@ -141,6 +178,11 @@ mod tests {
 
     use super::*;
 
+    /// The snapshot a change publishes.
+    fn step(m: &mut PodMirror, event: Event<k8s_openapi::api::core::v1::Pod>) -> Option<ApiPods> {
+        m.apply(event).then(|| m.snapshot())
+    }
+
     fn api_pod(uid: &str, json: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
         let mut v = json;
         v["metadata"]["uid"] = uid.into();
@@ -153,7 +195,9 @@ mod tests {
         let p = api_pod(
             "u1",
             serde_json::json!({
-                "metadata": {"namespace": "web", "annotations": {"evictd.io/eviction-order": "3"},
+                "metadata": {"namespace": "web", "labels": {"app": "web"},
+                    "annotations": {"evictd.io/eviction-order": "3",
+                        "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(200_000)},
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent",
                         "uid": "d", "controller": true}]},
                 "spec": {"priority": 100, "terminationGracePeriodSeconds": 20,
@@ -172,32 +216,37 @@ mod tests {
         assert!(spec.is_daemonset_pod());
         assert_eq!(spec.eviction_order(), 3);
         assert!(spec.is_active());
+        let kept: Vec<&String> = spec.metadata.annotations.keys().collect();
+        assert_eq!(kept, ["evictd.io/eviction-order"], "a tenant's 200 kB annotation is not kept");
     }
 
     #[test]
     fn a_relist_is_published_only_when_complete() {
         let mut m = PodMirror::default();
-        assert!(m.apply(Event::Init).is_none());
-        assert!(m.apply(Event::InitApply(api_pod("a", serde_json::json!({})))).is_none());
+        assert!(step(&mut m, Event::Init).is_none());
+        assert!(step(&mut m, Event::InitApply(api_pod("a", serde_json::json!({})))).is_none());
         // Before the first complete list, single changes are not published either.
-        assert!(m.apply(Event::Apply(api_pod("x", serde_json::json!({})))).is_none());
-        assert!(m.apply(Event::InitApply(api_pod("b", serde_json::json!({})))).is_none());
-        let s = m.apply(Event::InitDone).unwrap();
+        assert!(step(&mut m, Event::Apply(api_pod("x", serde_json::json!({})))).is_none());
+        assert!(step(&mut m, Event::InitApply(api_pod("b", serde_json::json!({})))).is_none());
+        let s = step(&mut m, Event::InitDone).unwrap();
         let mut uids: Vec<&str> = s.keys().map(|k| &**k).collect();
         uids.sort();
         assert_eq!(uids, ["a", "b"], "the relist replaces what came before it");
-        let s = m.apply(Event::Apply(api_pod("c", serde_json::json!({})))).unwrap();
+        let s = step(&mut m, Event::Apply(api_pod("c", serde_json::json!({})))).unwrap();
         assert_eq!(s.len(), 3);
         let ready = serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
-        assert!(m.apply(Event::Apply(api_pod("c", ready))).is_none(), "a status update eviction ignores");
+        assert!(
+            step(&mut m, Event::Apply(api_pod("c", ready))).is_none(),
+            "a status update eviction ignores"
+        );
         let failed = serde_json::json!({"status": {"phase": "Failed"}});
-        assert!(m.apply(Event::Apply(api_pod("c", failed))).is_some(), "the phase it does not");
-        let s = m.apply(Event::Delete(api_pod("a", serde_json::json!({})))).unwrap();
+        assert!(step(&mut m, Event::Apply(api_pod("c", failed))).is_some(), "the phase it does not");
+        let s = step(&mut m, Event::Delete(api_pod("a", serde_json::json!({})))).unwrap();
         assert!(!s.contains_key("a"));
         // A relist after a broken watch: the old map stays visible until it completes.
-        assert!(m.apply(Event::Init).is_none());
-        assert!(m.apply(Event::InitApply(api_pod("d", serde_json::json!({})))).is_none());
-        let s = m.apply(Event::InitDone).unwrap();
+        assert!(step(&mut m, Event::Init).is_none());
+        assert!(step(&mut m, Event::InitApply(api_pod("d", serde_json::json!({})))).is_none());
+        let s = step(&mut m, Event::InitDone).unwrap();
         assert_eq!(s.keys().map(|k| &**k).collect::<Vec<_>>(), ["d"]);
     }
 
@@ -206,25 +255,59 @@ mod tests {
     #[test]
     fn a_finished_pod_is_kept_as_its_phase_alone() {
         let mut m = PodMirror::default();
-        m.apply(Event::Init);
-        m.apply(Event::InitDone);
+        step(&mut m, Event::Init);
+        step(&mut m, Event::InitDone);
         let spec = serde_json::json!({
             "metadata": {"namespace": "web", "annotations": {"a": "b"}},
             "spec": {"priority": 100, "containers": [{"name": "a"}]},
             "status": {"phase": "Running"}
         });
-        let s = m.apply(Event::Apply(api_pod("u", spec.clone()))).unwrap();
+        let s = step(&mut m, Event::Apply(api_pod("u", spec.clone()))).unwrap();
         assert!(matches!(s.get("u"), Some(ApiPod::Spec(p)) if p.priority() == 100));
         for phase in ["Failed", "Succeeded"] {
             let mut done = spec.clone();
             done["status"]["phase"] = phase.into();
-            let s = m.apply(Event::Apply(api_pod("u", done))).unwrap();
+            let s = step(&mut m, Event::Apply(api_pod("u", done))).unwrap();
             assert_eq!(s.get("u"), Some(&ApiPod::Finished(phase)));
         }
         let mut pending = spec;
         pending["status"]["phase"] = "Pending".into();
-        let s = m.apply(Event::Apply(api_pod("u", pending))).unwrap();
+        let s = step(&mut m, Event::Apply(api_pod("u", pending))).unwrap();
         assert!(matches!(s.get("u"), Some(ApiPod::Spec(_))), "any other phase is active");
+    }
+
+    /// Updates to a finished pod (the kubelet's last status writes, a controller's
+    /// finalizer) change nothing eviction reads.
+    #[test]
+    fn a_finished_pods_later_updates_are_not_published() {
+        let mut m = PodMirror::default();
+        step(&mut m, Event::Init);
+        step(&mut m, Event::InitDone);
+        let failed = serde_json::json!({"status": {"phase": "Failed", "reason": "Evicted"}});
+        assert!(step(&mut m, Event::Apply(api_pod("u", failed))).is_some());
+        let later = serde_json::json!({"metadata": {"finalizers": ["x"]},
+            "status": {"phase": "Failed", "reason": "Evicted", "message": "later"}});
+        assert!(step(&mut m, Event::Apply(api_pod("u", later))).is_none());
+    }
+
+    /// After the pod GC deletes thousands of finished pods, the map (and each snapshot,
+    /// which copies its table) is the size of what is left, not of what was.
+    #[test]
+    fn the_map_shrinks_after_a_purge() {
+        let mut m = PodMirror::default();
+        step(&mut m, Event::Init);
+        let failed = serde_json::json!({"status": {"phase": "Failed"}});
+        for n in 0..5000 {
+            step(&mut m, Event::InitApply(api_pod(&format!("u{n}"), failed.clone())));
+        }
+        step(&mut m, Event::InitDone);
+        assert!(m.pods.capacity() >= 5000);
+        for n in 1..5000 {
+            step(&mut m, Event::Delete(api_pod(&format!("u{n}"), failed.clone())));
+        }
+        assert_eq!(m.pods.len(), 1);
+        assert!(m.pods.capacity() <= 4 + 64, "capacity {} for one pod", m.pods.capacity());
+        assert!(m.snapshot().capacity() <= 4 + 64);
     }
 
     /// A snapshot is published on every change the passes see; on a node of 250 pods it
@@ -232,10 +315,10 @@ mod tests {
     #[test]
     fn snapshots_share_the_specs() {
         let mut m = PodMirror::default();
-        m.apply(Event::Init);
-        m.apply(Event::InitApply(api_pod("a", serde_json::json!({}))));
-        let first = m.apply(Event::InitDone).unwrap();
-        let second = m.apply(Event::Apply(api_pod("b", serde_json::json!({})))).unwrap();
+        step(&mut m, Event::Init);
+        step(&mut m, Event::InitApply(api_pod("a", serde_json::json!({}))));
+        let first = step(&mut m, Event::InitDone).unwrap();
+        let second = step(&mut m, Event::Apply(api_pod("b", serde_json::json!({})))).unwrap();
         let (Some(ApiPod::Spec(x)), Some(ApiPod::Spec(y))) = (first.get("a"), second.get("a")) else {
             panic!("both snapshots hold a's spec")
         };

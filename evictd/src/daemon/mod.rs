@@ -529,7 +529,10 @@ impl Daemon {
                 policy
             }
             Err(e) => {
-                tracing::error!("SIGHUP: the policy does not read ({e:#}); the policy in force stays");
+                tracing::error!(
+                    "SIGHUP: the policy does not read ({}); the policy in force stays",
+                    crate::report::logs::causes(&e)
+                );
                 return;
             }
         };

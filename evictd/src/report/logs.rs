@@ -44,3 +44,37 @@ pub fn install() -> WorkerGuard {
 pub fn dropped_lines() -> u64 {
     DROPPED.get().map_or(0, |c| c.dropped_lines() as u64)
 }
+
+/// An error and its causes on one line, each cause said once: many of evictd's errors
+/// name their cause in their own text as well (`reading /proc/meminfo: <the I/O error>`),
+/// which anyhow's `{:#}` would then print twice.
+pub fn causes(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain().map(ToString::to_string) {
+        if line.ends_with(&cause) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&cause);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context as _;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::from_raw_os_error(103);
+        let e = crate::node::memory::MemoryError::Read { path: "/proc/meminfo".into(), source: io };
+        let e = Err::<(), _>(e).context("reading the node's memory").unwrap_err();
+        let said = super::causes(&e);
+        assert_eq!(said.matches("os error 103").count(), 1, "{said}");
+        assert!(said.starts_with("reading the node's memory: reading /proc/meminfo: "), "{said}");
+        let plain = Err::<(), _>(std::io::Error::other("gone")).context("a").context("b").unwrap_err();
+        assert_eq!(super::causes(&plain), "b: a: gone");
+    }
+}

@@ -55,7 +55,6 @@ pub fn infer_spec(rec: &PodRecord, capacity: i64) -> Pod {
             namespace: rec.namespace.clone(),
             uid: rec.uid.clone(),
             annotations: rec.annotations.clone(),
-            labels: BTreeMap::new(),
             // Not on the node: a DaemonSet's pod with an inferred spec ranks as any other.
             owner_references: Vec::new(),
         },

@@ -415,7 +415,7 @@ impl Inventory {
             return Err(client.malformed("PodSandboxStatus", "the answer has no status"));
         };
         let info = status.info.get("info").and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
-        let annotations: BTreeMap<String, String> = st.annotations.into_iter().collect();
+        let annotations = evictd_policy::podspec::annotations_read(st.annotations);
         let config = info.as_ref().and_then(|i| i.get("config"));
         let cgroup_parent = config
             .and_then(|c| c.pointer("/linux/cgroup_parent"))
@@ -719,6 +719,29 @@ pub(crate) mod tests {
         inv.refresh_specs().unwrap();
         assert_eq!(inv.specs["u1"].priority(), 2, "read again on SIGHUP");
         assert!(!flag.load(Ordering::Relaxed), "once");
+    }
+
+    /// A pod the API server says has finished is never ranked again, even while its sandbox
+    /// runs, and whatever an older pods file says of it: the API's word comes first.
+    #[test]
+    fn a_pod_finished_in_the_api_is_inactive_over_the_pods_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pods.json");
+        let list = serde_json::json!({"items": [{"metadata": {"uid": "u1", "name": "a", "namespace": "n"},
+            "spec": {"priority": 7}, "status": {"phase": "Running"}}]});
+        std::fs::write(&path, list.to_string()).unwrap();
+        let finished: ApiPods = Arc::new([(Arc::from("u1"), ApiPod::Finished("Failed"))].into());
+        let (_tx, rx) = watch::channel(Some(finished));
+        let mut inv = Inventory::new(Some(path), 1 << 30).with_api(rx);
+        inv.refresh_specs().unwrap();
+        let mut r = record("/kubepods/pod", vec![container(None, None)]);
+        (r.uid, r.name, r.namespace) = ("u1".into(), "a".into(), "n".into());
+        inv.pods.insert(r.sandbox_id.clone(), Arc::new(r));
+        inv.give_best_specs();
+        let pod = inv.pods.values().next().unwrap();
+        assert_eq!(pod.spec_source, SpecSource::Api);
+        assert!(!pod.spec.is_active(), "{:?}", pod.spec);
+        assert_eq!((pod.spec.metadata.name.as_str(), pod.spec.metadata.uid.as_str()), ("a", "u1"));
     }
 
     /// A tenant's `evictd.io/` annotations do not count outside the namespaces the operator

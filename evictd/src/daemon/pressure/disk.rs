@@ -77,7 +77,7 @@ impl Pressure {
     pub(super) fn layers_unmeasured(&mut self, pods: &[Arc<PodRecord>]) -> bool {
         let unmeasured: Vec<String> = pods
             .iter()
-            .filter(|p| !self.protects(p) && !self.gone.contains_key(&p.sandbox_id))
+            .filter(|p| !self.protects(p) && !self.gone.contains_key(&p.sandbox_id) && p.spec.is_active())
             .filter(|p| p.containers.iter().any(|c| c.running && c.layer_pending))
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
