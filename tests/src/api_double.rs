@@ -62,6 +62,8 @@ struct Shared {
     requests: Mutex<Vec<Recorded>>,
     behaviour: Mutex<Behaviour>,
     answered: Mutex<usize>,
+    /// TLS handshakes that failed (with `start_tls`): a client that refused the certificate.
+    handshakes_failed: Mutex<usize>,
     pods: Mutex<PodStore>,
     /// The store's resource version, for the watches waiting on it.
     pods_rv: watch::Sender<u64>,
@@ -109,6 +111,7 @@ impl ApiDouble {
             requests: Mutex::new(Vec::new()),
             behaviour: Mutex::new(Behaviour::default()),
             answered: Mutex::new(0),
+            handshakes_failed: Mutex::new(0),
             pods: Mutex::new(PodStore::default()),
             pods_rv: watch::channel(0).0,
             nodes: Mutex::new(BTreeMap::new()),
@@ -227,6 +230,11 @@ impl ApiDouble {
 
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.requests.lock().expect("requests").clone()
+    }
+
+    /// TLS handshakes a client ended (with `start_tls`): it did not trust the certificate.
+    pub fn handshakes_failed(&self) -> usize {
+        *self.shared.handshakes_failed.lock().expect("handshakes")
     }
 
     /// Requests answered so far (held ones are not).
@@ -386,14 +394,16 @@ async fn serve(
         };
         let (shared, opened, tls) = (shared.clone(), opened.clone(), tls.clone());
         tokio::spawn(async move {
+            let failed = shared.clone();
             let service = service_fn(move |req| answer(req, shared.clone(), opened.clone()));
             match tls {
                 // A client that does not trust the certificate ends the handshake: no request.
-                Some(tls) => {
-                    if let Ok(stream) = tls.accept(stream).await {
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => {
                         let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
                     }
-                }
+                    Err(_) => *failed.handshakes_failed.lock().expect("handshakes") += 1,
+                },
                 None => {
                     let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
                 }

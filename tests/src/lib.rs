@@ -317,6 +317,35 @@ pub fn allowed_cpus(n: usize) -> Vec<usize> {
     (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).take(n).collect()
 }
 
+/// A directory on the machine that a test's private mount namespace mounts on, or a
+/// program creates at a fixed path (lxcfs's /run/lxcfs): when the machine had none, the
+/// test made it (or let it be made), and it is removed again on drop, with what the program
+/// left inside (`leaves`, empty directories), also when the test fails.
+pub struct MachineDir {
+    path: &'static str,
+    leaves: &'static [&'static str],
+    made: bool,
+}
+
+impl MachineDir {
+    /// Notes whether `path` exists; with `create`, makes it when it does not.
+    pub fn note(path: &'static str, leaves: &'static [&'static str], create: bool) -> Self {
+        let made = !Path::new(path).exists() && (!create || std::fs::create_dir(path).is_ok());
+        MachineDir { path, leaves, made }
+    }
+}
+
+impl Drop for MachineDir {
+    fn drop(&mut self) {
+        if self.made {
+            for leaf in self.leaves {
+                let _ = std::fs::remove_dir(Path::new(self.path).join(leaf));
+            }
+            let _ = std::fs::remove_dir(self.path);
+        }
+    }
+}
+
 /// The evictd binary under test: `EVICTD_BINARY` where set (`cargo xtask bench` and `soak` set
 /// it to the static release build, the binary the image ships), else the one built next to the
 /// test binaries (target/<profile>/evictd).

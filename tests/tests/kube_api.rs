@@ -699,12 +699,68 @@ async fn a_server_the_kubeconfigs_ca_did_not_sign_is_never_read() {
         assert!(t.elapsed() < WITHIN, "the refused certificate was never counted as the watch's error");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (r, task, _) = reporter(&kubeconfig.display().to_string(), quick()).await;
+    let (r, task, reporter_metrics) = reporter(&kubeconfig.display().to_string(), quick()).await;
     r.pod_evicted(&eviction_record(), monotonic_ns());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retried = "evictd_kube_api_calls_total{call=\"pod_status\",outcome=\"retried\"}";
+    while counter(&reporter_metrics.encode(), retried) < 1.0 {
+        assert!(t.elapsed() < WITHIN, "the record's refused connection was never retried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(task);
     assert!(rx.borrow().is_none(), "nothing published from a server not trusted");
     assert!(api.requests().is_empty(), "no request over an untrusted connection: {:?}", api.requests());
+    assert!(api.handshakes_failed() >= 2, "the watch's and the record's handshakes were refused");
+}
+
+/// In a pod, as the DaemonSet runs it: no kubeconfig, only what the kubelet gives every pod
+/// — `KUBERNETES_SERVICE_HOST` and `_PORT`, and the service account's token and the
+/// cluster's CA under /var/run/secrets/kubernetes.io/serviceaccount — and the pod's UID
+/// from the downward API. evictd runs in a
+/// private mount namespace with a tmpfs there holding the TLS double's CA and a token, and
+/// lists the node's pods from the double over TLS with that token (a dry run reads the API
+/// and writes nothing).
+#[test]
+fn in_a_pod_evictd_reaches_the_api_with_its_service_account() {
+    const TEST: &str = "in_a_pod_evictd_reaches_the_api_with_its_service_account";
+    if !evictd_tests::privileged(TEST) {
+        return;
+    }
+    let api = ApiDouble::start_tls();
+    api.put_pod(api_pod("a", "node-a", 100));
+    let account = tempfile::tempdir().unwrap();
+    let token = "service-account-token";
+    std::fs::write(account.path().join("token"), token).unwrap();
+    std::fs::write(account.path().join("ca.crt"), api.ca_pem().expect("the double's CA")).unwrap();
+    std::fs::write(account.path().join("namespace"), "kube-system").unwrap();
+    let _mount_point = evictd_tests::MachineDir::note("/run/secrets", &[], true);
+    let port = api.url().rsplit(':').next().expect("a port").to_owned();
+    let as_in_a_pod = r#"
+        mount -t tmpfs evictd-test-secrets /run/secrets &&
+        mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
+        cp "$ACCOUNT"/token "$ACCOUNT"/ca.crt "$ACCOUNT"/namespace /run/secrets/kubernetes.io/serviceaccount/ &&
+        exec timeout -s KILL 60 "$@""#;
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", as_in_a_pod, "sh"])
+        .arg(evictd_tests::evictd_binary())
+        .args(["--dry-run", "--cri-endpoint", "none", "--duration", "3s", "--node-name", "node-a"])
+        .args(["--eviction-hard", "memory.available<1Mi"])
+        .env("ACCOUNT", account.path())
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", &port)
+        // deploy/daemonset.yaml's downward API: evictd refuses to run in a pod it cannot name.
+        .env("POD_UID", "evictd-pod-uid")
+        .env_remove("KUBECONFIG");
+    let out = evictd_tests::dies_with_harness(&mut cmd).output().expect("running unshare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("pod specs from the Kubernetes API"), "{stderr}");
+    let lists: Vec<Recorded> =
+        api.requests().into_iter().filter(|r| r.path.starts_with("/api/v1/pods?")).collect();
+    assert!(!lists.is_empty(), "no list or watch of the node's pods: {stderr}");
+    for r in &lists {
+        assert!(r.path.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{}", r.path);
+        assert_eq!(r.authorization, format!("Bearer {token}"), "{} {}", r.method, r.path);
+    }
 }
 
 /// A quiet cluster: the watch stays open however long no pod changes. A read deadline on

@@ -10,7 +10,7 @@ use std::{
     process::{Command, Output},
 };
 
-use evictd_tests::{dies_with_harness, evictd_binary, privileged, skip};
+use evictd_tests::{MachineDir, dies_with_harness, evictd_binary, privileged, skip};
 
 /// Debian's lxcfs, unpacked: where `cargo xtask test` put it (`EVICTD_LXCFS`), or where it
 /// puts it.
@@ -24,19 +24,23 @@ fn lxcfs_package() -> Option<PathBuf> {
 /// In a private mount namespace: LXCFS mounted on a directory of the test's own; then, in
 /// a namespace of the command's own (lxcfs itself reads the kernel's /proc/meminfo, and
 /// would wait on itself), its meminfo bound over /proc/meminfo, and the command, killed if
-/// it outlives a minute. Everything is unmounted with the namespaces, and lxcfs is ended
-/// by its PID.
+/// it outlives a minute. Everything is unmounted with the namespaces; lxcfs is ended by its
+/// PID, and dies with the shell that started it if that is killed first. Every wait is
+/// bounded: a FUSE server that hangs hangs whoever reads its files.
 const IN_AN_LXCFS_CONTAINER: &str = r#"
 set -eu
 mkdir -p "$T/fs"
-LD_LIBRARY_PATH="$PKG/usr/lib/x86_64-linux-gnu/lxcfs" "$PKG/usr/bin/lxcfs" -f -p "$T/lxcfs.pid" "$T/fs" >"$T/lxcfs.log" 2>&1 &
+lib=$(dirname "$(ls "$PKG"/usr/lib/*/lxcfs/liblxcfs.so)")
+LD_LIBRARY_PATH="$lib" setpriv --pdeathsig KILL "$PKG/usr/bin/lxcfs" -f -p "$T/lxcfs.pid" "$T/fs" \
+    >"$T/lxcfs.log" 2>&1 &
 lxcfs=$!
+end_lxcfs() { kill "$lxcfs" 2>/dev/null || true; sleep 0.2; kill -KILL "$lxcfs" 2>/dev/null || true; wait "$lxcfs" || true; }
 n=0
-until [ -s "$T/fs/proc/meminfo" ]; do
+until timeout -s KILL 2 test -s "$T/fs/proc/meminfo"; do
     n=$((n + 1))
-    if [ "$n" -gt 100 ]; then
+    if [ "$n" -gt 50 ]; then
         echo "lxcfs served no meminfo within 10 s:" >&2; cat "$T/lxcfs.log" >&2
-        kill "$lxcfs" || true; exit 99
+        end_lxcfs; exit 99
     fi
     sleep 0.1
 done
@@ -44,40 +48,21 @@ set +e
 unshare --mount --propagation private sh -c \
     'mount --bind "$T/fs/proc/meminfo" /proc/meminfo && exec timeout -s KILL 60 "$@"' sh "$@"
 rc=$?
-kill "$lxcfs" || true; wait "$lxcfs" || true
+end_lxcfs
 exit "$rc"
 "#;
 
-/// `evictd args` in a container whose /proc/meminfo is LXCFS's.
+/// `evictd args` in a container whose /proc/meminfo is LXCFS's; the whole of it killed
+/// after two minutes.
 fn evictd_under_lxcfs(package: &Path, tmp: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c", IN_AN_LXCFS_CONTAINER, "sh"])
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-s", "KILL", "120", "unshare", "--mount", "--propagation", "private"])
+        .args(["sh", "-c", IN_AN_LXCFS_CONTAINER, "sh"])
         .arg(evictd_binary())
         .args(args)
         .env("PKG", package)
         .env("T", tmp);
     dies_with_harness(&mut cmd).output().expect("running unshare")
-}
-
-/// lxcfs keeps its state under /run/lxcfs (a path built into it), making it when the
-/// machine has none: then it is removed again, also when the test fails.
-struct RunDir(bool);
-
-impl RunDir {
-    fn note() -> Self {
-        RunDir(!Path::new("/run/lxcfs").exists())
-    }
-}
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        if self.0 {
-            // The directories it makes inside, empty once its namespace is gone.
-            for d in ["/run/lxcfs/controllers", "/run/lxcfs/root", "/run/lxcfs"] {
-                let _ = std::fs::remove_dir(d);
-            }
-        }
-    }
 }
 
 #[test]
@@ -95,7 +80,8 @@ fn lxcfs_meminfo_is_refused_unless_the_operator_accepts_it() {
     if !Path::new("/dev/fuse").exists() {
         return skip(TEST, "no /dev/fuse");
     }
-    let _run_dir = RunDir::note();
+    // lxcfs keeps its state under /run/lxcfs, a path built into it.
+    let _run_dir = MachineDir::note("/run/lxcfs", &["controllers", "root"], false);
     let tmp = tempfile::tempdir().expect("a directory for LXCFS");
     let run = [
         "--dry-run",
@@ -115,8 +101,8 @@ fn lxcfs_meminfo_is_refused_unless_the_operator_accepts_it() {
         stderr.contains("/proc/meminfo") && stderr.contains("--accept-lxcfs-meminfo"),
         "the error names the file and the flag: {stderr}"
     );
-    // The kernel's filesystem magic for FUSE, which LXCFS is.
-    assert!(stderr.contains("0x65735546"), "{stderr}");
+    // The filesystem evictd measured: FUSE's magic, which LXCFS's is.
+    assert!(stderr.contains("filesystem magic 0x65735546"), "{stderr}");
 
     let mut accepted = run.to_vec();
     accepted.push("--accept-lxcfs-meminfo");

@@ -13,8 +13,10 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages: protoc builds the CRI bindings (k8s-cri); containerd and runc run the
 /// end-to-end tests' private container runtime; gcc builds their static test binaries; g++
 /// builds libFuzzer for `cargo xtask fuzz`; the benchmarks' PNG plots lay text out in
-/// DejaVu Sans; the CNI plugins give the DaemonSet's pod its pod network.
+/// DejaVu Sans; the CNI plugins give the DaemonSet's pod its pod network; libfuse3 runs the
+/// lxcfs the tests unpack (`debian_unpacked`).
 const APT_PACKAGES: &[&str] = &[
+    "libfuse3-3",
     "protobuf-compiler",
     "containerd",
     "runc",
@@ -94,8 +96,18 @@ pub(crate) fn debian_unpacked(package: &str, file: &str) -> Result<std::path::Pa
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .ok_or_else(|| anyhow!("apt-get download {package} left no .deb in {}", dir.display()))?;
-    run_status(Command::new("dpkg").arg("-x").arg(&deb).arg(&dir), &format!("unpacking {package}"))?;
-    anyhow::ensure!(dir.join(file).is_file(), "{file} is not in Debian's {package} package");
+    // Unpacked beside, then moved in place: a half-done unpack is never taken for a whole one.
+    let unpacked = dir.join("unpacking");
+    let _ = std::fs::remove_dir_all(&unpacked);
+    run_status(Command::new("dpkg").arg("-x").arg(&deb).arg(&unpacked), &format!("unpacking {package}"))?;
+    anyhow::ensure!(unpacked.join(file).is_file(), "{file} is not in Debian's {package} package");
+    for entry in std::fs::read_dir(&unpacked)? {
+        let entry = entry?;
+        let to = dir.join(entry.file_name());
+        let _ = std::fs::remove_dir_all(&to);
+        std::fs::rename(entry.path(), to)?;
+    }
+    std::fs::remove_dir(&unpacked)?;
     Ok(dir)
 }
 

@@ -31,11 +31,19 @@ pub(crate) fn test(env: &BuildEnv, with_vms: bool) -> Result<()> {
     // but with the dev profile, whose static build takes a CI run ~4 minutes less than the
     // release profile's at opt-level 1 without LTO (and more than that with it).
     let image = crate::image::image(env, &crate::image::ImageArgs { for_tests: true, ..Default::default() })?;
-    // LXCFS, for the test of a node that is itself a container (tests/tests/lxcfs.rs).
-    let lxcfs = crate::setup::debian_unpacked("lxcfs", "usr/bin/lxcfs")?;
     step("running the tests");
     let mut cmd = env.cargo();
-    cmd.args(["test", "--workspace"]).env("EVICTD_IMAGE", &image).env("EVICTD_LXCFS", &lxcfs);
+    cmd.args(["test", "--workspace"]).env("EVICTD_IMAGE", &image);
+    // LXCFS, for the test of a node that is itself a container (tests/tests/lxcfs.rs, root
+    // only). One that cannot be had leaves that test to skip, loudly (to fail, in CI).
+    if crate::is_root() {
+        match crate::setup::debian_unpacked("lxcfs", "usr/bin/lxcfs") {
+            Ok(lxcfs) => {
+                cmd.env("EVICTD_LXCFS", lxcfs);
+            }
+            Err(e) => step(&format!("NOTE: no lxcfs for its test ({e:#})")),
+        }
+    }
     // In CI a skipped privileged test is a failure: CI runs as root on a BPF-capable kernel.
     if env::var("CI").is_ok_and(|v| v == "true") {
         cmd.env("EVICTD_REQUIRE_PRIVILEGED", "1");

@@ -19,31 +19,48 @@ use tokio::sync::watch;
 use super::metrics::{ApiCall, ApiMetrics, ApiOutcome};
 use crate::runtime::inventory::{ApiPod, ApiPods, ApiPodsReceiver};
 
+type ApiPodObject = k8s_openapi::api::core::v1::Pod;
+type WatchEvent = Result<watcher::Event<ApiPodObject>, watcher::Error>;
+
 /// Starts the watch on `node`'s pods; the receiver sees a new map after the first complete
-/// list and after every change.
+/// list and after each burst of events that changed it.
 pub fn spawn_pod_watch(client: Client, node: &str, metrics: ApiMetrics) -> ApiPodsReceiver {
     let (tx, rx) = watch::channel(None);
-    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client);
+    let api: Api<ApiPodObject> = Api::all(client);
     // `any_semantic`: the first list is served from the API server's watch cache
     // (resourceVersion=0), as the kubelet's informer does — one DaemonSet pod per node lists.
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}")).any_semantic();
     let mut watch = PodWatch { node: node.to_owned(), metrics, mirror: PodMirror::default(), healthy: None };
     tokio::spawn(async move {
-        let mut stream = watcher(api, config).default_backoff().boxed();
-        while let Some(event) = stream.next().await {
-            let mut changed = watch.take(event);
-            // The events already waiting (a burst of the pod GC's deletes, a deployment's
-            // roll-out) make one snapshot: each copies the map, so one for each would cost
-            // the square of the burst.
-            while let Some(Some(event)) = stream.next().now_or_never() {
-                changed |= watch.take(event);
-            }
-            if changed && tx.send(Some(watch.mirror.snapshot())).is_err() {
-                return;
-            }
-        }
+        let events = watcher(api, config).default_backoff();
+        follow(events, &mut watch, |snapshot| tx.send(Some(snapshot)).is_ok()).await;
     });
     rx
+}
+
+/// Folds `events` into the mirror, and publishes a snapshot after each burst that changed
+/// it, until the events end or `publish` says nobody reads them. The events already waiting
+/// (a burst of the pod GC's deletes, a roll-out) make one snapshot: each copies the map, so
+/// one for each would cost the square of the burst.
+async fn follow(
+    events: impl futures::Stream<Item = WatchEvent>,
+    watch: &mut PodWatch,
+    mut publish: impl FnMut(ApiPods) -> bool,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let mut changed = watch.take(event);
+        let ended = loop {
+            match events.next().now_or_never() {
+                Some(Some(event)) => changed |= watch.take(event),
+                Some(None) => break true,
+                None => break false,
+            }
+        };
+        if (changed && !publish(watch.mirror.snapshot())) || ended {
+            return;
+        }
+    }
 }
 
 /// The watch task's state: the mirror, and whether the watch last worked (said once each
@@ -57,18 +74,24 @@ struct PodWatch {
 
 impl PodWatch {
     /// Whether `event` changed what a pass should see.
-    fn take(
-        &mut self,
-        event: Result<watcher::Event<k8s_openapi::api::core::v1::Pod>, watcher::Error>,
-    ) -> bool {
+    fn take(&mut self, event: WatchEvent) -> bool {
         match event {
             Ok(event) => {
                 let listed = matches!(event, watcher::Event::InitDone);
                 let changed = self.mirror.apply(event);
-                if listed && self.healthy != Some(true) {
-                    let pods = self.mirror.pods.len();
-                    tracing::info!(node = %self.node, pods, "pod specs from the Kubernetes API");
-                    self.healthy = Some(true);
+                match self.healthy {
+                    // The watch resumes after an error without a re-list when the server
+                    // still has its resource version: any event says it is back.
+                    Some(false) => {
+                        tracing::info!(node = %self.node, "watching this node's pods in the Kubernetes API again");
+                        self.healthy = Some(true);
+                    }
+                    None if listed => {
+                        let pods = self.mirror.pods.len();
+                        tracing::info!(node = %self.node, pods, "pod specs from the Kubernetes API");
+                        self.healthy = Some(true);
+                    }
+                    _ => {}
                 }
                 changed
             }
@@ -308,6 +331,39 @@ mod tests {
         assert_eq!(m.pods.len(), 1);
         assert!(m.pods.capacity() <= 4 + 64, "capacity {} for one pod", m.pods.capacity());
         assert!(m.snapshot().capacity() <= 4 + 64);
+    }
+
+    fn watch_state() -> PodWatch {
+        PodWatch {
+            node: "node-a".into(),
+            metrics: crate::report::metrics::Metrics::default().api,
+            mirror: PodMirror::default(),
+            healthy: None,
+        }
+    }
+
+    /// The events that are already there when one arrives (a re-list, the pod GC deleting
+    /// a thousand finished pods at once) make one snapshot; a later event makes its own.
+    #[tokio::test]
+    async fn a_burst_of_events_is_one_snapshot() {
+        let failed = serde_json::json!({"status": {"phase": "Failed"}});
+        let mut burst: Vec<WatchEvent> = vec![Ok(Event::Init)];
+        burst.extend((0..1000).map(|n| Ok(Event::InitApply(api_pod(&format!("u{n}"), failed.clone())))));
+        burst.push(Ok(Event::InitDone));
+        burst.extend((1..1000).map(|n| Ok(Event::Delete(api_pod(&format!("u{n}"), failed.clone())))));
+        let later = futures::stream::once(async {
+            // Not ready at once: the burst before it ends.
+            tokio::task::yield_now().await;
+            Ok(Event::Apply(api_pod("v", serde_json::json!({}))))
+        });
+        let events = futures::stream::iter(burst).chain(later);
+        let mut published = Vec::new();
+        follow(events, &mut watch_state(), |s| {
+            published.push(s.len());
+            true
+        })
+        .await;
+        assert_eq!(published, [1, 2], "one snapshot for the burst, one for the later pod");
     }
 
     /// A snapshot is published on every change the passes see; on a node of 250 pods it

@@ -51,7 +51,7 @@ pub fn dropped_lines() -> u64 {
 pub fn causes(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain().map(ToString::to_string) {
-        if line.ends_with(&cause) {
+        if line == cause || line.ends_with(&format!(": {cause}")) {
             continue;
         }
         if !line.is_empty() {

@@ -61,7 +61,9 @@ pub const MIN_AUTO_WATERMARK: u64 = 1 << 20;
 /// The smallest fine step (`FineSteps`): after a pass that read memory closer than this to a
 /// threshold, the wake comes at most this far past it, plus what the kernel holds back from
 /// the count (the CPUs' unflushed charge, `ChargeSplit`; on the batched hook, the rest of
-/// the 64-page batch that reaches it).
+/// the 64-page batch that reaches it). The stat tracepoints count pages put to use, not the
+/// batch the kernel charges ahead of them: a crossing made by that precharge alone waits for
+/// the next pages used, or the timer.
 pub const MIN_NEAR_WATERMARK: u64 = 64 << 10;
 /// At most this many steps below `MIN_AUTO_WATERMARK` a source arms per `FINE_WINDOW`.
 const FINE_STEPS: u32 = 16;

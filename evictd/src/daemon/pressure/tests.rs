@@ -708,6 +708,19 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
 /// place. It waits; the next pod list (with the layers) decides again.
 #[tokio::test(flavor = "current_thread")]
 async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
+    disk_decision_beside_an_unmeasured_layer(false).await;
+}
+
+/// A finished pod (Failed in the API, its sandbox not yet torn down) is never ranked: its
+/// unmeasured layer holds no disk decision.
+#[tokio::test(flavor = "current_thread")]
+async fn a_finished_pods_unmeasured_layer_holds_no_disk_decision() {
+    disk_decision_beside_an_unmeasured_layer(true).await;
+}
+
+/// `small` with 1 MiB in its volume, `big` with 64 MiB in a writable layer the runtime has
+/// not reported yet; `big_finished`: the API says big has finished.
+async fn disk_decision_beside_an_unmeasured_layer(big_finished: bool) {
     use crate::{runtime::disk_usage::DiskWalker, vocab::WakeCause};
     let d = tempfile::tempdir().unwrap();
     let client = scripted_client(d.path());
@@ -728,6 +741,9 @@ async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
     let small = made("small", 1 << 20);
     let mut big = made("big", 0);
     big.containers[0].layer_pending = true;
+    if big_finished {
+        big.spec.status.phase = Some("Failed".into());
+    }
     let listed = list([small.clone(), big.clone()]);
     let (wakes, _woken) = tokio::sync::mpsc::channel(4);
     let walker =
@@ -749,6 +765,10 @@ async fn a_disk_decision_waits_for_the_writable_layers_it_ranks_by() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (records, _) = p.pass(&listed, || 2_000_000_000, wake, false).await;
+    if big_finished {
+        assert_eq!(names(&records), ["small"], "big is not ranked, so not waited for: {records:?}");
+        return;
+    }
     assert_eq!(names(&records), [] as [&str; 0], "big's layer unknown, not empty: {records:?}");
     let mut reported = big;
     reported.containers[0].rootfs = Some((64 << 20, 1));
