@@ -30,8 +30,8 @@ fn lxcfs_package() -> Option<PathBuf> {
 const IN_AN_LXCFS_CONTAINER: &str = r#"
 set -eu
 mkdir -p "$T/fs"
-lib=$(dirname "$(ls "$PKG"/usr/lib/*/lxcfs/liblxcfs.so)")
-LD_LIBRARY_PATH="$lib" setpriv --pdeathsig KILL "$PKG/usr/bin/lxcfs" -f -p "$T/lxcfs.pid" "$T/fs" \
+so=$(ls "$PKG"/usr/lib/*/lxcfs/liblxcfs.so)
+LD_LIBRARY_PATH="${so%/*}" setpriv --pdeathsig KILL "$PKG/usr/bin/lxcfs" -f -p "$T/lxcfs.pid" "$T/fs" \
     >"$T/lxcfs.log" 2>&1 &
 lxcfs=$!
 end_lxcfs() { kill "$lxcfs" 2>/dev/null || true; sleep 0.2; kill -KILL "$lxcfs" 2>/dev/null || true; wait "$lxcfs" || true; }
@@ -39,7 +39,7 @@ n=0
 until timeout -s KILL 2 test -s "$T/fs/proc/meminfo"; do
     n=$((n + 1))
     if [ "$n" -gt 50 ]; then
-        echo "lxcfs served no meminfo within 10 s:" >&2; cat "$T/lxcfs.log" >&2
+        echo "lxcfs served no meminfo within 5 s:" >&2; cat "$T/lxcfs.log" >&2
         end_lxcfs; exit 99
     fi
     sleep 0.1
@@ -53,10 +53,12 @@ exit "$rc"
 "#;
 
 /// `evictd args` in a container whose /proc/meminfo is LXCFS's; the whole of it killed
-/// after two minutes.
+/// after two minutes, and the shell (with lxcfs, which dies with it) when `timeout` dies
+/// with the harness.
 fn evictd_under_lxcfs(package: &Path, tmp: &Path, args: &[&str]) -> Output {
     let mut cmd = Command::new("timeout");
-    cmd.args(["-s", "KILL", "120", "unshare", "--mount", "--propagation", "private"])
+    cmd.args(["-s", "KILL", "120", "setpriv", "--pdeathsig", "KILL"])
+        .args(["unshare", "--mount", "--propagation", "private"])
         .args(["sh", "-c", IN_AN_LXCFS_CONTAINER, "sh"])
         .arg(evictd_binary())
         .args(args)

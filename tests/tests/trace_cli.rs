@@ -316,8 +316,17 @@ fn wakes_on_the_threshold(test: &str, source: &str, cause: &str, step_kib: usize
         let mut seen = Vec::new();
         for _ in 0..(6 << 10) / step_kib {
             hog.alloc_kib(step_kib);
-            // At least one timer pass after each step.
-            seen.extend(passes_for(Duration::from_millis(400)));
+            // At least one timer pass after each step, which re-arms where memory then is
+            // (a stalled timer would let two steps add up against one arming).
+            let step_began = seen.len();
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                seen.extend(passes_for(Duration::from_millis(400)));
+                if seen[step_began..].iter().any(|(c, _)| c == "timer") {
+                    break;
+                }
+                assert!(std::time::Instant::now() < until, "no timer pass within 10 s of a step: {seen:?}");
+            }
             if seen.iter().any(|(_, d)| *d < 0) {
                 break;
             }

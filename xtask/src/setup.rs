@@ -82,32 +82,29 @@ fn ensure_nightly() -> Result<()> {
 /// hold `file`. `apt-get download` uses the machine's sources as they are. Quick when it is
 /// there.
 pub(crate) fn debian_unpacked(package: &str, file: &str) -> Result<std::path::PathBuf> {
-    let dir = crate::workspace_root().join("target/tools").join(package);
+    let tools = crate::workspace_root().join("target/tools");
+    let dir = tools.join(package);
     if dir.join(file).is_file() {
         return Ok(dir);
     }
     step(&format!("fetching Debian's {package} package (apt-get download, unpacked, not installed)"));
-    std::fs::create_dir_all(&dir)?;
+    // Fetched and unpacked beside, then moved in place whole: a half-done fetch or unpack is
+    // never taken for a whole one.
+    let partial = tools.join(format!("{package}.partial"));
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir_all(&partial)?;
     run_status(
-        Command::new("apt-get").args(["download", package]).current_dir(&dir),
+        Command::new("apt-get").args(["download", package]).current_dir(&partial),
         &format!("apt-get download {package}"),
     )?;
-    let deb = std::fs::read_dir(&dir)?
+    let deb = std::fs::read_dir(&partial)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| anyhow!("apt-get download {package} left no .deb in {}", dir.display()))?;
-    // Unpacked beside, then moved in place: a half-done unpack is never taken for a whole one.
-    let unpacked = dir.join("unpacking");
-    let _ = std::fs::remove_dir_all(&unpacked);
-    run_status(Command::new("dpkg").arg("-x").arg(&deb).arg(&unpacked), &format!("unpacking {package}"))?;
-    anyhow::ensure!(unpacked.join(file).is_file(), "{file} is not in Debian's {package} package");
-    for entry in std::fs::read_dir(&unpacked)? {
-        let entry = entry?;
-        let to = dir.join(entry.file_name());
-        let _ = std::fs::remove_dir_all(&to);
-        std::fs::rename(entry.path(), to)?;
-    }
-    std::fs::remove_dir(&unpacked)?;
+        .ok_or_else(|| anyhow!("apt-get download {package} left no .deb in {}", partial.display()))?;
+    run_status(Command::new("dpkg").arg("-x").arg(&deb).arg(&partial), &format!("unpacking {package}"))?;
+    anyhow::ensure!(partial.join(file).is_file(), "{file} is not in Debian's {package} package");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&partial, &dir)?;
     Ok(dir)
 }
 

@@ -77,21 +77,21 @@ impl PodWatch {
     fn take(&mut self, event: WatchEvent) -> bool {
         match event {
             Ok(event) => {
-                let listed = matches!(event, watcher::Event::InitDone);
+                let first_list = matches!(event, watcher::Event::InitDone) && !self.mirror.published;
+                // The watcher sends `Init` before each attempt to list, answered or not: only
+                // a complete list or a watched change says the server answers. The watch
+                // resumes after an error without a re-list when the server still has its
+                // resource version; then a change is the first sign.
+                let answered = !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_));
                 let changed = self.mirror.apply(event);
-                match self.healthy {
-                    // The watch resumes after an error without a re-list when the server
-                    // still has its resource version: any event says it is back.
-                    Some(false) => {
-                        tracing::info!(node = %self.node, "watching this node's pods in the Kubernetes API again");
-                        self.healthy = Some(true);
-                    }
-                    None if listed => {
+                if answered && self.healthy != Some(true) {
+                    if first_list {
                         let pods = self.mirror.pods.len();
                         tracing::info!(node = %self.node, pods, "pod specs from the Kubernetes API");
-                        self.healthy = Some(true);
+                    } else {
+                        tracing::info!(node = %self.node, "watching this node's pods in the Kubernetes API again");
                     }
-                    _ => {}
+                    self.healthy = Some(true);
                 }
                 changed
             }
@@ -154,7 +154,9 @@ impl PodMirror {
             }
             Delete(p) => {
                 let Some(uid) = p.metadata.uid else { return false };
-                self.pods.remove(uid.as_str());
+                if self.pods.remove(uid.as_str()).is_none() {
+                    return false;
+                }
                 // A table never shrinks by itself: after the pod GC's purge of thousands of
                 // finished pods it, and each snapshot's copy, would keep their size until
                 // the next re-list, days later.
@@ -340,6 +342,24 @@ mod tests {
             mirror: PodMirror::default(),
             healthy: None,
         }
+    }
+
+    /// While the server cannot be reached, the watcher sends `Init` before each attempt to
+    /// list: that is not the server answering, and the first complete list, whenever it
+    /// comes, is the one that says how many pods evictd knows.
+    #[test]
+    fn the_watch_is_back_only_when_the_server_answers() {
+        let mut w = watch_state();
+        let refused = || Err(watcher::Error::NoResourceVersion);
+        for event in [Ok(Event::Init), refused(), Ok(Event::Init), refused(), Ok(Event::Init)] {
+            w.take(event);
+        }
+        assert_eq!(w.healthy, Some(false), "an Init is no answer");
+        w.take(Ok(Event::InitApply(api_pod("a", serde_json::json!({})))));
+        assert_eq!(w.healthy, Some(false), "nor is half a list");
+        assert!(w.take(Ok(Event::InitDone)));
+        assert_eq!(w.healthy, Some(true));
+        assert!(!w.take(Ok(Event::Delete(api_pod("gone", serde_json::json!({}))))), "not listed: no change");
     }
 
     /// The events that are already there when one arrives (a re-list, the pod GC deleting
