@@ -360,11 +360,16 @@ async fn a_pod_whose_memory_outlives_its_processes_is_one_eviction() {
     let e = evictd.wait_eviction(Duration::from_secs(30));
     assert_eq!(e["name"], "holder", "{e}");
     assert!(e["error"].is_null(), "{e}");
-    // The processes are gone, the tmpfs pages are not: the node is still past the threshold.
+    // The processes are gone, the tmpfs pages are not. The kill came as the node crossed
+    // the threshold, so freeing the processes' own pages can leave it a hair short of it:
+    // the bystander grows by 30 MiB to keep the node past it (far from the 200Mi emergency),
+    // so that a second eviction has a pressure to answer and must be held back by the wait.
+    bystander.set_mib(80);
+    bystander.wait_usage_at_least(80 * MI, Duration::from_secs(10));
     let charged = ctd.node_usage();
     assert!(
         charged > 624 * MI,
-        "the tmpfs keeps {} MiB charged: the node still past 400Mi of 1024",
+        "the tmpfs and the bystander keep {} MiB charged: the node must be past 400Mi of 1024",
         charged / MI
     );
     std::thread::sleep(Duration::from_secs(5));
