@@ -165,9 +165,18 @@ pub const ANNOTATIONS_READ: [&str; 4] = [
     EVICTION_ORDER_ANNOTATION,
 ];
 
-/// `annotations` less those eviction does not read (`ANNOTATIONS_READ`).
-pub fn annotations_read(annotations: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
-    annotations.into_iter().filter(|(k, _)| ANNOTATIONS_READ.contains(&k.as_str())).collect()
+/// `annotations` less those eviction does not read (`ANNOTATIONS_READ`); borrowed ones are
+/// copied only when kept.
+pub fn annotations_read<K, V>(annotations: impl IntoIterator<Item = (K, V)>) -> BTreeMap<String, String>
+where
+    K: AsRef<str> + Into<String>,
+    V: Into<String>,
+{
+    annotations
+        .into_iter()
+        .filter(|(k, _)| ANNOTATIONS_READ.contains(&k.as_ref()))
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect()
 }
 
 /// The namespaces whose pods' own evictd annotations count: the operator's word

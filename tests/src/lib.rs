@@ -174,6 +174,12 @@ impl MemHog {
         assert!(self.try_alloc(mib), "memhog did not allocate {mib} MiB (killed by its limit?)");
     }
 
+    /// No transparent huge pages for memhog from now on: neither a fault nor khugepaged
+    /// charges it 2 MiB at once (a collapse does so before it frees the small pages).
+    pub fn no_huge_pages(&mut self) {
+        assert!(self.command("no-huge-pages"), "memhog could not turn transparent huge pages off");
+    }
+
     /// Allocates and touches `kib` KiB more; returns once it is charged.
     pub fn alloc_kib(&mut self, kib: usize) {
         assert!(self.command(&format!("alloc-kib {kib}")), "memhog did not allocate {kib} KiB");

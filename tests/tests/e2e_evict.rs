@@ -834,14 +834,14 @@ async fn the_inventory_runs_off_the_daemon_thread() {
     );
 }
 
-/// The API server's watch of the node's pods — the HTTP stream, its JSON decoding, each
+/// The API server's watch of the node's pods — the TLS stream, its JSON decoding, each
 /// pod's reading as a spec — runs on evictd's background thread (`evictd-io`), where the
 /// client was made, not on the daemon's real-time thread. 250 pods of the node, each with a
 /// kubelet's status (containers, conditions), are updated in the API server as the kubelet
 /// updates them all day: status only, which changes no spec. The background thread does the
 /// work; the daemon's own thread, which then only answers the timer, uses under a tenth of
-/// it. The API server is the test's double (none can run here), speaking plain HTTP: TLS,
-/// which a real one speaks, is not tested here.
+/// it. The API server is the test's double (none can run here), speaking TLS with a CA and a
+/// bearer token of its own, as a real one does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_watch_runs_off_the_daemon_thread() {
     let _serial = SERIAL.lock().await;
@@ -850,7 +850,7 @@ async fn the_api_watch_runs_off_the_daemon_thread() {
     }
     use evictd_tests::evictd_proc::thread_cpu_s;
     let ctd = Containerd::start(1024 * MI);
-    let api = ApiDouble::start();
+    let api = ApiDouble::start_tls();
     const PODS: usize = 250;
     for n in 0..PODS {
         api.put_pod(pod_with_a_kubelets_status(n, 0));

@@ -308,6 +308,9 @@ fn wakes_on_the_threshold(test: &str, source: &str, cause: &str, step_kib: usize
     let mut attempts = Vec::new();
     for _ in 0..2 {
         let mut hog = MemHog::spawn_in(&node);
+        // Steps of exactly what is allocated: a khugepaged collapse of the hog's small pages
+        // would read as a 2 MiB spike past the threshold, and back.
+        hog.no_huge_pages();
         let last_distance =
             passes_for(Duration::from_millis(500)).last().map(|(_, d)| *d).expect("a timer pass");
         // To a few MiB from the threshold, then the steps.

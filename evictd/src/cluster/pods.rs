@@ -184,17 +184,37 @@ fn entry_of(p: &k8s_openapi::api::core::v1::Pod) -> Option<(Arc<str>, ApiPod)> {
     if let Some(phase) = terminal_phase(phase) {
         return Some((uid, ApiPod::Finished(phase)));
     }
-    match serde_json::to_value(p).and_then(serde_json::from_value::<Pod>) {
-        Ok(mut spec) => {
-            spec.metadata.annotations = annotations_read(std::mem::take(&mut spec.metadata.annotations));
-            Some((uid, ApiPod::Spec(Arc::new(spec))))
-        }
+    match eviction_view(p, phase).and_then(serde_json::from_value::<Pod>) {
+        Ok(spec) => Some((uid, ApiPod::Spec(Arc::new(spec)))),
         Err(e) => {
             let name = p.metadata.name.as_deref().unwrap_or("?");
             tracing::warn!(pod = name, uid = %uid, "a pod from the API server does not read as a pod spec: {e}");
             None
         }
     }
+}
+
+/// The part of an API pod `Pod` reads: its identity, owners and the annotations eviction
+/// reads, the spec and the phase. The kubelet's status (every container's state and
+/// conditions, rewritten all day) and the other annotations (a `last-applied-configuration`
+/// of up to 256 KiB) are never copied.
+fn eviction_view(p: &ApiPodObject, phase: Option<&str>) -> serde_json::Result<serde_json::Value> {
+    let m = &p.metadata;
+    let metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: m.name.clone(),
+        namespace: m.namespace.clone(),
+        uid: m.uid.clone(),
+        annotations: Some(annotations_read(m.annotations.iter().flatten())),
+        owner_references: m.owner_references.clone(),
+        ..Default::default()
+    };
+    let mut view = serde_json::Map::new();
+    view.insert("metadata".into(), serde_json::to_value(&metadata)?);
+    if let Some(spec) = &p.spec {
+        view.insert("spec".into(), serde_json::to_value(spec)?);
+    }
+    view.insert("status".into(), serde_json::json!({ "phase": phase }));
+    Ok(view.into())
 }
 
 #[cfg(test)]

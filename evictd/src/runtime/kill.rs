@@ -850,6 +850,41 @@ pub(crate) mod tests {
         assert!(pod.all_killed(), "a process of the pod survived");
     }
 
+    /// An exiting process reads `/` on every v1 line of `/proc/<pid>/cgroup` while its
+    /// cgroup2 line keeps the pod's path: on a hybrid node it is still found in the pod, so a
+    /// victim `cgroup.kill` just killed, whose exit is under way, can be pinned and reaped.
+    /// A zombie of the test's own (killed, not yet waited for) is such a process, and stays
+    /// one for as long as the test needs.
+    #[test]
+    fn an_exiting_process_of_a_hybrid_pod_is_still_pinned() {
+        const TEST: &str = "an_exiting_process_of_a_hybrid_pod_is_still_pinned";
+        let Some(layout) = layout_or_skip(TEST) else { return };
+        if layout.memory_version != CgroupVersion::V1 || layout.unified_root.is_none() {
+            return crate::skip(
+                TEST,
+                "not a hybrid node (the memory controller on cgroup v1, and a cgroup2 mount)",
+            );
+        }
+        let pod = TestPod::new(&layout, 1);
+        let target = KillTarget::at(&pod.rel, &layout);
+        if !target.is_hybrid() {
+            return crate::skip(TEST, "no cgroup.kill in the unified hierarchy (kernel < 5.14)");
+        }
+        let pid = pod.children[0].id() as i32;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+        let exited =
+            || procfs::process::Process::new(pid).and_then(|p| p.stat()).is_ok_and(|s| s.state == 'Z');
+        let t = Instant::now();
+        while !exited() {
+            assert!(t.elapsed() < Duration::from_secs(5), "the killed child did not become a zombie");
+            std::thread::yield_now();
+        }
+        let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let memory = lines.lines().find(|l| l.split(':').nth(1) == Some("memory")).unwrap();
+        assert!(memory.ends_with(":/"), "the premise: an exiting process reads `/` on v1: {lines}");
+        assert!(pin_checked(pid, &target).is_some(), "the exiting process is not pinned: {lines}");
+    }
+
     #[tokio::test]
     async fn the_v1_freezer_holds_the_pod_while_it_is_killed() {
         let Some(layout) = layout_or_skip("the_v1_freezer_holds_the_pod_while_it_is_killed") else { return };

@@ -1,5 +1,6 @@
 //! Test workload: waits for "alloc <MiB>" (or "alloc-kib <KiB>") lines on stdin, allocates
-//! and touches that much (kept until exit), answers "ok" on stdout; exits on EOF. "cache
+//! and touches that much (kept until exit), answers "ok" on stdout; exits on EOF.
+//! "no-huge-pages" keeps transparent huge pages away from it. "cache
 //! <MiB> <path>" writes a file of that size and syncs it: clean page cache charged to
 //! memhog's cgroup, which the kernel may reclaim. "churn <KiB> <times>" maps, touches and
 //! unmaps that much, that many times: memory charged and freed again, the node's usage flat;
@@ -15,7 +16,12 @@ fn main() -> std::process::ExitCode {
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
-        if let Some(args) = line.strip_prefix("cache ") {
+        if line == "no-huge-pages" {
+            if let Err(e) = no_huge_pages() {
+                eprintln!("memhog: {line:?}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        } else if let Some(args) = line.strip_prefix("cache ") {
             if let Err(e) = cache(args) {
                 eprintln!("memhog: {line:?}: {e}");
                 return std::process::ExitCode::FAILURE;
@@ -46,6 +52,16 @@ fn main() -> std::process::ExitCode {
     }
     std::hint::black_box(&kept);
     std::process::ExitCode::SUCCESS
+}
+
+/// No transparent huge page for this process, at a fault or from khugepaged: its usage then
+/// moves by what it allocates and nothing else. A khugepaged collapse charges the new 2 MiB
+/// page before it frees the 512 it replaces, a transient that lands in the middle of a test
+/// stepping towards a threshold (seen under QEMU on Debian's kernels, whose THP is `always`).
+fn no_huge_pages() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 /// `<MiB> <path>`: the file written and synced (its pages stay cached, clean).

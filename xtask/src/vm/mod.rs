@@ -79,6 +79,7 @@ const BOOKWORM: &[(&str, &str)] = &[
     ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     ("a_process_outside_the_cgroup2_tree_dies_with_the_pod", V1_ONLY),
+    ("an_exiting_process_of_a_hybrid_pod_is_still_pinned", V1_ONLY),
     (E2E_TESTS[0], E2E_ELSEWHERE),
     (E2E_TESTS[1], E2E_ELSEWHERE),
 ];
@@ -95,6 +96,7 @@ const TRIXIE: &[(&str, &str)] = &[
     ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     ("a_process_outside_the_cgroup2_tree_dies_with_the_pod", V1_ONLY),
+    ("an_exiting_process_of_a_hybrid_pod_is_still_pinned", V1_ONLY),
     (E2E_TESTS[1], E2E_ELSEWHERE),
 ];
 
@@ -109,6 +111,7 @@ const TRIXIE_BACKPORTS: &[(&str, &str)] = &[
     ("a_pass_does_not_wait_for_the_eventfd_registration", V1_ONLY),
     ("the_v1_freezer_holds_the_pod_while_it_is_killed", V1_ONLY),
     ("a_process_outside_the_cgroup2_tree_dies_with_the_pod", V1_ONLY),
+    ("an_exiting_process_of_a_hybrid_pod_is_still_pinned", V1_ONLY),
     (E2E_TESTS[0], E2E_ELSEWHERE),
 ];
 

@@ -94,6 +94,12 @@ struct Step {
     /// pods; the rest is code, libraries and the BPF maps mapped in.
     idle_anon_kib: u64,
     busy_rss_kib: u64,
+    /// Of it, the anonymous part.
+    busy_anon_kib: u64,
+    /// Resident memory (KiB) and its anonymous part after the runs with the walker off:
+    /// beside `busy_rss_kib`, what the evictions hold apart from the walks.
+    runs_rss_kib: u64,
+    runs_anon_kib: u64,
     /// The walker's share of one CPU while the walking runs ran.
     walker_busy_pct: f64,
 }
@@ -179,13 +185,29 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
                 let trace = o.out.join(format!("{stem}.trace.jsonl"));
                 let lines: String = evictd.trace().iter().map(|v| format!("{v}\n")).collect();
                 std::fs::write(&trace, lines).map_err(|e| anyhow::anyhow!("{}: {e}", trace.display()))?;
+                // Where its resident memory is, mapping by mapping (heap, each thread's arena
+                // and stack, code): what a reading over the target is made of.
+                let smaps = o.out.join(format!("{stem}.smaps"));
+                match std::fs::read_to_string(format!("/proc/{pid}/smaps")) {
+                    Ok(text) => std::fs::write(&smaps, text)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", smaps.display()))?,
+                    Err(e) => eprintln!("[bench] evictd's smaps not kept: /proc/{pid}/smaps: {e}"),
+                }
             }
             if walking {
                 let (cpu0, t0) = walker0;
                 step.walker_busy_pct =
                     100.0 * (thread_cpu_s(pid, "evictd-disk") - cpu0) / t0.elapsed().as_secs_f64();
-                step.busy_rss_kib = rss_kib(pid);
+                (step.busy_rss_kib, step.busy_anon_kib) = (rss_kib(pid), anon_kib(pid));
+            } else {
+                (step.runs_rss_kib, step.runs_anon_kib) = (rss_kib(pid), anon_kib(pid));
             }
+            eprintln!(
+                "[bench] {n} pods, walker {}: after the runs RSS {} KiB ({} KiB anonymous)",
+                walker_state(walking),
+                rss_kib(pid),
+                anon_kib(pid)
+            );
         }
         steps.push(step);
     }
@@ -405,12 +427,13 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
     }
     std::fs::write(o.out.join("scale.csv"), csv)?;
     let mut csv = String::from(
-        "pods,idle_cpu_pct,daemon_thread_cpu_pct,walk_cpu_s,idle_rss_kib,busy_rss_kib,walker_busy_pct,idle_rss_anon_kib\n",
+        "pods,idle_cpu_pct,daemon_thread_cpu_pct,walk_cpu_s,idle_rss_kib,busy_rss_kib,walker_busy_pct,idle_rss_anon_kib,\
+         busy_rss_anon_kib,runs_rss_kib,runs_rss_anon_kib\n",
     );
     for s in steps {
         let _ = writeln!(
             csv,
-            "{},{:.3},{:.3},{:.3},{},{},{:.1},{}",
+            "{},{:.3},{:.3},{:.3},{},{},{:.1},{},{},{},{}",
             s.pods,
             s.idle_cpu_pct,
             s.daemon_cpu_pct,
@@ -418,7 +441,10 @@ fn report(o: &Opts, steps: &[Step], runs: &[Run]) -> anyhow::Result<()> {
             s.idle_rss_kib,
             s.busy_rss_kib,
             s.walker_busy_pct,
-            s.idle_anon_kib
+            s.idle_anon_kib,
+            s.busy_anon_kib,
+            s.runs_rss_kib,
+            s.runs_anon_kib
         );
     }
     std::fs::write(o.out.join("scale-steps.csv"), csv)?;
