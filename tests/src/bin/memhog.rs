@@ -56,8 +56,9 @@ fn main() -> std::process::ExitCode {
 
 /// No transparent huge page for this process, at a fault or from khugepaged: its usage then
 /// moves by what it allocates and nothing else. A khugepaged collapse charges the new 2 MiB
-/// page before it frees the 512 it replaces, a transient that lands in the middle of a test
-/// stepping towards a threshold (seen under QEMU on Debian's kernels, whose THP is `always`).
+/// page before it frees the 512 it replaces (a transient 2 MiB), and fills the range's
+/// pages never touched (a lasting step): either lands in the middle of a test stepping
+/// towards a threshold (seen under QEMU on Debian's kernels, whose THP is `always`).
 fn no_huge_pages() -> std::io::Result<()> {
     // SAFETY: prctl with integer arguments only.
     let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };

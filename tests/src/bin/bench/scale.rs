@@ -194,19 +194,20 @@ pub async fn scale(o: &Opts) -> anyhow::Result<()> {
                     Err(e) => eprintln!("[bench] evictd's smaps not kept: /proc/{pid}/smaps: {e}"),
                 }
             }
+            let after = (rss_kib(pid), anon_kib(pid));
             if walking {
                 let (cpu0, t0) = walker0;
                 step.walker_busy_pct =
                     100.0 * (thread_cpu_s(pid, "evictd-disk") - cpu0) / t0.elapsed().as_secs_f64();
-                (step.busy_rss_kib, step.busy_anon_kib) = (rss_kib(pid), anon_kib(pid));
+                (step.busy_rss_kib, step.busy_anon_kib) = after;
             } else {
-                (step.runs_rss_kib, step.runs_anon_kib) = (rss_kib(pid), anon_kib(pid));
+                (step.runs_rss_kib, step.runs_anon_kib) = after;
             }
             eprintln!(
                 "[bench] {n} pods, walker {}: after the runs RSS {} KiB ({} KiB anonymous)",
                 walker_state(walking),
-                rss_kib(pid),
-                anon_kib(pid)
+                after.0,
+                after.1
             );
         }
         steps.push(step);
