@@ -178,7 +178,7 @@ impl PodMirror {
 /// field means), with only the annotations eviction reads; for a finished one its phase
 /// alone. A pod that does not read (never seen
 /// from a conforming server) is left out, logged.
-fn entry_of(p: &k8s_openapi::api::core::v1::Pod) -> Option<(Arc<str>, ApiPod)> {
+fn entry_of(p: &ApiPodObject) -> Option<(Arc<str>, ApiPod)> {
     let uid: Arc<str> = p.metadata.uid.as_deref()?.into();
     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
     if let Some(phase) = terminal_phase(phase) {

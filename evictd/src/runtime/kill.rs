@@ -649,6 +649,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// A test pod of `processes` on a hybrid node (the memory controller on cgroup v1, beside
+    /// a cgroup2 mount whose `cgroup.kill` the kill writes), and its target; anywhere else
+    /// `None`, the skip said.
+    fn hybrid_pod_or_skip(test: &str, processes: usize) -> Option<(TestPod, KillTarget)> {
+        let layout = layout_or_skip(test)?;
+        if layout.memory_version != CgroupVersion::V1 || layout.unified_root.is_none() {
+            crate::skip(test, "not a hybrid node (the memory controller on cgroup v1, and a cgroup2 mount)");
+            return None;
+        }
+        let pod = TestPod::new(&layout, processes);
+        let target = KillTarget::at(&pod.rel, &layout);
+        if !target.is_hybrid() {
+            crate::skip(test, "no cgroup.kill in the unified hierarchy (kernel < 5.14)");
+            return None;
+        }
+        Some((pod, target))
+    }
+
     /// Kills the pod with `target`'s method and checks that every process of the pod died by
     /// SIGKILL while a process outside it (a bystander started the same way) lives on.
     async fn kills_the_pod_and_nothing_else(pod: &mut TestPod, target: &KillTarget, method: KillMethod) {
@@ -830,18 +848,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_process_outside_the_cgroup2_tree_dies_with_the_pod() {
         const TEST: &str = "a_process_outside_the_cgroup2_tree_dies_with_the_pod";
-        let Some(layout) = layout_or_skip(TEST) else { return };
-        if layout.memory_version != CgroupVersion::V1 || layout.unified_root.is_none() {
-            return crate::skip(
-                TEST,
-                "not a hybrid node (the memory controller on cgroup v1, and a cgroup2 mount)",
-            );
-        }
-        let mut pod = TestPod::new(&layout, 3);
-        let target = KillTarget::at(&pod.rel, &layout);
-        if target.cgroup_kill.is_none() {
-            return crate::skip(TEST, "no cgroup.kill in the unified hierarchy (kernel < 5.14)");
-        }
+        let Some((mut pod, target)) = hybrid_pod_or_skip(TEST, 3) else { return };
         let alone = pod.spawn_sleep();
         pod.adopt_into_memory_alone(alone);
         let report = fast_kill(&target, None).await.unwrap();
@@ -858,18 +865,7 @@ pub(crate) mod tests {
     #[test]
     fn an_exiting_process_of_a_hybrid_pod_is_still_pinned() {
         const TEST: &str = "an_exiting_process_of_a_hybrid_pod_is_still_pinned";
-        let Some(layout) = layout_or_skip(TEST) else { return };
-        if layout.memory_version != CgroupVersion::V1 || layout.unified_root.is_none() {
-            return crate::skip(
-                TEST,
-                "not a hybrid node (the memory controller on cgroup v1, and a cgroup2 mount)",
-            );
-        }
-        let mut pod = TestPod::new(&layout, 1);
-        let target = KillTarget::at(&pod.rel, &layout);
-        if !target.is_hybrid() {
-            return crate::skip(TEST, "no cgroup.kill in the unified hierarchy (kernel < 5.14)");
-        }
+        let Some((mut pod, target)) = hybrid_pod_or_skip(TEST, 1) else { return };
         let pid = pod.children[0].id() as i32;
         pod.children[0].kill().unwrap();
         let exited =
