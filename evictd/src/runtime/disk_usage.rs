@@ -7,11 +7,10 @@
 //!
 //! The walker measures every pod while the policy has a disk threshold, else only the pods
 //! that set their own storage limits (all the storage-limit check reads); pods the
-//! inventory no longer lists are dropped with each walk. The walk itself (`du`) is the
-//! kubelet's `fs.DiskUsage`, bounded in what it holds: a tenant chooses the tree.
+//! inventory no longer lists are dropped with each walk. The walk itself is `du.rs`.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -24,7 +23,10 @@ use std::{
 use evictd_policy::summary::VolumeStats;
 use tokio::sync::{mpsc, watch};
 
-use super::inventory::{PodList, PodRecord};
+use super::{
+    du::du,
+    inventory::{PodList, PodRecord},
+};
 use crate::{vocab::WakeCause, wake::Wake};
 
 /// One walk's results.
@@ -154,11 +156,19 @@ fn background_priority() {
 /// volume stats count beside the writable layers (which come from the runtime).
 #[derive(Clone, Debug, Default)]
 pub struct PodDisk {
-    /// (bytes, inodes) of each container's log directory, by container name.
-    pub logs: BTreeMap<String, (u64, u64)>,
+    /// Each container's name and the (bytes, inodes) of its log directory: a list, as short
+    /// as the pod's containers (a map's node per pod was most of a walk's result).
+    pub logs: Vec<(String, (u64, u64))>,
     pub volumes: Vec<VolumeStats>,
     /// The files directly in the pod's log directory, and its `etc-hosts`.
     pub pod_level: (u64, u64),
+}
+
+impl PodDisk {
+    /// (bytes, inodes) of the log directory of the container named `name`.
+    pub fn log_usage(&self, name: &str) -> Option<(u64, u64)> {
+        self.logs.iter().find(|(n, _)| n == name).map(|&(_, usage)| usage)
+    }
 }
 
 /// The pods' logs and volumes as last walked, by pod uid.
@@ -168,11 +178,13 @@ pub type DiskMeasured = HashMap<String, PodDisk>;
 /// millions of files). `kubelet_root`: local volumes live in
 /// `<root>/pods/<uid>/volumes/<plugin>/<name>`.
 pub fn measure_disk(rec: &PodRecord, kubelet_root: &Path) -> PodDisk {
-    let logs = rec
+    let mut logs: Vec<_> = rec
         .containers
         .iter()
         .filter_map(|c| Some((c.name.clone(), du(&Path::new(rec.log_directory.as_deref()?).join(&c.name)))))
         .collect();
+    // Kept until the next walk, beside the one before it: no spare room.
+    logs.shrink_to_fit();
     PodDisk {
         logs,
         volumes: local_volume_stats(rec, kubelet_root),
@@ -220,82 +232,6 @@ fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path) -> Vec<VolumeStats> 
             Some(VolumeStats { name: name.to_owned(), used_bytes: Some(bytes), inodes_used: Some(inodes) })
         })
         .collect()
-}
-
-/// Bytes and inodes of `dir` and everything under it, as the kubelet's `fs.DiskUsage`
-/// counts them (its MetricsDu, behind both log and volume stats): allocated blocks × 512 of
-/// every inode once (hard links deduplicated, directories included), symlinks not followed,
-/// nothing on another filesystem. Entries that vanish meanwhile are skipped; a directory
-/// that does not exist is (0, 0).
-fn du(dir: &Path) -> (u64, u64) {
-    let (bytes, inodes, _) = du_remembering(dir);
-    (bytes, inodes)
-}
-
-/// `du`, and the most it held at once: inodes remembered plus directories open. Only files
-/// with more than one link are remembered (as `du` and the kubelet's walk do: another link
-/// may come later), and the walk keeps one open directory per level, not every sibling's
-/// path: a volume of a million files, or of a million sibling directories (a tenant's to
-/// make), costs evictd what its depth costs. Termination needs no more: symlinks are not
-/// followed, and a bind mount shows a finite tree.
-fn du_remembering(dir: &Path) -> (u64, u64, usize) {
-    use std::{collections::HashSet, os::unix::fs::MetadataExt as _};
-    let Ok(top) = std::fs::symlink_metadata(dir) else { return (0, 0, 0) };
-    let mut linked = HashSet::new();
-    let mut total = (top.blocks() * 512, 1);
-    let mut open: Vec<Level> = Vec::new();
-    let mut most = 0;
-    if top.is_dir() {
-        open.extend(Level::of(dir, 0));
-    }
-    while let Some(level) = open.last_mut() {
-        let Some(entry) = level.next() else {
-            open.pop();
-            continue;
-        };
-        let Ok(e) = entry else { continue };
-        let Ok(m) = e.metadata() else { continue };
-        if m.dev() != top.dev() || (m.nlink() > 1 && !m.is_dir() && !linked.insert(m.ino())) {
-            continue;
-        }
-        total.0 += m.blocks() * 512;
-        total.1 += 1;
-        if m.is_dir() {
-            let held = open.iter().filter(|l| matches!(l, Level::Open(_))).count();
-            open.extend(Level::of(&e.path(), held));
-        }
-        let held_open = open.iter().filter(|l| matches!(l, Level::Open(_))).count();
-        most = most.max(linked.len() + held_open);
-    }
-    (total.0, total.1, most)
-}
-
-/// Directories the walk holds open at once, at most: a tenant chooses the depth (a chain of
-/// a thousand directories fits in PATH_MAX), and descriptors are what the kill path needs.
-const MAX_OPEN_DIRS: usize = 32;
-
-/// One level of the walk: a directory read as it goes, or, past `MAX_OPEN_DIRS` open ones,
-/// read whole at once and closed.
-enum Level {
-    Open(std::fs::ReadDir),
-    Read(std::vec::IntoIter<std::io::Result<std::fs::DirEntry>>),
-}
-
-impl Level {
-    fn of(dir: &Path, open_now: usize) -> Option<Level> {
-        let entries = std::fs::read_dir(dir).ok()?;
-        Some(match open_now < MAX_OPEN_DIRS {
-            true => Level::Open(entries),
-            false => Level::Read(entries.collect::<Vec<_>>().into_iter()),
-        })
-    }
-
-    fn next(&mut self) -> Option<std::io::Result<std::fs::DirEntry>> {
-        match self {
-            Level::Open(entries) => entries.next(),
-            Level::Read(entries) => entries.next(),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -376,42 +312,5 @@ mod tests {
         assert_eq!(wake.cause, WakeCause::Recheck);
         assert_eq!(walked(&walker), ["plain"], "every pod now; the one no longer listed dropped");
         assert!(walker.last().measured["plain"].volumes[0].used_bytes.unwrap() >= 64 << 10);
-    }
-
-    /// A volume of many small files: the walk counts every one but remembers only what it
-    /// can meet twice (directories, and the one file with two links), so its memory does
-    /// not grow with the file count.
-    #[test]
-    fn the_walk_remembers_only_what_it_can_meet_twice() {
-        let dir = tempfile::tempdir().unwrap();
-        let sub = dir.path().join("a");
-        std::fs::create_dir(&sub).unwrap();
-        for i in 0..2000 {
-            std::fs::write(sub.join(format!("f{i}")), b"x").unwrap();
-        }
-        // 2000 sibling directories: held one open directory per level, not 2000 paths.
-        for i in 0..2000 {
-            std::fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
-        }
-        std::fs::hard_link(sub.join("f0"), dir.path().join("link")).unwrap();
-        let (_, inodes, held) = du_remembering(dir.path());
-        assert_eq!(inodes, 1 + 1 + 2000 + 2000, "the top, a/, every file once (the link is f0), every dir");
-        assert!(held <= 3, "held {held} entries for 2000 files and 2000 directories");
-    }
-
-    /// A chain of 200 directories (a tenant chooses the depth) is walked whole, holding at
-    /// most `MAX_OPEN_DIRS` directories open: descriptors are what the kill path needs.
-    #[test]
-    fn a_deep_chain_holds_a_bounded_number_of_directories_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut deepest = dir.path().to_path_buf();
-        for _ in 0..200 {
-            deepest.push("d");
-        }
-        std::fs::create_dir_all(&deepest).unwrap();
-        std::fs::write(deepest.join("f"), b"x").unwrap();
-        let (_, inodes, held) = du_remembering(dir.path());
-        assert_eq!(inodes, 1 + 200 + 1, "the top, every level, the file at the bottom");
-        assert!(held <= MAX_OPEN_DIRS, "{held} directories held open at once");
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod cri;
 pub mod disk_usage;
+pub mod du;
 pub mod evict;
 pub mod infer;
 pub mod inventory;

@@ -310,7 +310,7 @@ pub fn pod_stats(
                 ..Default::default()
             }),
             rootfs: c.rootfs.map(|(b, i)| fs_stats((b, i))),
-            logs: disk.and_then(|d| d.logs.get(&c.name)).map(|&l| fs_stats(l)),
+            logs: disk.and_then(|d| d.log_usage(&c.name)).map(fs_stats),
         })
         .collect();
     let volume = disk.map(|d| d.volumes.clone()).unwrap_or_default();

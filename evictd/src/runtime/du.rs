@@ -1,0 +1,493 @@
+//! The directory walk behind the pods' log and volume stats: the kubelet's `fs.DiskUsage`
+//! (its MetricsDu), bounded in what it holds, because a tenant chooses the tree.
+//!
+//! Each directory is read in batches of one small `getdents` buffer, shared by the whole walk.
+//! A directory's subdirectories of the batch last read wait in the directory's own short list
+//! while the walk is below it; its descriptor stays open, so its next batch starts where the
+//! kernel left off, on every filesystem (tmpfs before 6.6 and overlayfs number positions by
+//! count, so a seek there can land on another entry once the directory changes). Past
+//! `MAX_OPEN_DIRS` levels a directory is read only up to its next subdirectory and closed while
+//! that subtree is walked, then opened again through the subtree's `..` (known by its inode)
+//! and sought to where it stopped: depth costs a few words a level, not a descriptor.
+
+use std::{
+    collections::HashSet,
+    ffi::{CStr, CString},
+    mem::MaybeUninit,
+    path::Path,
+};
+
+use rustix::{
+    fd::{AsFd, OwnedFd},
+    fs::{AtFlags, CWD, FileType, Mode, OFlags, RawDir, SeekFrom, Statx, StatxFlags},
+};
+
+/// Bytes and inodes of `dir` and everything under it, as the kubelet's `fs.DiskUsage` counts
+/// them: allocated blocks × 512 of every inode once (hard links deduplicated, directories
+/// included), symlinks not followed, nothing on another filesystem. Entries that vanish
+/// meanwhile are skipped; a path that does not exist is (0, 0), a file is itself.
+pub fn du(dir: &Path) -> (u64, u64) {
+    let walked = du_remembering(dir);
+    if walked.incomplete {
+        tracing::warn!(
+            dir = %dir.display(),
+            "a directory changed or could not be read while it was walked: its usage counts what the walk saw"
+        );
+    }
+    (walked.bytes, walked.inodes)
+}
+
+/// What a walk found, and the most it held at once.
+#[derive(Debug, Default)]
+struct Walked {
+    bytes: u64,
+    inodes: u64,
+    /// Inodes remembered plus directories open, at most.
+    most_held: usize,
+    /// A directory could not be read to its end, or one past `MAX_OPEN_DIRS` was moved while
+    /// its subtree was walked: the totals lack what the walk did not see.
+    incomplete: bool,
+}
+
+/// `du`, and the most it held at once. Only files with more than one link are remembered (as
+/// `du` and the kubelet's walk do: another link may come later); a directory of a million
+/// files, or of a million subdirectories, costs one batch of names.
+fn du_remembering(dir: &Path) -> Walked {
+    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
+    let Ok(top) = rustix::fs::statx(CWD, dir, flags, WALK_STATX) else { return Walked::default() };
+    let mut walk = DirWalk::new(&top);
+    if !is_dir(&top) {
+        return walk.done;
+    }
+    if let Ok(fd) = open_dir(CWD, dir) {
+        walk.levels.push(Level::new(fd, top.stx_ino));
+    }
+    let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
+    while walk.step(&mut buf) {}
+    walk.done
+}
+
+/// The `getdents` buffer of a walk: a few dozen entries a read. A kept-open level's list of
+/// subdirectories is at most one such batch.
+const DENTS_BUF: usize = 1 << 10;
+
+/// Levels kept open, read a batch at a time. Descriptors are what the kill path needs; the
+/// walk holds at most these plus two (the deepest level, and one for the moment a level is
+/// opened).
+const MAX_OPEN_DIRS: usize = 32;
+
+/// What the walk reads of each entry.
+const WALK_STATX: StatxFlags =
+    StatxFlags::TYPE.union(StatxFlags::NLINK).union(StatxFlags::INO).union(StatxFlags::BLOCKS);
+
+/// One directory of the path the walk is in.
+struct Level {
+    /// `None` while a subtree below it is walked (levels past `MAX_OPEN_DIRS` only).
+    fd: Option<OwnedFd>,
+    /// To know it again when it is opened through its child's `..`.
+    ino: u64,
+    /// Names of the subdirectories read and not yet walked, each ended by a NUL, from `next`.
+    pending: Vec<u8>,
+    next: usize,
+    /// Read to its end (or as far as it could be read).
+    ended: bool,
+    /// Levels past `MAX_OPEN_DIRS`: the seek cookie after the last entry read, and what the
+    /// directory looked like when it was read, to know whether the seek still lands there.
+    resume: u64,
+    read_as: Option<Stamp>,
+}
+
+/// A directory's size and change times: an entry added, removed or renamed changes them.
+type Stamp = (u64, i64, u32, i64, u32);
+
+fn stamp_of(fd: &OwnedFd) -> Option<Stamp> {
+    let mask = StatxFlags::SIZE | StatxFlags::MTIME | StatxFlags::CTIME;
+    let st = rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, mask).ok()?;
+    Some((st.stx_size, st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec, st.stx_ctime.tv_sec, st.stx_ctime.tv_nsec))
+}
+
+/// Whether the directory's filesystem numbers read positions by count (tmpfs before Linux 6.6,
+/// ramfs, overlayfs' merged directories), so that a seek after a change lands on another
+/// entry. tmpfs is taken as such on every kernel.
+fn positions_by_count(fd: &OwnedFd) -> bool {
+    const TMPFS: u64 = 0x0102_1994;
+    const RAMFS: u64 = 0x8584_58f6;
+    const OVERLAYFS: u64 = 0x794c_7630;
+    rustix::fs::fstatfs(fd).map_or(true, |st| matches!(st.f_type as u64, TMPFS | RAMFS | OVERLAYFS))
+}
+
+impl Level {
+    fn new(fd: OwnedFd, ino: u64) -> Level {
+        Level { fd: Some(fd), ino, pending: Vec::new(), next: 0, ended: false, resume: 0, read_as: None }
+    }
+
+    /// The next subdirectory read and not yet walked.
+    fn next_pending(&mut self) -> Option<CString> {
+        let name = CStr::from_bytes_until_nul(self.pending.get(self.next..)?).ok()?.to_owned();
+        self.next += name.as_bytes_with_nul().len();
+        if self.next >= self.pending.len() {
+            // Not kept: a level held closed far down a deep tree holds no spare room.
+            self.pending = Vec::new();
+            self.next = 0;
+        }
+        Some(name)
+    }
+}
+
+/// A walk in progress.
+struct DirWalk {
+    /// The filesystem walked: nothing on another is counted or entered.
+    dev: (u32, u32),
+    levels: Vec<Level>,
+    /// Inodes with more than one link, counted once.
+    linked: HashSet<u64>,
+    done: Walked,
+}
+
+impl DirWalk {
+    fn new(top: &Statx) -> DirWalk {
+        let done = Walked { bytes: top.stx_blocks * 512, inodes: 1, ..Walked::default() };
+        let dev = (top.stx_dev_major, top.stx_dev_minor);
+        DirWalk { dev, levels: Vec::new(), linked: HashSet::new(), done }
+    }
+
+    /// One step: into the deepest level's next subdirectory, or its next batch, or out of it
+    /// once it is read. `false` when the walk is done.
+    fn step(&mut self, buf: &mut [MaybeUninit<u8>]) -> bool {
+        let held = self.linked.len() + self.open();
+        self.done.most_held = self.done.most_held.max(held);
+        let Some(level) = self.levels.last_mut() else { return false };
+        if let Some(name) = level.next_pending() {
+            self.descend(&name);
+        } else if level.ended {
+            self.ascend();
+        } else {
+            self.read_batch(buf);
+        }
+        true
+    }
+
+    /// Directories open now: the kept-open levels and the deepest.
+    fn open(&self) -> usize {
+        self.levels.len().min(MAX_OPEN_DIRS) + usize::from(self.levels.len() > MAX_OPEN_DIRS)
+    }
+
+    /// Whether the deepest level is past the kept-open ones.
+    fn deep(&self) -> bool {
+        self.levels.len() > MAX_OPEN_DIRS
+    }
+
+    /// Reads the deepest level's next batch, counting what it finds and listing its
+    /// subdirectories; a level past `MAX_OPEN_DIRS` only up to its next subdirectory, from
+    /// where it stopped. A directory that cannot be read on (changed since its last read, on a
+    /// filesystem where the seek would land elsewhere; a seek refused or going nowhere; a read
+    /// error) ends there, the walk said incomplete.
+    fn read_batch(&mut self, buf: &mut [MaybeUninit<u8>]) {
+        let deep = self.deep();
+        let DirWalk { dev, levels, linked, done } = self;
+        let Some(Level { fd: Some(fd), pending, ended, resume, read_as, .. }) = levels.last_mut() else {
+            return;
+        };
+        if deep {
+            let changed = read_as.is_some_and(|was| stamp_of(fd) != Some(was));
+            let lost = changed && positions_by_count(fd);
+            if lost || rustix::fs::seek(&*fd, SeekFrom::Start(*resume)).ok() != Some(*resume) {
+                (done.incomplete, *ended) = (true, true);
+                return;
+            }
+            *read_as = stamp_of(fd);
+        }
+        let start = *resume;
+        let mut entries = RawDir::new(&*fd, buf);
+        let mut read = false;
+        // One `getdents`: the batch ends where the buffer does.
+        while !read || !entries.is_buffer_empty() {
+            let e = match entries.next() {
+                Some(Ok(e)) => e,
+                // Removed while it was read: its end.
+                Some(Err(rustix::io::Errno::NOENT)) | None => {
+                    *ended = true;
+                    return;
+                }
+                Some(Err(_)) => {
+                    (done.incomplete, *ended) = (true, true);
+                    return;
+                }
+            };
+            read = true;
+            *resume = e.next_entry_cookie();
+            let name = e.file_name();
+            if matches!(name.to_bytes(), b"." | b"..") {
+                continue;
+            }
+            let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
+            let Ok(st) = rustix::fs::statx(&*fd, name, flags, WALK_STATX) else { continue };
+            let dir = is_dir(&st);
+            let elsewhere = (st.stx_dev_major, st.stx_dev_minor) != *dev;
+            if elsewhere || (!dir && st.stx_nlink > 1 && !linked.insert(st.stx_ino)) {
+                continue;
+            }
+            done.bytes += st.stx_blocks * 512;
+            done.inodes += 1;
+            if dir {
+                pending.extend_from_slice(name.to_bytes_with_nul());
+                if deep {
+                    return;
+                }
+            }
+        }
+        // A filesystem whose cookies do not move on would have this level read forever.
+        if deep && *resume == start {
+            (done.incomplete, *ended) = (true, true);
+        }
+    }
+
+    /// Opens the deepest level's subdirectory `name` as the new deepest level; a parent past
+    /// `MAX_OPEN_DIRS` is closed meanwhile. One that cannot be opened (gone, or not ours to
+    /// read) is counted and not entered, as the kubelet's walk skips it.
+    fn descend(&mut self, name: &CStr) {
+        use rustix::io::Errno;
+        let deep = self.deep();
+        let Some(Level { fd: Some(parent), .. }) = self.levels.last_mut() else { return };
+        let fd = match open_dir(&*parent, name) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::ACCESS | Errno::NOTDIR | Errno::LOOP) => return,
+            // Out of descriptors or memory: the subtree is not counted, and the walk says so.
+            Err(_) => {
+                self.done.incomplete = true;
+                return;
+            }
+        };
+        let Some(ino) = inode_of(&fd) else { return };
+        if deep && let Some(parent) = self.levels.last_mut() {
+            parent.fd = None;
+        }
+        self.levels.push(Level::new(fd, ino));
+    }
+
+    /// Leaves the deepest level, done. A parent closed meanwhile is opened again through the
+    /// level's `..` and known by its inode; when that is another directory (a tenant moved
+    /// one), the closed levels above are given up and the walk goes on at the deepest open one.
+    fn ascend(&mut self) {
+        let Some(child) = self.levels.pop() else { return };
+        let Some(parent) = self.levels.last_mut() else { return };
+        if parent.fd.is_some() {
+            return;
+        }
+        let again = child.fd.and_then(|fd| open_dir(&fd, c"..").ok());
+        match again.filter(|fd| inode_of(fd) == Some(parent.ino)) {
+            Some(fd) => parent.fd = Some(fd),
+            None => {
+                while self.levels.last().is_some_and(|l| l.fd.is_none()) {
+                    self.levels.pop();
+                }
+                self.done.incomplete = true;
+            }
+        }
+    }
+}
+
+fn is_dir(st: &Statx) -> bool {
+    FileType::from_raw_mode(st.stx_mode.into()).is_dir()
+}
+
+fn inode_of(fd: &OwnedFd) -> Option<u64> {
+    rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, StatxFlags::INO).ok().map(|st| st.stx_ino)
+}
+
+/// A directory opened for the walk, never through a symlink.
+fn open_dir<P: rustix::path::Arg>(at: impl AsFd, path: P) -> rustix::io::Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    rustix::fs::openat(at, path, flags, Mode::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, os::unix::fs::MetadataExt as _};
+
+    use super::*;
+
+    /// A walk of `dir` ready to step.
+    fn walk_of(dir: &Path) -> DirWalk {
+        let top = rustix::fs::statx(CWD, dir, AtFlags::SYMLINK_NOFOLLOW, WALK_STATX).unwrap();
+        let mut walk = DirWalk::new(&top);
+        walk.levels.push(Level::new(open_dir(CWD, dir).unwrap(), top.stx_ino));
+        walk
+    }
+
+    /// `n` subdirectories of `dir`, each with `files` files.
+    fn subdirectories(dir: &Path, prefix: &str, n: usize, files: usize) {
+        for i in 0..n {
+            let sub = dir.join(format!("{prefix}{i}"));
+            fs::create_dir(&sub).unwrap();
+            for f in 0..files {
+                fs::write(sub.join(format!("f{f}")), b"").unwrap();
+            }
+        }
+    }
+
+    /// A volume of many small files: the walk counts every one but remembers only what it
+    /// can meet twice (the one file with two links), so its memory does not grow with the
+    /// file count.
+    #[test]
+    fn the_walk_remembers_only_what_it_can_meet_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        subdirectories(dir.path(), "a", 1, 2000);
+        // 2000 sibling directories: a batch of names at a time, not 2000.
+        subdirectories(dir.path(), "d", 2000, 0);
+        fs::hard_link(dir.path().join("a0/f0"), dir.path().join("link")).unwrap();
+        let walked = du_remembering(dir.path());
+        assert_eq!(
+            walked.inodes,
+            1 + 1 + 2000 + 2000,
+            "the top, a0/, every file once (the link is f0), every dir"
+        );
+        assert!(
+            walked.most_held <= 3,
+            "held {} entries for 2000 files and 2000 directories",
+            walked.most_held
+        );
+        assert!(!walked.incomplete);
+    }
+
+    /// What the kubelet's walk counts of what is not a plain directory: a file is itself, a
+    /// path that does not exist nothing, a symlink (to a large directory) one inode, a FIFO
+    /// one inode; names need not be UTF-8.
+    #[test]
+    fn files_symlinks_and_odd_names_count_as_the_kubelet_counts_them() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        fs::write(&file, vec![1u8; 8192]).unwrap();
+        assert_eq!(du(&file), (fs::metadata(&file).unwrap().blocks() * 512, 1));
+        assert_eq!(du(&dir.path().join("missing")), (0, 0));
+
+        let vol = dir.path().join("vol");
+        fs::create_dir(&vol).unwrap();
+        std::os::unix::fs::symlink(dir.path(), vol.join("link")).unwrap();
+        nix::unistd::mkfifo(&vol.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        fs::write(vol.join(std::ffi::OsStr::from_bytes(b"\xff\xfe")), b"x").unwrap();
+        let (_, inodes) = du(&vol);
+        assert_eq!(inodes, 1 + 3, "the top, the symlink (not followed), the FIFO, the odd name");
+    }
+
+    /// A chain of 200 directories (a tenant chooses the depth) with files at every level and,
+    /// far past `MAX_OPEN_DIRS`, a level of many files and subdirectories: every inode is
+    /// counted once, each deep level read on from where it stopped after each subtree (opened
+    /// again through `..`), with at most `MAX_OPEN_DIRS` + 1 directories open between steps
+    /// (counted on the levels themselves): descriptors are what the kill path needs.
+    #[test]
+    fn a_deep_chain_is_walked_whole_with_a_bounded_number_of_directories_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut level = dir.path().to_path_buf();
+        let mut expected = 1;
+        for depth in 0..200 {
+            level.push("d");
+            fs::create_dir(&level).unwrap();
+            for f in ["a", "m", "z"] {
+                fs::write(level.join(f), b"x").unwrap();
+            }
+            expected += 4;
+            if depth == 100 {
+                subdirectories(&level, "sub", 300, 1);
+                for i in 0..3000 {
+                    fs::write(level.join(format!("f{i}")), b"x").unwrap();
+                }
+                expected += 300 * 2 + 3000;
+            }
+        }
+        let mut walk = walk_of(dir.path());
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
+        let (mut most_open, mut deepest) = (0, 0);
+        while walk.step(&mut buf) {
+            most_open = most_open.max(walk.levels.iter().filter(|l| l.fd.is_some()).count());
+            deepest = deepest.max(walk.levels.len());
+        }
+        assert_eq!(walk.done.inodes, expected, "every level, its files, the wide level's entries, once each");
+        assert_eq!(deepest, 201, "the top and the 200 levels");
+        assert!(most_open <= MAX_OPEN_DIRS + 1, "{most_open} directories open at once");
+        assert!(!walk.done.incomplete);
+    }
+
+    /// A directory that gains entries while the walk is below it is read on where the walk
+    /// left it, on every filesystem: each subdirectory is walked once (one walked twice would
+    /// add its 301 inodes), new entries are counted or not, none twice. Past `MAX_OPEN_DIRS`
+    /// the same holds where seek positions stay put (ext4, xfs, btrfs); where they may be
+    /// counts (tmpfs, whose positions are counts before Linux 6.6) the changed directory is
+    /// read no further and the walk says it is incomplete, rather than seek onto another entry.
+    #[test]
+    fn a_directory_that_changes_under_the_walk_has_each_subdirectory_walked_once() {
+        for depth in [0, MAX_OPEN_DIRS + 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut changing = dir.path().to_path_buf();
+            for _ in 0..depth {
+                changing.push("d");
+            }
+            fs::create_dir_all(&changing).unwrap();
+            for i in 0..100 {
+                fs::write(changing.join(format!("early{i}")), b"").unwrap();
+            }
+            subdirectories(&changing, "s", 10, 300);
+            let expected = 1 + depth as u64 + 100 + 10 * 301;
+            let mut walk = walk_of(dir.path());
+            let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
+            // Into the changing directory's first subdirectory.
+            while walk.levels.len() < depth + 2 {
+                assert!(walk.step(&mut buf), "the walk ended before it reached the changing directory");
+            }
+            let added = 100;
+            for i in 0..added {
+                fs::write(changing.join(format!("late{i}")), b"").unwrap();
+            }
+            let by_count = positions_by_count(&open_dir(CWD, &changing).unwrap());
+            while walk.step(&mut buf) {}
+            let counted = walk.done.inodes;
+            if depth > 0 && by_count {
+                assert!(walk.done.incomplete, "depth {depth}: a seek by count after a change, not said");
+                assert!(
+                    counted < expected,
+                    "depth {depth}: {counted} inodes, the changed directory not read on"
+                );
+            } else {
+                let most = expected + added;
+                assert!(
+                    (expected..=most).contains(&counted),
+                    "depth {depth}: {counted} inodes, {expected}..={most}"
+                );
+                assert!(!walk.done.incomplete, "depth {depth}");
+            }
+        }
+    }
+
+    /// A closed level is known again by its inode when it is opened through its child's `..`;
+    /// one moved away meanwhile (`..` is now another directory) is given up, with the closed
+    /// levels above it, and the walk goes on at the deepest open level, said incomplete.
+    #[test]
+    fn a_moved_directory_past_the_open_ones_is_given_up_not_mistaken() {
+        let dir = tempfile::tempdir().unwrap();
+        let child = dir.path().join("p/c");
+        let elsewhere = dir.path().join("elsewhere");
+        fs::create_dir_all(&child).unwrap();
+        fs::create_dir(&elsewhere).unwrap();
+        let level = |p: &Path, open: bool| {
+            let mut l = Level::new(open_dir(CWD, p).unwrap(), fs::metadata(p).unwrap().ino());
+            l.fd = l.fd.filter(|_| open);
+            l
+        };
+        let mut walk = walk_of(dir.path());
+        walk.levels.extend([level(&dir.path().join("p"), false), level(&child, true)]);
+        walk.ascend();
+        assert_eq!(walk.levels.len(), 2);
+        assert!(
+            walk.levels[1].fd.is_some() && !walk.done.incomplete,
+            "its parent, opened again through `..`"
+        );
+
+        // The child's parent remembered as `elsewhere`: `p/c/..` is now another directory.
+        let mut walk = walk_of(dir.path());
+        walk.levels.extend([level(&elsewhere, false), level(&elsewhere, false), level(&child, true)]);
+        walk.ascend();
+        assert_eq!(walk.levels.len(), 1, "both closed levels given up, the walk at the top");
+        assert!(walk.done.incomplete);
+    }
+}
