@@ -60,6 +60,7 @@ fn du_remembering(dir: &Path) -> Walked {
         return walk.done;
     }
     if let Ok(fd) = open_dir(CWD, dir) {
+        walk.stable = stable_positions(&fd);
         walk.levels.push(Level::new(fd, top.stx_ino));
     }
     let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
@@ -91,34 +92,35 @@ struct Level {
     next: usize,
     /// Read to its end (or as far as it could be read).
     ended: bool,
-    /// Levels past `MAX_OPEN_DIRS`: the seek cookie after the last entry read, and what the
-    /// directory looked like when it was read, to know whether the seek still lands there.
-    resume: u64,
-    read_as: Option<Stamp>,
+    /// Levels past `MAX_OPEN_DIRS`: where to read on after the subdirectory the last read
+    /// stopped at (it was closed meanwhile, or its descriptor read past that batch).
+    resume: Option<Resume>,
 }
 
-/// A directory's size and change times: an entry added, removed or renamed changes them.
-type Stamp = (u64, i64, u32, i64, u32);
-
-fn stamp_of(fd: &OwnedFd) -> Option<Stamp> {
-    let mask = StatxFlags::SIZE | StatxFlags::MTIME | StatxFlags::CTIME;
-    let st = rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, mask).ok()?;
-    Some((st.stx_size, st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec, st.stx_ctime.tv_sec, st.stx_ctime.tv_nsec))
+/// A deep level's place: the subdirectory its last read stopped at.
+#[derive(Clone, Copy)]
+struct Resume {
+    /// Its seek cookie (the position after it), trusted only where positions stay put.
+    cookie: u64,
+    /// Its inode as the directory lists it: where a read from the start stops skipping, and
+    /// never walked again right after a seek.
+    ino: u64,
 }
 
-/// Whether the directory's filesystem numbers read positions by count (tmpfs before Linux 6.6,
-/// ramfs, overlayfs' merged directories), so that a seek after a change lands on another
-/// entry. tmpfs is taken as such on every kernel.
-fn positions_by_count(fd: &OwnedFd) -> bool {
-    const TMPFS: u64 = 0x0102_1994;
-    const RAMFS: u64 = 0x8584_58f6;
-    const OVERLAYFS: u64 = 0x794c_7630;
-    rustix::fs::fstatfs(fd).map_or(true, |st| matches!(st.f_type as u64, TMPFS | RAMFS | OVERLAYFS))
+/// Whether the filesystem's seek positions stay put while a directory changes (ext4, xfs and
+/// btrfs hash or index their entries). Elsewhere a position may be a count (tmpfs before
+/// Linux 6.6, ramfs, overlayfs' merged directories, hugetlbfs) or anything (FUSE), and a
+/// deep level is found again by reading from its start to the entry it stopped at.
+fn stable_positions(fd: &OwnedFd) -> bool {
+    const EXT4: u64 = 0xef53;
+    const XFS: u64 = 0x5846_5342;
+    const BTRFS: u64 = 0x9123_683e;
+    rustix::fs::fstatfs(fd).is_ok_and(|st| matches!(st.f_type as u64, EXT4 | XFS | BTRFS))
 }
 
 impl Level {
     fn new(fd: OwnedFd, ino: u64) -> Level {
-        Level { fd: Some(fd), ino, pending: Vec::new(), next: 0, ended: false, resume: 0, read_as: None }
+        Level { fd: Some(fd), ino, pending: Vec::new(), next: 0, ended: false, resume: None }
     }
 
     /// The next subdirectory read and not yet walked.
@@ -138,6 +140,8 @@ impl Level {
 struct DirWalk {
     /// The filesystem walked: nothing on another is counted or entered.
     dev: (u32, u32),
+    /// Whether its seek positions stay put (`stable_positions`).
+    stable: bool,
     levels: Vec<Level>,
     /// Inodes with more than one link, counted once.
     linked: HashSet<u64>,
@@ -148,7 +152,7 @@ impl DirWalk {
     fn new(top: &Statx) -> DirWalk {
         let done = Walked { bytes: top.stx_blocks * 512, inodes: 1, ..Walked::default() };
         let dev = (top.stx_dev_major, top.stx_dev_minor);
-        DirWalk { dev, levels: Vec::new(), linked: HashSet::new(), done }
+        DirWalk { dev, stable: false, levels: Vec::new(), linked: HashSet::new(), done }
     }
 
     /// One step: into the deepest level's next subdirectory, or its next batch, or out of it
@@ -179,34 +183,30 @@ impl DirWalk {
 
     /// Reads the deepest level's next batch, counting what it finds and listing its
     /// subdirectories; a level past `MAX_OPEN_DIRS` only up to its next subdirectory, from
-    /// where it stopped. A directory that cannot be read on (changed since its last read, on a
-    /// filesystem where the seek would land elsewhere; a seek refused or going nowhere; a read
-    /// error) ends there, the walk said incomplete.
+    /// the one it stopped at. A directory that cannot be read on (a read error; the entry it
+    /// stopped at gone, where positions are not kept) ends there, the walk said incomplete.
     fn read_batch(&mut self, buf: &mut [MaybeUninit<u8>]) {
         let deep = self.deep();
-        let DirWalk { dev, levels, linked, done } = self;
-        let Some(Level { fd: Some(fd), pending, ended, resume, read_as, .. }) = levels.last_mut() else {
+        let DirWalk { dev, levels, linked, done, stable } = self;
+        let Some(Level { fd, pending, ended, resume, .. }) = levels.last_mut() else { return };
+        // The deepest level is open; were it not, it ends here rather than be read forever.
+        let Some(fd) = fd.as_ref() else {
+            (done.incomplete, *ended) = (true, true);
             return;
         };
-        if deep {
-            let changed = read_as.is_some_and(|was| stamp_of(fd) != Some(was));
-            let lost = changed && positions_by_count(fd);
-            if lost || rustix::fs::seek(&*fd, SeekFrom::Start(*resume)).ok() != Some(*resume) {
-                (done.incomplete, *ended) = (true, true);
-                return;
-            }
-            *read_as = stamp_of(fd);
-        }
-        let start = *resume;
-        let mut entries = RawDir::new(&*fd, buf);
+        let Some(mut place) = Place::find(fd, resume.take(), *stable) else {
+            (done.incomplete, *ended) = (true, true);
+            return;
+        };
+        let mut entries = RawDir::new(fd, buf);
         let mut read = false;
-        // One `getdents`: the batch ends where the buffer does.
-        while !read || !entries.is_buffer_empty() {
+        // One `getdents` a batch, past those a search for the place skips whole.
+        while place.searching() || !read || !entries.is_buffer_empty() {
             let e = match entries.next() {
                 Some(Ok(e)) => e,
                 // Removed while it was read: its end.
                 Some(Err(rustix::io::Errno::NOENT)) | None => {
-                    *ended = true;
+                    (done.incomplete, *ended) = (done.incomplete || place.searching(), true);
                     return;
                 }
                 Some(Err(_)) => {
@@ -215,36 +215,23 @@ impl DirWalk {
                 }
             };
             read = true;
-            *resume = e.next_entry_cookie();
-            let name = e.file_name();
-            if matches!(name.to_bytes(), b"." | b"..") {
+            if !place.passes(e.ino()) || matches!(e.file_name().to_bytes(), b"." | b"..") {
                 continue;
             }
-            let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
-            let Ok(st) = rustix::fs::statx(&*fd, name, flags, WALK_STATX) else { continue };
-            let dir = is_dir(&st);
-            let elsewhere = (st.stx_dev_major, st.stx_dev_minor) != *dev;
-            if elsewhere || (!dir && st.stx_nlink > 1 && !linked.insert(st.stx_ino)) {
-                continue;
-            }
-            done.bytes += st.stx_blocks * 512;
-            done.inodes += 1;
-            if dir {
-                pending.extend_from_slice(name.to_bytes_with_nul());
+            if count_entry(fd, e.file_name(), *dev, linked, done) == Some(true) {
+                pending.extend_from_slice(e.file_name().to_bytes_with_nul());
                 if deep {
+                    *resume = Some(Resume { cookie: e.next_entry_cookie(), ino: e.ino() });
                     return;
                 }
             }
         }
-        // A filesystem whose cookies do not move on would have this level read forever.
-        if deep && *resume == start {
-            (done.incomplete, *ended) = (true, true);
-        }
     }
 
     /// Opens the deepest level's subdirectory `name` as the new deepest level; a parent past
-    /// `MAX_OPEN_DIRS` is closed meanwhile. One that cannot be opened (gone, or not ours to
-    /// read) is counted and not entered, as the kubelet's walk skips it.
+    /// `MAX_OPEN_DIRS` is closed meanwhile. One gone, replaced, or not ours to read is counted
+    /// and not entered; one that cannot be opened for want of descriptors or memory makes the
+    /// walk incomplete.
     fn descend(&mut self, name: &CStr) {
         use rustix::io::Errno;
         let deep = self.deep();
@@ -258,7 +245,10 @@ impl DirWalk {
                 return;
             }
         };
-        let Some(ino) = inode_of(&fd) else { return };
+        let Some(ino) = inode_of(&fd) else {
+            self.done.incomplete = true;
+            return;
+        };
         if deep && let Some(parent) = self.levels.last_mut() {
             parent.fd = None;
         }
@@ -287,6 +277,66 @@ impl DirWalk {
     }
 }
 
+/// Where a read of a deep level starts: on from its descriptor, or the entry it stopped at
+/// found again.
+enum Place {
+    /// Read on; `never`: the subdirectory sought past, not met twice.
+    On { never: Option<u64> },
+    /// Read from the start, skipping up to and past the entry with this inode.
+    Past(u64),
+}
+
+impl Place {
+    /// Seeks `fd` where its read starts; `None` when the seek is refused.
+    fn find(fd: &OwnedFd, stopped_at: Option<Resume>, stable: bool) -> Option<Place> {
+        let Some(at) = stopped_at else { return Some(Place::On { never: None }) };
+        let (to, place) = match stable {
+            true => (at.cookie, Place::On { never: Some(at.ino) }),
+            false => (0, Place::Past(at.ino)),
+        };
+        (rustix::fs::seek(fd, SeekFrom::Start(to)).ok() == Some(to)).then_some(place)
+    }
+
+    fn searching(&self) -> bool {
+        matches!(self, Place::Past(_))
+    }
+
+    /// Whether the entry with inode `ino` is one to count (the search ends past its mark).
+    fn passes(&mut self, ino: u64) -> bool {
+        match *self {
+            Place::On { never } => never != Some(ino),
+            Place::Past(mark) => {
+                if ino == mark {
+                    *self = Place::On { never: None };
+                }
+                false
+            }
+        }
+    }
+}
+
+/// Counts the entry `name` of the directory `at` as the kubelet's walk does: `Some(whether it
+/// is a directory)` when counted; `None` for one on another filesystem, a hard link met before,
+/// or one gone meanwhile.
+fn count_entry(
+    at: &OwnedFd,
+    name: &CStr,
+    dev: (u32, u32),
+    linked: &mut HashSet<u64>,
+    done: &mut Walked,
+) -> Option<bool> {
+    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
+    let st = rustix::fs::statx(at, name, flags, WALK_STATX).ok()?;
+    let dir = is_dir(&st);
+    if (st.stx_dev_major, st.stx_dev_minor) != dev || (!dir && st.stx_nlink > 1 && !linked.insert(st.stx_ino))
+    {
+        return None;
+    }
+    done.bytes += st.stx_blocks * 512;
+    done.inodes += 1;
+    Some(dir)
+}
+
 fn is_dir(st: &Statx) -> bool {
     FileType::from_raw_mode(st.stx_mode.into()).is_dir()
 }
@@ -311,8 +361,21 @@ mod tests {
     fn walk_of(dir: &Path) -> DirWalk {
         let top = rustix::fs::statx(CWD, dir, AtFlags::SYMLINK_NOFOLLOW, WALK_STATX).unwrap();
         let mut walk = DirWalk::new(&top);
-        walk.levels.push(Level::new(open_dir(CWD, dir).unwrap(), top.stx_ino));
+        let fd = open_dir(CWD, dir).unwrap();
+        walk.stable = stable_positions(&fd);
+        walk.levels.push(Level::new(fd, top.stx_ino));
         walk
+    }
+
+    /// Steps `walk` to its end, within a bound far past what the tests' trees take: a walk
+    /// that finds its place wrongly can go round for ever.
+    fn finish(walk: &mut DirWalk, buf: &mut [MaybeUninit<u8>]) {
+        for _ in 0..1_000_000 {
+            if !walk.step(buf) {
+                return;
+            }
+        }
+        panic!("the walk did not end within a million steps");
     }
 
     /// `n` subdirectories of `dir`, each with `files` files.
@@ -412,12 +475,12 @@ mod tests {
     /// A directory that gains entries while the walk is below it is read on where the walk
     /// left it, on every filesystem: each subdirectory is walked once (one walked twice would
     /// add its 301 inodes), new entries are counted or not, none twice. Past `MAX_OPEN_DIRS`
-    /// the same holds where seek positions stay put (ext4, xfs, btrfs); where they may be
-    /// counts (tmpfs, whose positions are counts before Linux 6.6) the changed directory is
-    /// read no further and the walk says it is incomplete, rather than seek onto another entry.
+    /// the same holds whether the level is found again by its seek position (where positions
+    /// stay put: ext4, xfs, btrfs) or by reading from its start to the entry it stopped at
+    /// (elsewhere; tried here on every filesystem).
     #[test]
     fn a_directory_that_changes_under_the_walk_has_each_subdirectory_walked_once() {
-        for depth in [0, MAX_OPEN_DIRS + 3] {
+        for (depth, search) in [(0, false), (MAX_OPEN_DIRS + 3, false), (MAX_OPEN_DIRS + 3, true)] {
             let dir = tempfile::tempdir().unwrap();
             let mut changing = dir.path().to_path_buf();
             for _ in 0..depth {
@@ -430,6 +493,7 @@ mod tests {
             subdirectories(&changing, "s", 10, 300);
             let expected = 1 + depth as u64 + 100 + 10 * 301;
             let mut walk = walk_of(dir.path());
+            walk.stable &= !search;
             let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
             // Into the changing directory's first subdirectory.
             while walk.levels.len() < depth + 2 {
@@ -439,23 +503,12 @@ mod tests {
             for i in 0..added {
                 fs::write(changing.join(format!("late{i}")), b"").unwrap();
             }
-            let by_count = positions_by_count(&open_dir(CWD, &changing).unwrap());
-            while walk.step(&mut buf) {}
-            let counted = walk.done.inodes;
-            if depth > 0 && by_count {
-                assert!(walk.done.incomplete, "depth {depth}: a seek by count after a change, not said");
-                assert!(
-                    counted < expected,
-                    "depth {depth}: {counted} inodes, the changed directory not read on"
-                );
-            } else {
-                let most = expected + added;
-                assert!(
-                    (expected..=most).contains(&counted),
-                    "depth {depth}: {counted} inodes, {expected}..={most}"
-                );
-                assert!(!walk.done.incomplete, "depth {depth}");
-            }
+            finish(&mut walk, &mut buf);
+            let (counted, most) = (walk.done.inodes, expected + added);
+            let how =
+                format!("depth {depth}, found again by {}", if walk.stable { "seek" } else { "search" });
+            assert!((expected..=most).contains(&counted), "{how}: {counted} inodes, {expected}..={most}");
+            assert!(!walk.done.incomplete, "{how}");
         }
     }
 
