@@ -8,7 +8,8 @@
 //! count, so a seek there can land on another entry once the directory changes). Past
 //! `MAX_OPEN_DIRS` levels a directory is read only up to its next subdirectory and closed while
 //! that subtree is walked, then opened again through the subtree's `..` (known by its inode)
-//! and sought to where it stopped: depth costs a few words a level, not a descriptor.
+//! and found again where it stopped (`Place`): depth costs a few words a level, not a
+//! descriptor.
 
 use std::{
     collections::HashSet,
@@ -44,6 +45,8 @@ struct Walked {
     inodes: u64,
     /// Inodes remembered plus directories open, at most.
     most_held: usize,
+    /// Entries read, counted or not: past `READ_BUDGET` the walk stops.
+    read: u64,
     /// A directory could not be read to its end, or one past `MAX_OPEN_DIRS` was moved while
     /// its subtree was walked: the totals lack what the walk did not see.
     incomplete: bool,
@@ -77,6 +80,13 @@ const DENTS_BUF: usize = 1 << 10;
 /// opened).
 const MAX_OPEN_DIRS: usize = 32;
 
+/// Entries a walk may read: a million, and eight for each it counts. A walk reads each entry
+/// once, but for the searches of directories past `MAX_OPEN_DIRS` on filesystems whose
+/// positions move (a tenant renaming entries ahead of the walk can have it read them again
+/// and again); past the budget it stops, incomplete, and the walker thread goes on to the
+/// next pod.
+const READ_BUDGET: (u64, u64) = (1 << 20, 8);
+
 /// What the walk reads of each entry.
 const WALK_STATX: StatxFlags =
     StatxFlags::TYPE.union(StatxFlags::NLINK).union(StatxFlags::INO).union(StatxFlags::BLOCKS);
@@ -100,11 +110,26 @@ struct Level {
 /// A deep level's place: the subdirectory its last read stopped at.
 #[derive(Clone, Copy)]
 struct Resume {
-    /// Its seek cookie (the position after it), trusted only where positions stay put.
-    cookie: u64,
-    /// Its inode as the directory lists it: where a read from the start stops skipping, and
-    /// never walked again right after a seek.
+    /// The seek positions before and after it: after it trusted only where positions stay
+    /// put; before it tried elsewhere, and kept when the entry found there is it.
+    before: u64,
+    after: u64,
+    mark: Mark,
+}
+
+/// An entry known again: its inode as the directory lists it and a hash of its name (some
+/// filesystems list one inode number for every entry; a rename in place keeps the inode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Mark {
     ino: u64,
+    name: u64,
+}
+
+impl Mark {
+    fn of(ino: u64, name: &CStr) -> Mark {
+        use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
+        Mark { ino, name: BuildHasherDefault::<DefaultHasher>::default().hash_one(name.to_bytes()) }
+    }
 }
 
 /// Whether the filesystem's seek positions stay put while a directory changes (ext4, xfs and
@@ -117,6 +142,9 @@ fn stable_positions(fd: &OwnedFd) -> bool {
     const BTRFS: u64 = 0x9123_683e;
     rustix::fs::fstatfs(fd).is_ok_and(|st| matches!(st.f_type as u64, EXT4 | XFS | BTRFS))
 }
+
+// What a level of depth costs, as docs/operating.md states it: a tenant chooses the depth.
+const _: () = assert!(size_of::<Level>() <= 88);
 
 impl Level {
     fn new(fd: OwnedFd, ino: u64) -> Level {
@@ -142,6 +170,8 @@ struct DirWalk {
     dev: (u32, u32),
     /// Whether its seek positions stay put (`stable_positions`).
     stable: bool,
+    /// The subdirectory a level past `MAX_OPEN_DIRS` stopped at, opened as it was read.
+    entering: Option<OwnedFd>,
     levels: Vec<Level>,
     /// Inodes with more than one link, counted once.
     linked: HashSet<u64>,
@@ -152,7 +182,7 @@ impl DirWalk {
     fn new(top: &Statx) -> DirWalk {
         let done = Walked { bytes: top.stx_blocks * 512, inodes: 1, ..Walked::default() };
         let dev = (top.stx_dev_major, top.stx_dev_minor);
-        DirWalk { dev, stable: false, levels: Vec::new(), linked: HashSet::new(), done }
+        DirWalk { dev, stable: false, entering: None, levels: Vec::new(), linked: HashSet::new(), done }
     }
 
     /// One step: into the deepest level's next subdirectory, or its next batch, or out of it
@@ -160,6 +190,10 @@ impl DirWalk {
     fn step(&mut self, buf: &mut [MaybeUninit<u8>]) -> bool {
         let held = self.linked.len() + self.open();
         self.done.most_held = self.done.most_held.max(held);
+        if self.done.read > READ_BUDGET.0 + READ_BUDGET.1 * self.done.inodes {
+            self.done.incomplete = true;
+            self.levels.clear();
+        }
         let Some(level) = self.levels.last_mut() else { return false };
         if let Some(name) = level.next_pending() {
             self.descend(&name);
@@ -187,17 +221,18 @@ impl DirWalk {
     /// stopped at gone, where positions are not kept) ends there, the walk said incomplete.
     fn read_batch(&mut self, buf: &mut [MaybeUninit<u8>]) {
         let deep = self.deep();
-        let DirWalk { dev, levels, linked, done, stable } = self;
+        let DirWalk { dev, levels, linked, done, stable, entering } = self;
         let Some(Level { fd, pending, ended, resume, .. }) = levels.last_mut() else { return };
         // The deepest level is open; were it not, it ends here rather than be read forever.
         let Some(fd) = fd.as_ref() else {
             (done.incomplete, *ended) = (true, true);
             return;
         };
-        let Some(mut place) = Place::find(fd, resume.take(), *stable) else {
+        let Some(mut place) = Place::find(fd, resume.take(), *stable, buf) else {
             (done.incomplete, *ended) = (true, true);
             return;
         };
+        let mut before = rustix::fs::seek(fd, SeekFrom::Current(0)).unwrap_or(0);
         let mut entries = RawDir::new(fd, buf);
         let mut read = false;
         // One `getdents` a batch, past those a search for the place skips whole.
@@ -214,37 +249,41 @@ impl DirWalk {
                     return;
                 }
             };
-            read = true;
-            if !place.passes(e.ino()) || matches!(e.file_name().to_bytes(), b"." | b"..") {
+            (read, done.read) = (true, done.read + 1);
+            let (at, name, mark) = (before, e.file_name(), Mark::of(e.ino(), e.file_name()));
+            before = e.next_entry_cookie();
+            if matches!(name.to_bytes(), b"." | b"..") || !place.passes(mark) {
                 continue;
             }
-            if count_entry(fd, e.file_name(), *dev, linked, done) == Some(true) {
-                pending.extend_from_slice(e.file_name().to_bytes_with_nul());
-                if deep {
-                    *resume = Some(Resume { cookie: e.next_entry_cookie(), ino: e.ino() });
-                    return;
-                }
+            if count_entry(fd, name, *dev, linked, done) != Some(true) {
+                continue;
+            }
+            if !deep {
+                pending.extend_from_slice(name.to_bytes_with_nul());
+                continue;
+            }
+            // Opened now, while its name is where it was read: one gone by the time its
+            // parent is found again would take the rest of the parent with it.
+            if let Some(child) = open_subdirectory(fd, name, &mut done.incomplete) {
+                pending.extend_from_slice(name.to_bytes_with_nul());
+                *entering = Some(child);
+                *resume = Some(Resume { before: at, after: before, mark });
+                return;
             }
         }
     }
 
-    /// Opens the deepest level's subdirectory `name` as the new deepest level; a parent past
-    /// `MAX_OPEN_DIRS` is closed meanwhile. One gone, replaced, or not ours to read is counted
-    /// and not entered; one that cannot be opened for want of descriptors or memory makes the
-    /// walk incomplete.
+    /// Opens the deepest level's subdirectory `name` (a level past `MAX_OPEN_DIRS` opened it
+    /// as it read it) as the new deepest level; a parent past `MAX_OPEN_DIRS` is closed
+    /// meanwhile.
     fn descend(&mut self, name: &CStr) {
-        use rustix::io::Errno;
         let deep = self.deep();
         let Some(Level { fd: Some(parent), .. }) = self.levels.last_mut() else { return };
-        let fd = match open_dir(&*parent, name) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::ACCESS | Errno::NOTDIR | Errno::LOOP) => return,
-            // Out of descriptors or memory: the subtree is not counted, and the walk says so.
-            Err(_) => {
-                self.done.incomplete = true;
-                return;
-            }
+        let opened = match self.entering.take() {
+            Some(fd) => Some(fd),
+            None => open_subdirectory(parent, name, &mut self.done.incomplete),
         };
+        let Some(fd) = opened else { return };
         let Some(ino) = inode_of(&fd) else {
             self.done.incomplete = true;
             return;
@@ -281,32 +320,49 @@ impl DirWalk {
 /// found again.
 enum Place {
     /// Read on; `never`: the subdirectory sought past, not met twice.
-    On { never: Option<u64> },
-    /// Read from the start, skipping up to and past the entry with this inode.
-    Past(u64),
+    On { never: Option<Mark> },
+    /// Read from the start, skipping up to and past this entry.
+    Past(Mark),
 }
 
 impl Place {
-    /// Seeks `fd` where its read starts; `None` when the seek is refused.
-    fn find(fd: &OwnedFd, stopped_at: Option<Resume>, stable: bool) -> Option<Place> {
+    /// Seeks `fd` where its read starts; `None` when a seek is refused. Where positions stay
+    /// put, to the position after the entry it stopped at; elsewhere to the position before
+    /// it, kept when the entry there is still it (then nothing moved before it, and what
+    /// follows it is what is left to read), else to the start, to search for it.
+    fn find(
+        fd: &OwnedFd,
+        stopped_at: Option<Resume>,
+        stable: bool,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Option<Place> {
+        let seek = |to: u64| (rustix::fs::seek(fd, SeekFrom::Start(to)).ok() == Some(to)).then_some(());
         let Some(at) = stopped_at else { return Some(Place::On { never: None }) };
-        let (to, place) = match stable {
-            true => (at.cookie, Place::On { never: Some(at.ino) }),
-            false => (0, Place::Past(at.ino)),
+        if stable {
+            seek(at.after)?;
+            return Some(Place::On { never: Some(at.mark) });
+        }
+        seek(at.before)?;
+        let there = match RawDir::new(fd, buf).next() {
+            Some(Ok(e)) => Some((Mark::of(e.ino(), e.file_name()), e.next_entry_cookie())),
+            _ => None,
         };
-        (rustix::fs::seek(fd, SeekFrom::Start(to)).ok() == Some(to)).then_some(place)
+        match there {
+            Some((mark, after)) if mark == at.mark => seek(after).map(|()| Place::On { never: None }),
+            _ => seek(0).map(|()| Place::Past(at.mark)),
+        }
     }
 
     fn searching(&self) -> bool {
         matches!(self, Place::Past(_))
     }
 
-    /// Whether the entry with inode `ino` is one to count (the search ends past its mark).
-    fn passes(&mut self, ino: u64) -> bool {
+    /// Whether the entry `mark` is one to count (the search ends past its own).
+    fn passes(&mut self, mark: Mark) -> bool {
         match *self {
-            Place::On { never } => never != Some(ino),
-            Place::Past(mark) => {
-                if ino == mark {
+            Place::On { never } => never != Some(mark),
+            Place::Past(sought) => {
+                if mark == sought {
                     *self = Place::On { never: None };
                 }
                 false
@@ -339,6 +395,21 @@ fn count_entry(
 
 fn is_dir(st: &Statx) -> bool {
     FileType::from_raw_mode(st.stx_mode.into()).is_dir()
+}
+
+/// The subdirectory `name` of `parent`, opened to be walked. One gone, replaced, or not ours to
+/// read is counted and not entered (`None`); one that cannot be opened for want of
+/// descriptors or memory makes the walk `incomplete`.
+fn open_subdirectory(parent: &OwnedFd, name: &CStr, incomplete: &mut bool) -> Option<OwnedFd> {
+    use rustix::io::Errno;
+    match open_dir(parent, name) {
+        Ok(fd) => Some(fd),
+        Err(Errno::NOENT | Errno::ACCESS | Errno::NOTDIR | Errno::LOOP) => None,
+        Err(_) => {
+            *incomplete = true;
+            None
+        }
+    }
 }
 
 fn inode_of(fd: &OwnedFd) -> Option<u64> {
@@ -510,6 +581,59 @@ mod tests {
             assert!((expected..=most).contains(&counted), "{how}: {counted} inodes, {expected}..={most}");
             assert!(!walk.done.incomplete, "{how}");
         }
+    }
+
+    /// A wide directory past `MAX_OPEN_DIRS`, unchanged, on the path that does not trust seek
+    /// positions: each time the walk comes back to it, the entry it stopped at is still
+    /// where it was read, so it reads on from there; no search from the start (which would
+    /// read about half the directory again for each of its subdirectories).
+    #[test]
+    fn a_wide_deep_directory_is_read_about_once_when_it_does_not_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wide = dir.path().to_path_buf();
+        for _ in 0..MAX_OPEN_DIRS + 3 {
+            wide.push("d");
+        }
+        fs::create_dir_all(&wide).unwrap();
+        subdirectories(&wide, "s", 500, 0);
+        for i in 0..2000 {
+            fs::write(wide.join(format!("f{i}")), b"").unwrap();
+        }
+        let mut walk = walk_of(dir.path());
+        walk.stable = false;
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
+        finish(&mut walk, &mut buf);
+        let entries = 1 + MAX_OPEN_DIRS as u64 + 3 + 500 + 2000;
+        assert_eq!(walk.done.inodes, entries);
+        assert!(walk.done.read < 2 * entries, "{} entries read for {entries}", walk.done.read);
+        assert!(!walk.done.incomplete);
+    }
+
+    /// An entry is known again by its inode and its name together: a filesystem may list one
+    /// inode number for every entry (FUSE without inode numbers).
+    #[test]
+    fn the_entry_a_search_looks_for_is_known_by_inode_and_name() {
+        let mut place = Place::Past(Mark::of(7, c"b"));
+        assert!(!place.passes(Mark::of(7, c"a")) && place.searching(), "another name, the same inode");
+        assert!(
+            !place.passes(Mark::of(7, c"b")) && !place.searching(),
+            "the entry itself: found, not counted"
+        );
+        assert!(place.passes(Mark::of(7, c"c")), "what follows it is counted");
+    }
+
+    /// A walk that reads far more entries than it counts (searches a tenant keeps sending
+    /// back to the start) stops, incomplete.
+    #[test]
+    fn a_walk_past_its_read_budget_stops_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        subdirectories(dir.path(), "s", 3, 3);
+        let mut walk = walk_of(dir.path());
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
+        assert!(walk.step(&mut buf));
+        walk.done.read = READ_BUDGET.0 + READ_BUDGET.1 * walk.done.inodes + 1;
+        assert!(!walk.step(&mut buf), "the walk goes on past its budget");
+        assert!(walk.done.incomplete && walk.levels.is_empty());
     }
 
     /// A closed level is known again by its inode when it is opened through its child's `..`;
