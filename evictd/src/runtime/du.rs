@@ -47,8 +47,9 @@ struct Walked {
     most_held: usize,
     /// Entries read, counted or not: past `READ_BUDGET` the walk stops.
     read: u64,
-    /// A directory could not be read to its end, or one past `MAX_OPEN_DIRS` was moved while
-    /// its subtree was walked: the totals lack what the walk did not see.
+    /// Something was not seen (a read or seek refused, a deep directory moved or its place
+    /// lost while the walk was below it, the read budget spent, no descriptor left): the
+    /// totals lack it.
     incomplete: bool,
 }
 
@@ -135,7 +136,7 @@ impl Mark {
 /// Whether the filesystem's seek positions stay put while a directory changes (ext4, xfs and
 /// btrfs hash or index their entries). Elsewhere a position may be a count (tmpfs before
 /// Linux 6.6, ramfs, overlayfs' merged directories, hugetlbfs) or anything (FUSE), and a
-/// deep level is found again by reading from its start to the entry it stopped at.
+/// deep level is found again by the entry it stopped at (`Place::find`).
 fn stable_positions(fd: &OwnedFd) -> bool {
     const EXT4: u64 = 0xef53;
     const XFS: u64 = 0x5846_5342;
