@@ -57,15 +57,9 @@ struct Walked {
 /// `du` and the kubelet's walk do: another link may come later); a directory of a million
 /// files, or of a million subdirectories, costs one batch of names.
 fn du_remembering(dir: &Path) -> Walked {
-    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
-    let Ok(top) = rustix::fs::statx(CWD, dir, flags, WALK_STATX) else { return Walked::default() };
-    let mut walk = DirWalk::new(&top);
-    if !is_dir(&top) {
+    let Some(mut walk) = DirWalk::of(dir) else { return Walked::default() };
+    if walk.levels.is_empty() {
         return walk.done;
-    }
-    if let Ok(fd) = open_dir(CWD, dir) {
-        walk.stable = stable_positions(&fd);
-        walk.levels.push(Level::new(fd, top.stx_ino));
     }
     let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
     while walk.step(&mut buf) {}
@@ -180,6 +174,21 @@ struct DirWalk {
 }
 
 impl DirWalk {
+    /// The walk of `dir`, its top counted and, when it is a directory that opens, open as the
+    /// first level; `None` when there is nothing at `dir`.
+    fn of(dir: &Path) -> Option<DirWalk> {
+        let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
+        let top = rustix::fs::statx(CWD, dir, flags, WALK_STATX).ok()?;
+        let mut walk = DirWalk::new(&top);
+        if is_dir(&top)
+            && let Ok(fd) = open_dir(CWD, dir)
+        {
+            walk.stable = stable_positions(&fd);
+            walk.levels.push(Level::new(fd, top.stx_ino));
+        }
+        Some(walk)
+    }
+
     fn new(top: &Statx) -> DirWalk {
         let done = Walked { bytes: top.stx_blocks * 512, inodes: 1, ..Walked::default() };
         let dev = (top.stx_dev_major, top.stx_dev_minor);
@@ -233,7 +242,8 @@ impl DirWalk {
             (done.incomplete, *ended) = (true, true);
             return;
         };
-        let mut before = rustix::fs::seek(fd, SeekFrom::Current(0)).unwrap_or(0);
+        // Only a deep level keeps the positions around the entry it stops at.
+        let mut before = if deep { rustix::fs::seek(fd, SeekFrom::Current(0)).unwrap_or(0) } else { 0 };
         let mut entries = RawDir::new(fd, buf);
         let mut read = false;
         // One `getdents` a batch, past those a search for the place skips whole.
@@ -251,9 +261,11 @@ impl DirWalk {
                 }
             };
             (read, done.read) = (true, done.read + 1);
-            let (at, name, mark) = (before, e.file_name(), Mark::of(e.ino(), e.file_name()));
+            let (at, name) = (before, e.file_name());
             before = e.next_entry_cookie();
-            if matches!(name.to_bytes(), b"." | b"..") || !place.passes(mark) {
+            // A name is hashed only where a mark is compared: not on the kept-open levels.
+            let passes = place.passes_all() || place.passes(Mark::of(e.ino(), name));
+            if matches!(name.to_bytes(), b"." | b"..") || !passes {
                 continue;
             }
             if count_entry(fd, name, *dev, linked, done) != Some(true) {
@@ -268,7 +280,7 @@ impl DirWalk {
             if let Some(child) = open_subdirectory(fd, name, &mut done.incomplete) {
                 pending.extend_from_slice(name.to_bytes_with_nul());
                 *entering = Some(child);
-                *resume = Some(Resume { before: at, after: before, mark });
+                *resume = Some(Resume { before: at, after: before, mark: Mark::of(e.ino(), name) });
                 return;
             }
         }
@@ -358,6 +370,11 @@ impl Place {
         matches!(self, Place::Past(_))
     }
 
+    /// Whether every entry is one to count, whatever it is.
+    fn passes_all(&self) -> bool {
+        matches!(self, Place::On { never: None })
+    }
+
     /// Whether the entry `mark` is one to count (the search ends past its own).
     fn passes(&mut self, mark: Mark) -> bool {
         match *self {
@@ -431,11 +448,8 @@ mod tests {
 
     /// A walk of `dir` ready to step.
     fn walk_of(dir: &Path) -> DirWalk {
-        let top = rustix::fs::statx(CWD, dir, AtFlags::SYMLINK_NOFOLLOW, WALK_STATX).unwrap();
-        let mut walk = DirWalk::new(&top);
-        let fd = open_dir(CWD, dir).unwrap();
-        walk.stable = stable_positions(&fd);
-        walk.levels.push(Level::new(fd, top.stx_ino));
+        let walk = DirWalk::of(dir).expect("the walk's top");
+        assert_eq!(walk.levels.len(), 1, "{} opened", dir.display());
         walk
     }
 
