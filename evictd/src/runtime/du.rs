@@ -27,15 +27,38 @@ use rustix::{
 /// them: allocated blocks × 512 of every inode once (hard links deduplicated, directories
 /// included), symlinks not followed, nothing on another filesystem. Entries that vanish
 /// meanwhile are skipped; a path that does not exist is (0, 0), a file is itself.
-pub fn du(dir: &Path) -> (u64, u64) {
+pub fn du(dir: &Path) -> Counted {
     let walked = du_remembering(dir);
     if walked.incomplete {
         tracing::warn!(
             dir = %dir.display(),
-            "a directory changed or could not be read while it was walked: its usage counts what the walk saw"
+            "a directory changed or could not be read while it was walked: its usage is what the \
+             walk saw, or the last complete walk's where that was more"
         );
     }
-    (walked.bytes, walked.inodes)
+    Counted { bytes: walked.bytes, inodes: walked.inodes, complete: !walked.incomplete }
+}
+
+/// What one walk counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    pub bytes: u64,
+    pub inodes: u64,
+    /// The walk saw everything; else its totals are a lower bound.
+    pub complete: bool,
+}
+
+impl Counted {
+    /// The figure a pod is judged by: a complete walk's own; an incomplete one's never below
+    /// `before` (the last figure, itself held so while walks stay incomplete), because what
+    /// makes a walk incomplete — renaming deep directories while it runs — is in the tenant's
+    /// hands, and would otherwise let it hide its usage from the storage-limit check.
+    pub fn held_over(self, before: Option<(u64, u64)>) -> (u64, u64) {
+        match before {
+            Some((bytes, inodes)) if !self.complete => (self.bytes.max(bytes), self.inodes.max(inodes)),
+            _ => (self.bytes, self.inodes),
+        }
+    }
 }
 
 /// What a walk found, and the most it held at once.
@@ -180,11 +203,15 @@ impl DirWalk {
         let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
         let top = rustix::fs::statx(CWD, dir, flags, WALK_STATX).ok()?;
         let mut walk = DirWalk::new(&top);
-        if is_dir(&top)
-            && let Ok(fd) = open_dir(CWD, dir)
-        {
-            walk.stable = stable_positions(&fd);
-            walk.levels.push(Level::new(fd, top.stx_ino));
+        if is_dir(&top) {
+            match open_dir(CWD, dir) {
+                Ok(fd) => {
+                    walk.stable = stable_positions(&fd);
+                    walk.levels.push(Level::new(fd, top.stx_ino));
+                }
+                // Its contents unseen (no descriptor left, say): a lower bound at most.
+                Err(_) => walk.done.incomplete = true,
+            }
         }
         Some(walk)
     }
@@ -508,16 +535,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("file");
         fs::write(&file, vec![1u8; 8192]).unwrap();
-        assert_eq!(du(&file), (fs::metadata(&file).unwrap().blocks() * 512, 1));
-        assert_eq!(du(&dir.path().join("missing")), (0, 0));
+        let whole = |bytes, inodes| Counted { bytes, inodes, complete: true };
+        assert_eq!(du(&file), whole(fs::metadata(&file).unwrap().blocks() * 512, 1));
+        assert_eq!(du(&dir.path().join("missing")), whole(0, 0));
 
         let vol = dir.path().join("vol");
         fs::create_dir(&vol).unwrap();
         std::os::unix::fs::symlink(dir.path(), vol.join("link")).unwrap();
         nix::unistd::mkfifo(&vol.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         fs::write(vol.join(std::ffi::OsStr::from_bytes(b"\xff\xfe")), b"x").unwrap();
-        let (_, inodes) = du(&vol);
-        assert_eq!(inodes, 1 + 3, "the top, the symlink (not followed), the FIFO, the odd name");
+        assert_eq!(du(&vol).inodes, 1 + 3, "the top, the symlink (not followed), the FIFO, the odd name");
     }
 
     /// A chain of 200 directories (a tenant chooses the depth) with files at every level and,
