@@ -361,9 +361,10 @@ async fn a_pod_whose_memory_outlives_its_processes_is_one_eviction() {
     assert_eq!(e["name"], "holder", "{e}");
     assert!(e["error"].is_null(), "{e}");
     // The processes are gone, the tmpfs pages are not. The kill came as the node crossed
-    // the threshold, so freeing the processes' own pages can leave it a hair short of it:
-    // the bystander grows by 30 MiB to keep the node past it (far from the 200Mi emergency),
-    // so that a second eviction has a pressure to answer and must be held back by the wait.
+    // the threshold, so freeing the processes' own pages can leave it a hair short of it,
+    // a dip the wait must outlast: the bystander grows by 30 MiB to put the node past it
+    // again (far from the 200Mi emergency), so that a second eviction has a pressure to
+    // answer and must be held back by the wait.
     bystander.set_mib(80);
     bystander.wait_usage_at_least(80 * MI, Duration::from_secs(10));
     let charged = ctd.node_usage();

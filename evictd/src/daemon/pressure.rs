@@ -138,6 +138,9 @@ pub struct Pressure {
     /// for how long at most.
     cleanups: Vec<Cleanup>,
     cleanup_window: Duration,
+    /// Whether the last decision met a threshold: only then does a pass look again for the
+    /// awaited memory without a wake.
+    threshold_met: bool,
 }
 
 impl Pressure {
@@ -188,6 +191,7 @@ impl Pressure {
             storage_limit_period: opts.storage_limit_period,
             limits_checked: None,
             cleanups: Vec::new(),
+            threshold_met: false,
             cleanup_window: cleanup::CLEANUP_WINDOW,
         }
     }
@@ -371,9 +375,12 @@ impl Pressure {
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         self.conditions.clone_from(&first.node_conditions);
         self.note_disk_pressure(&first);
-        if first.thresholds_met.is_empty() {
-            // The pressure is gone: no next eviction to hold back.
-            self.cleanups.clear();
+        // The awaited memory is kept awaited through a dip below the threshold (the victim's
+        // own pages freed, a hair): pressure back while that memory is still charged is the
+        // same pressure, and a second pod would go for it.
+        self.threshold_met = !first.thresholds_met.is_empty();
+        if !self.threshold_met {
+            self.drop_expired_cleanups_unsaid();
         }
         if first.actionable.is_empty() {
             self.disk_settled();

@@ -114,16 +114,13 @@ fn walk_until_dropped(
     let mut asked = false;
     loop {
         let snapshot = pods.borrow().clone();
-        let before = last.borrow().measured.clone();
         let all = walk_all.load(Ordering::Relaxed);
         let t = Instant::now();
         let measured: DiskMeasured = snapshot
             .iter()
             .filter(|p| all || p.spec.sets_storage_limits())
-            .map(|p| (p.uid.clone(), measure_disk(p, &kubelet_root, before.get(&p.uid))))
+            .map(|p| (p.uid.clone(), measure_disk(p, &kubelet_root)))
             .collect();
-        // Not held through the wait for the next walk: the channel lets go of it with the send.
-        drop(before);
         tracing::debug!(pods = measured.len(), took_ms = t.elapsed().as_millis() as u64, "disk walk");
         if last.send(Walk { measured: Arc::new(measured), at: Some(t) }).is_err() {
             return;
@@ -172,12 +169,6 @@ impl PodDisk {
     pub fn log_usage(&self, name: &str) -> Option<(u64, u64)> {
         self.logs.iter().find(|(n, _)| n == name).map(|&(_, usage)| usage)
     }
-
-    /// (bytes, inodes) of the volume named `name`, as last measured.
-    fn volume_usage(&self, name: &str) -> Option<(u64, u64)> {
-        let v = self.volumes.iter().find(|v| v.name == name)?;
-        Some((v.used_bytes?, v.inodes_used?))
-    }
 }
 
 /// The pods' logs and volumes as last walked, by pod uid.
@@ -185,22 +176,18 @@ pub type DiskMeasured = HashMap<String, PodDisk>;
 
 /// Walks one pod's logs and local volumes (the costly part of its usage: a volume may hold
 /// millions of files). `kubelet_root`: local volumes live in
-/// `<root>/pods/<uid>/volumes/<plugin>/<name>`. `before`: the pod's last figures, which a walk
-/// that could not see everything never lowers (`Counted::held_over`).
-pub fn measure_disk(rec: &PodRecord, kubelet_root: &Path, before: Option<&PodDisk>) -> PodDisk {
+/// `<root>/pods/<uid>/volumes/<plugin>/<name>`.
+pub fn measure_disk(rec: &PodRecord, kubelet_root: &Path) -> PodDisk {
     let mut logs: Vec<_> = rec
         .containers
         .iter()
-        .filter_map(|c| {
-            let counted = du(&Path::new(rec.log_directory.as_deref()?).join(&c.name));
-            Some((c.name.clone(), counted.held_over(before.and_then(|b| b.log_usage(&c.name)))))
-        })
+        .filter_map(|c| Some((c.name.clone(), du(&Path::new(rec.log_directory.as_deref()?).join(&c.name)))))
         .collect();
     // Kept until the next walk, beside the one before it: no spare room.
     logs.shrink_to_fit();
     PodDisk {
         logs,
-        volumes: local_volume_stats(rec, kubelet_root, before),
+        volumes: local_volume_stats(rec, kubelet_root),
         pod_level: pod_level_files(rec, kubelet_root),
     }
 }
@@ -217,7 +204,7 @@ fn pod_level_files(rec: &PodRecord, kubelet_root: &Path) -> (u64, u64) {
         .map(|d| d.flatten().filter(|e| e.file_type().is_ok_and(|t| !t.is_dir())).map(|e| e.path()).collect())
         .unwrap_or_default();
     let etc_hosts = kubelet_root.join("pods").join(&rec.uid).join("etc-hosts");
-    log_files.iter().chain([&etc_hosts]).map(|f| du(f)).fold((0, 0), |(b, i), f| (b + f.bytes, i + f.inodes))
+    log_files.iter().chain([&etc_hosts]).map(|f| du(f)).fold((0, 0), |(b, i), (fb, fi)| (b + fb, i + fi))
 }
 
 /// The pod's volumes whose usage the kubelet reads for eviction, measured where it mounts
@@ -225,7 +212,7 @@ fn pod_level_files(rec: &PodRecord, kubelet_root: &Path) -> (u64, u64) {
 /// Those that count against the node's disk (its `localVolumeNames`), and every emptyDir
 /// with a `sizeLimit`, memory-backed ones included (the local-storage limit applies to them).
 /// A volume with no directory (hostPath, which the kubelet does not measure either) is left out.
-fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path, before: Option<&PodDisk>) -> Vec<VolumeStats> {
+fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path) -> Vec<VolumeStats> {
     let volumes = kubelet_root.join("pods").join(&rec.uid).join("volumes");
     let plugins: Vec<PathBuf> = std::fs::read_dir(&volumes)
         .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
@@ -241,7 +228,7 @@ fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path, before: Option<&PodD
         .into_iter()
         .filter_map(|name| {
             let dir = plugins.iter().map(|p| p.join(name)).find(|d| d.is_dir())?;
-            let (bytes, inodes) = du(&dir).held_over(before.and_then(|b| b.volume_usage(name)));
+            let (bytes, inodes) = du(&dir);
             Some(VolumeStats { name: name.to_owned(), used_bytes: Some(bytes), inodes_used: Some(inodes) })
         })
         .collect()
@@ -249,8 +236,6 @@ fn local_volume_stats(rec: &PodRecord, kubelet_root: &Path, before: Option<&PodD
 
 #[cfg(test)]
 mod tests {
-    use rusty_fork::rusty_fork_test;
-
     use super::*;
     use crate::runtime::inventory::tests::{container, list, record};
 
@@ -264,39 +249,6 @@ mod tests {
         std::fs::create_dir_all(&vol).unwrap();
         std::fs::write(vol.join("f"), vec![1u8; bytes]).unwrap();
         rec
-    }
-
-    rusty_fork_test! {
-        /// A walk that cannot see all of a volume (here, for real: no descriptor left for its
-        /// subdirectory, in a process of its own) never lowers the pod's figure below the last
-        /// one: what makes a walk incomplete is in a tenant's hands. A complete walk sets it
-        /// again, lower as well.
-        #[test]
-        fn an_incomplete_walk_never_lowers_a_pods_figure() {
-            use nix::sys::resource::{Resource, getrlimit, setrlimit};
-            let d = tempfile::tempdir().unwrap();
-            let rec = pod_with_volume(d.path(), "p", 4 << 10);
-            let sub = d.path().join("pods/p/volumes/kubernetes.io~empty-dir/scratch/sub");
-            std::fs::create_dir(&sub).unwrap();
-            std::fs::write(sub.join("big"), vec![1u8; 1 << 20]).unwrap();
-            let used = |disk: &PodDisk| disk.volume_usage("scratch").unwrap();
-            let whole = measure_disk(&rec, d.path(), None);
-            assert!(used(&whole).0 >= 1 << 20, "{whole:?}");
-
-            // The volume's top opens, its subdirectory does not.
-            let lowest_free = std::fs::File::open("/dev/null").map(|f| std::os::fd::AsRawFd::as_raw_fd(&f)).unwrap();
-            let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-            setrlimit(Resource::RLIMIT_NOFILE, lowest_free as u64 + 1, hard).unwrap();
-            let unheld = measure_disk(&rec, d.path(), None);
-            let held = measure_disk(&rec, d.path(), Some(&whole));
-            setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
-            assert!(used(&unheld).0 < 1 << 20, "the walk did not miss the subdirectory: {unheld:?}");
-            assert_eq!(used(&held), used(&whole), "an incomplete walk lowered the figure");
-
-            std::fs::remove_file(sub.join("big")).unwrap();
-            let after = measure_disk(&rec, d.path(), Some(&whole));
-            assert!(used(&after).0 < 1 << 20, "a complete walk's figure is its own: {after:?}");
-        }
     }
 
     /// The walker's thread yields to the node: nice 10 and the lowest best-effort I/O

@@ -27,38 +27,15 @@ use rustix::{
 /// them: allocated blocks × 512 of every inode once (hard links deduplicated, directories
 /// included), symlinks not followed, nothing on another filesystem. Entries that vanish
 /// meanwhile are skipped; a path that does not exist is (0, 0), a file is itself.
-pub fn du(dir: &Path) -> Counted {
+pub fn du(dir: &Path) -> (u64, u64) {
     let walked = du_remembering(dir);
     if walked.incomplete {
         tracing::warn!(
             dir = %dir.display(),
-            "a directory changed or could not be read while it was walked: its usage is what the \
-             walk saw, or the last complete walk's where that was more"
+            "a directory changed or could not be read while it was walked: its usage counts what the walk saw"
         );
     }
-    Counted { bytes: walked.bytes, inodes: walked.inodes, complete: !walked.incomplete }
-}
-
-/// What one walk counted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counted {
-    pub bytes: u64,
-    pub inodes: u64,
-    /// The walk saw everything; else its totals are a lower bound.
-    pub complete: bool,
-}
-
-impl Counted {
-    /// The figure a pod is judged by: a complete walk's own; an incomplete one's never below
-    /// `before` (the last figure, itself held so while walks stay incomplete), because what
-    /// makes a walk incomplete — renaming deep directories while it runs — is in the tenant's
-    /// hands, and would otherwise let it hide its usage from the storage-limit check.
-    pub fn held_over(self, before: Option<(u64, u64)>) -> (u64, u64) {
-        match before {
-            Some((bytes, inodes)) if !self.complete => (self.bytes.max(bytes), self.inodes.max(inodes)),
-            _ => (self.bytes, self.inodes),
-        }
-    }
+    (walked.bytes, walked.inodes)
 }
 
 /// What a walk found, and the most it held at once.
@@ -203,15 +180,11 @@ impl DirWalk {
         let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
         let top = rustix::fs::statx(CWD, dir, flags, WALK_STATX).ok()?;
         let mut walk = DirWalk::new(&top);
-        if is_dir(&top) {
-            match open_dir(CWD, dir) {
-                Ok(fd) => {
-                    walk.stable = stable_positions(&fd);
-                    walk.levels.push(Level::new(fd, top.stx_ino));
-                }
-                // Its contents unseen (no descriptor left, say): a lower bound at most.
-                Err(_) => walk.done.incomplete = true,
-            }
+        if is_dir(&top)
+            && let Some(fd) = open_to_walk(CWD, dir, &mut walk.done.incomplete)
+        {
+            walk.stable = stable_positions(&fd);
+            walk.levels.push(Level::new(fd, top.stx_ino));
         }
         Some(walk)
     }
@@ -304,7 +277,7 @@ impl DirWalk {
             }
             // Opened now, while its name is where it was read: one gone by the time its
             // parent is found again would take the rest of the parent with it.
-            if let Some(child) = open_subdirectory(fd, name, &mut done.incomplete) {
+            if let Some(child) = open_to_walk(fd, name, &mut done.incomplete) {
                 pending.extend_from_slice(name.to_bytes_with_nul());
                 *entering = Some(child);
                 *resume = Some(Resume { before: at, after: before, mark: Mark::of(e.ino(), name) });
@@ -321,7 +294,7 @@ impl DirWalk {
         let Some(Level { fd: Some(parent), .. }) = self.levels.last_mut() else { return };
         let opened = match self.entering.take() {
             Some(fd) => Some(fd),
-            None => open_subdirectory(parent, name, &mut self.done.incomplete),
+            None => open_to_walk(parent, name, &mut self.done.incomplete),
         };
         let Some(fd) = opened else { return };
         let Some(ino) = inode_of(&fd) else {
@@ -445,9 +418,9 @@ fn is_dir(st: &Statx) -> bool {
 /// The subdirectory `name` of `parent`, opened to be walked. One gone, replaced, or not ours to
 /// read is counted and not entered (`None`); one that cannot be opened for want of
 /// descriptors or memory makes the walk `incomplete`.
-fn open_subdirectory(parent: &OwnedFd, name: &CStr, incomplete: &mut bool) -> Option<OwnedFd> {
+fn open_to_walk<P: rustix::path::Arg>(at: impl AsFd, path: P, incomplete: &mut bool) -> Option<OwnedFd> {
     use rustix::io::Errno;
-    match open_dir(parent, name) {
+    match open_dir(at, path) {
         Ok(fd) => Some(fd),
         Err(Errno::NOENT | Errno::ACCESS | Errno::NOTDIR | Errno::LOOP) => None,
         Err(_) => {
@@ -470,6 +443,8 @@ fn open_dir<P: rustix::path::Arg>(at: impl AsFd, path: P) -> rustix::io::Result<
 #[cfg(test)]
 mod tests {
     use std::{fs, os::unix::fs::MetadataExt as _};
+
+    use rusty_fork::rusty_fork_test;
 
     use super::*;
 
@@ -499,6 +474,32 @@ mod tests {
             for f in 0..files {
                 fs::write(sub.join(format!("f{f}")), b"").unwrap();
             }
+        }
+    }
+
+    rusty_fork_test! {
+        /// A directory the walk cannot open for want of descriptors (for real: the open-file
+        /// limit lowered, in a process of its own) is said incomplete, its top and its
+        /// subdirectory alike: its contents were not seen, and the warning names it.
+        #[test]
+        fn a_directory_that_cannot_be_opened_makes_the_walk_incomplete() {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            let dir = tempfile::tempdir().unwrap();
+            subdirectories(dir.path(), "s", 1, 1);
+            let lowest_free = fs::File::open("/dev/null").map(|f| std::os::fd::AsRawFd::as_raw_fd(&f)).unwrap();
+            let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+            let walked_with = |limit: i32| {
+                setrlimit(Resource::RLIMIT_NOFILE, limit as u64, hard).unwrap();
+                let walked = du_remembering(dir.path());
+                setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+                walked
+            };
+            let top_only = walked_with(lowest_free);
+            assert!(top_only.incomplete && top_only.inodes == 1, "{top_only:?}");
+            let without_sub = walked_with(lowest_free + 1);
+            assert!(without_sub.incomplete && without_sub.inodes == 2, "{without_sub:?}");
+            let whole = du_remembering(dir.path());
+            assert!(!whole.incomplete && whole.inodes == 3, "{whole:?}");
         }
     }
 
@@ -535,16 +536,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("file");
         fs::write(&file, vec![1u8; 8192]).unwrap();
-        let whole = |bytes, inodes| Counted { bytes, inodes, complete: true };
-        assert_eq!(du(&file), whole(fs::metadata(&file).unwrap().blocks() * 512, 1));
-        assert_eq!(du(&dir.path().join("missing")), whole(0, 0));
+        assert_eq!(du(&file), (fs::metadata(&file).unwrap().blocks() * 512, 1));
+        assert_eq!(du(&dir.path().join("missing")), (0, 0));
 
         let vol = dir.path().join("vol");
         fs::create_dir(&vol).unwrap();
         std::os::unix::fs::symlink(dir.path(), vol.join("link")).unwrap();
         nix::unistd::mkfifo(&vol.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         fs::write(vol.join(std::ffi::OsStr::from_bytes(b"\xff\xfe")), b"x").unwrap();
-        assert_eq!(du(&vol).inodes, 1 + 3, "the top, the symlink (not followed), the FIFO, the odd name");
+        let (_, inodes) = du(&vol);
+        assert_eq!(inodes, 1 + 3, "the top, the symlink (not followed), the FIFO, the odd name");
     }
 
     /// A chain of 200 directories (a tenant chooses the depth) with files at every level and,

@@ -597,7 +597,7 @@ mod tests {
         let walk = |rec: &PodRecord| {
             DiskMeasured::from([(
                 rec.uid.clone(),
-                crate::runtime::disk_usage::measure_disk(rec, &d.path().join("kubelet"), None),
+                crate::runtime::disk_usage::measure_disk(rec, &d.path().join("kubelet")),
             )])
         };
         let stats = pod_stats(&rec, cgroups.as_ref(), &layout, Some(&walk(&rec)), Reads::ALL).unwrap();
@@ -676,7 +676,7 @@ mod tests {
         fs::write(memory.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
         let walked = DiskMeasured::from([(
             rec.uid.clone(),
-            crate::runtime::disk_usage::measure_disk(&rec, &d.path().join("kubelet"), None),
+            crate::runtime::disk_usage::measure_disk(&rec, &d.path().join("kubelet")),
         )]);
         fs::remove_file(vol.join("big")).unwrap();
         let cgroups = pod_cgroups(&rec, &layout);

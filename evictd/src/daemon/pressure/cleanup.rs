@@ -133,18 +133,33 @@ impl Pressure {
         });
     }
 
+    /// Waits past the window while no threshold is met: they held nothing back and their
+    /// memory was not looked at, so their end is no news (the warning above would mislead).
+    pub(super) fn drop_expired_cleanups_unsaid(&mut self) {
+        let window = self.cleanup_window;
+        self.cleanups.retain(|c| c.killed.elapsed() < window);
+    }
+
     /// A pod the kubelet restarted (its record did not land in time) will not give its
     /// memory back: waiting for it would only delay the next eviction.
     pub(super) fn forget_restarted_cleanups(&mut self, pods: &[Arc<PodRecord>]) {
         let gone = &self.gone;
         self.cleanups.retain(|c| {
-            gone.contains_key(&c.sandbox_id) || !pods.iter().any(|p| p.sandbox_id == c.sandbox_id)
+            let waits = gone.contains_key(&c.sandbox_id) || !pods.iter().any(|p| p.sandbox_id == c.sandbox_id);
+            if !waits {
+                tracing::info!(pod = %c.pod, "the evicted pod runs again; the next eviction no longer waits for its memory");
+            }
+            waits
         });
     }
 
     /// When a pass should look again without a wake, while evicted pods' memory is awaited;
     /// never a time past (that would spin the loop).
     pub fn cleanup_recheck(&self) -> Option<tokio::time::Instant> {
+        // With no threshold met there is no eviction to let go ahead: a crossing wakes.
+        if !self.threshold_met {
+            return None;
+        }
         let end = self.cleanups.iter().map(|c| c.killed + self.cleanup_window).max()?;
         let now = Instant::now();
         (end > now).then(|| tokio::time::Instant::from_std((now + CLEANUP_POLL).min(end)))

@@ -579,6 +579,31 @@ async fn the_next_eviction_waits_for_the_evicted_pods_memory() {
     assert_eq!(names(&records), ["c"], "{records:?}");
 }
 
+/// The wait is for the evicted pod's memory, not for the pressure: a dip below the threshold
+/// (the victim's own pages freed, a hair) does not end it, and pressure back while that memory
+/// is still charged is the same pressure, which evicts nobody else. While no threshold is met
+/// no pass looks again without a wake.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dip_below_the_threshold_does_not_end_the_wait() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut p, pods) = three_pods_and_a_runtime(d.path()).await;
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
+    assert_eq!(names(&records), ["a"], "{records:?}");
+    // 512 MiB of 4 GiB in use: 3.5 GiB available, over the 3 GiB threshold.
+    node_using(d.path(), 512 << 20);
+    let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
+    assert_eq!(names(&records), [] as [&str; 0]);
+    assert_eq!(p.cleanup_recheck(), None, "no pass without a wake while no threshold is met");
+    // Back to 2 GiB, short of the emergency level, a's 300 MiB still charged.
+    node_using(d.path(), 2 << 30);
+    let (records, _) = p.pass(&pods, || 3_000_000_000, None, false).await;
+    assert_eq!(names(&records), [] as [&str; 0], "a second pod for the same pressure: {records:?}");
+    assert!(p.cleanup_recheck().is_some(), "a pass looks again for a's memory");
+    memcg(&d.path().join("kubepods/pod-a"), 100 << 20);
+    let (records, _) = p.pass(&pods, || 4_000_000_000, None, false).await;
+    assert_eq!(names(&records), ["b"], "{records:?}");
+}
+
 /// One eviction per pass, even at an emergency where nothing waits: the pass's pod list is
 /// the one it began with, and a pod started since (maybe the one whose growth is the
 /// pressure) is not in it. The next pass, on the inventory read after the eviction, takes
