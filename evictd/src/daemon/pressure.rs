@@ -378,8 +378,10 @@ impl Pressure {
         // The awaited memory is kept awaited through a dip below the threshold (the victim's
         // own pages freed, a hair): pressure back while that memory is still charged is the
         // same pressure, and a second pod would go for it.
-        self.threshold_met = !first.thresholds_met.is_empty();
-        if !self.threshold_met {
+        // Waits whose window ended while no threshold was met (no pass may have run through a
+        // long dip) held nothing back: they end unsaid.
+        let was_met = std::mem::replace(&mut self.threshold_met, !first.thresholds_met.is_empty());
+        if !was_met || !self.threshold_met {
             self.drop_expired_cleanups_unsaid();
         }
         if first.actionable.is_empty() {

@@ -175,7 +175,8 @@ struct DirWalk {
 
 impl DirWalk {
     /// The walk of `dir`, its top counted and, when it is a directory that opens, open as the
-    /// first level; `None` when there is nothing at `dir`.
+    /// first level (one that cannot be opened for want of descriptors leaves the walk
+    /// incomplete); `None` when there is nothing at `dir`.
     fn of(dir: &Path) -> Option<DirWalk> {
         let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
         let top = rustix::fs::statx(CWD, dir, flags, WALK_STATX).ok()?;
@@ -415,9 +416,9 @@ fn is_dir(st: &Statx) -> bool {
     FileType::from_raw_mode(st.stx_mode.into()).is_dir()
 }
 
-/// The subdirectory `name` of `parent`, opened to be walked. One gone, replaced, or not ours to
-/// read is counted and not entered (`None`); one that cannot be opened for want of
-/// descriptors or memory makes the walk `incomplete`.
+/// `path` under `at` (the walk's top, or a subdirectory), opened to be walked. One gone,
+/// replaced, or not ours to read is counted and not entered (`None`); one that cannot be
+/// opened for want of descriptors or memory makes the walk `incomplete`.
 fn open_to_walk<P: rustix::path::Arg>(at: impl AsFd, path: P, incomplete: &mut bool) -> Option<OwnedFd> {
     use rustix::io::Errno;
     match open_dir(at, path) {
@@ -480,7 +481,7 @@ mod tests {
     rusty_fork_test! {
         /// A directory the walk cannot open for want of descriptors (for real: the open-file
         /// limit lowered, in a process of its own) is said incomplete, its top and its
-        /// subdirectory alike: its contents were not seen, and the warning names it.
+        /// subdirectory alike: its contents were not seen.
         #[test]
         fn a_directory_that_cannot_be_opened_makes_the_walk_incomplete() {
             use nix::sys::resource::{Resource, getrlimit, setrlimit};
