@@ -375,14 +375,13 @@ impl Pressure {
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         self.conditions.clone_from(&first.node_conditions);
         self.note_disk_pressure(&first);
-        // The awaited memory is kept awaited through a dip below the threshold (the victim's
-        // own pages freed, a hair): pressure back while that memory is still charged is the
-        // same pressure, and a second pod would go for it.
-        // Waits whose window ended while no threshold was met (no pass may have run through a
-        // long dip) held nothing back: they end unsaid.
+        // The awaited memory stays awaited through a dip below the threshold (the victim's own
+        // pages freed, a hair): pressure back while it is still charged is the same pressure,
+        // and a second pod would go for it. A wait whose window ended in a dip (maybe with no
+        // pass through it) held nothing back, and ends unsaid.
         let was_met = std::mem::replace(&mut self.threshold_met, !first.thresholds_met.is_empty());
         if !was_met || !self.threshold_met {
-            self.drop_expired_cleanups_unsaid();
+            self.forget_expired_cleanups(false);
         }
         if first.actionable.is_empty() {
             self.disk_settled();

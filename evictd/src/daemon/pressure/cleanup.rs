@@ -74,7 +74,7 @@ impl Pressure {
     /// True while the last memory evictions' memory is awaited and memory is not below the
     /// emergency level: this decision, on `signal`, evicts nobody. Logs when a wait ends.
     pub(super) async fn awaits_cleanup(&mut self, signal: Signal, obs: &Observations) -> bool {
-        self.forget_expired_cleanups();
+        self.forget_expired_cleanups(true);
         if self.cleanups.is_empty() || !signal.is_memory() {
             return false;
         }
@@ -117,12 +117,14 @@ impl Pressure {
         true
     }
 
-    /// Waits past the window end: the next eviction goes ahead, as the kubelet's would.
-    fn forget_expired_cleanups(&mut self) {
+    /// Waits past the window end: the next eviction goes ahead, as the kubelet's would. `said`:
+    /// the end is logged; not for waits that ended while no threshold was met, which held
+    /// nothing back and whose memory was not looked at (the warning would mislead).
+    pub(super) fn forget_expired_cleanups(&mut self, said: bool) {
         let window = self.cleanup_window;
         self.cleanups.retain(|c| {
             let live = c.killed.elapsed() < window;
-            if !live {
+            if !live && said {
                 tracing::warn!(
                     pod = %c.pod,
                     "the evicted pod's memory is still charged {window:?} after its kill (tmpfs, a \
@@ -131,13 +133,6 @@ impl Pressure {
             }
             live
         });
-    }
-
-    /// Waits past the window while no threshold is met: they held nothing back and their
-    /// memory was not looked at, so their end is no news (the warning above would mislead).
-    pub(super) fn drop_expired_cleanups_unsaid(&mut self) {
-        let window = self.cleanup_window;
-        self.cleanups.retain(|c| c.killed.elapsed() < window);
     }
 
     /// A pod the kubelet restarted (its record did not land in time) will not give its
