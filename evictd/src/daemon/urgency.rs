@@ -9,10 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use evictd_policy::{
-    observations::Observations,
-    policy::{Signal, Threshold},
-};
+use evictd_policy::{observations::Observations, policy::Threshold};
 
 use crate::{
     node::{
@@ -28,7 +25,8 @@ use crate::{
 pub enum EmergencyLevel {
     /// Half of each hard memory threshold.
     HalfHard,
-    /// This many bytes of memory.available.
+    /// This many bytes of memory.available, and of allocatableMemory.available: the pods'
+    /// cgroup has its own limit, where the kernel's OOM killer acts as it does for the node.
     Bytes(i64),
 }
 
@@ -89,7 +87,7 @@ fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bo
 /// level in `HalfHard` mode: the operator asked for soft evictions only.
 pub(crate) fn emergency_met(thresholds: &[Threshold], obs: &Observations, level: EmergencyLevel) -> bool {
     match level {
-        EmergencyLevel::Bytes(b) => obs.get(&Signal::MemoryAvailable).is_some_and(|o| o.available < b),
+        EmergencyLevel::Bytes(b) => obs.iter().any(|(signal, o)| signal.is_memory() && o.available < b),
         EmergencyLevel::HalfHard => thresholds
             .iter()
             .filter(|t| t.is_hard() && t.signal.is_memory())
@@ -141,7 +139,11 @@ impl NodeScope {
 
 #[cfg(test)]
 mod tests {
-    use evictd_policy::{observations::Observation, policy::ThresholdValue, quantity::Quantity};
+    use evictd_policy::{
+        observations::Observation,
+        policy::{Signal, ThresholdValue},
+        quantity::Quantity,
+    };
 
     use super::*;
 
@@ -191,6 +193,29 @@ mod tests {
         assert_eq!(
             urgency_now(&t, &obs(MI), EmergencyLevel::HalfHard, KernelActing::default()),
             Urgency::Normal
+        );
+    }
+
+    #[test]
+    fn a_fixed_level_holds_for_the_pods_allocatable_memory_too() {
+        let t = [hard(100), Threshold { signal: Signal::AllocatableMemoryAvailable, ..hard(100) }];
+        let mut o = obs(900 * MI);
+        o.insert(
+            Signal::AllocatableMemoryAvailable,
+            Observation { available: 40 * MI, capacity: 2048 * MI, time_ns: None },
+        );
+        assert_eq!(
+            urgency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), KernelActing::default()),
+            Urgency::Emergency,
+            "the pods' cgroup 40 MiB from its limit, under a 50 MiB level"
+        );
+        assert_eq!(
+            urgency_now(&t, &o, EmergencyLevel::Bytes(30 * MI), KernelActing::default()),
+            Urgency::Hard
+        );
+        assert_eq!(
+            urgency_now(&t, &o, EmergencyLevel::HalfHard, KernelActing::default()),
+            Urgency::Emergency
         );
     }
 
