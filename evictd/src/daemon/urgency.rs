@@ -9,7 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-use evictd_policy::{observations::Observations, policy::Threshold};
+use evictd_policy::{
+    observations::Observations,
+    policy::{Signal, Threshold},
+};
 
 use crate::{
     node::{
@@ -25,8 +28,9 @@ use crate::{
 pub enum EmergencyLevel {
     /// Half of each hard memory threshold.
     HalfHard,
-    /// This many bytes of memory.available, and of allocatableMemory.available: the pods'
-    /// cgroup has its own limit, where the kernel's OOM killer acts as it does for the node.
+    /// This many bytes of memory.available, and of allocatableMemory.available where a
+    /// threshold watches it: the pods' cgroup has its own limit, where the kernel's OOM
+    /// killer acts as it does for the node.
     Bytes(i64),
 }
 
@@ -84,10 +88,17 @@ fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bo
 }
 
 /// A memory signal below its emergency level. Without a hard memory threshold there is no
-/// level in `HalfHard` mode: the operator asked for soft evictions only.
+/// level in `HalfHard` mode: the operator asked for soft evictions only. A fixed level holds
+/// for memory.available always, and for allocatableMemory.available only where a threshold
+/// watches it: the pods' cgroup is read wherever it has a limit, which the kubelet may not
+/// enforce, and an emergency there would kill, and skip waits and holds, for a signal
+/// nothing evicts on.
 pub(crate) fn emergency_met(thresholds: &[Threshold], obs: &Observations, level: EmergencyLevel) -> bool {
+    let watched = |s: Signal| s == Signal::MemoryAvailable || thresholds.iter().any(|t| t.signal == s);
     match level {
-        EmergencyLevel::Bytes(b) => obs.iter().any(|(signal, o)| signal.is_memory() && o.available < b),
+        EmergencyLevel::Bytes(b) => {
+            obs.iter().any(|(&signal, o)| signal.is_memory() && watched(signal) && o.available < b)
+        }
         EmergencyLevel::HalfHard => thresholds
             .iter()
             .filter(|t| t.is_hard() && t.signal.is_memory())
@@ -139,11 +150,7 @@ impl NodeScope {
 
 #[cfg(test)]
 mod tests {
-    use evictd_policy::{
-        observations::Observation,
-        policy::{Signal, ThresholdValue},
-        quantity::Quantity,
-    };
+    use evictd_policy::{observations::Observation, policy::ThresholdValue, quantity::Quantity};
 
     use super::*;
 
@@ -213,10 +220,23 @@ mod tests {
             urgency_now(&t, &o, EmergencyLevel::Bytes(30 * MI), KernelActing::default()),
             Urgency::Hard
         );
-        assert_eq!(
-            urgency_now(&t, &o, EmergencyLevel::HalfHard, KernelActing::default()),
-            Urgency::Emergency
+    }
+
+    #[test]
+    fn a_fixed_level_ignores_the_pods_allocatable_memory_when_no_threshold_watches_it() {
+        // The pods' cgroup is read wherever it has a limit, enforced or not.
+        let mut o = obs(900 * MI);
+        o.insert(
+            Signal::AllocatableMemoryAvailable,
+            Observation { available: 40 * MI, capacity: 2048 * MI, time_ns: None },
         );
+        for t in [vec![soft(600)], vec![hard(100)]] {
+            assert_eq!(
+                urgency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), KernelActing::default()),
+                Urgency::Normal,
+                "{t:?}"
+            );
+        }
     }
 
     #[test]
