@@ -102,9 +102,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(i64).range(0..=3600))]
     pub hard_eviction_grace_period: i64,
     /// memory.available (or allocatableMemory.available, where a threshold watches it) below
-    /// which a stop under way turns into a kill at once and the wait for the last evicted
-    /// pod's memory ends: `auto` is half of each hard memory threshold, or a quantity such as
-    /// `50Mi`.
+    /// which memory is an emergency: a stop under way turns into a kill at once, the waits for
+    /// the last evicted pod's memory and for a newer pod list end, and a memory decision may
+    /// evict a pod the API has not listed. `auto` is half of each hard memory threshold, or a
+    /// quantity such as `50Mi`.
     #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
     pub emergency_available: String,
     /// SCHED_FIFO priority (1–99) of the daemon's thread, which wakes, decides and kills;

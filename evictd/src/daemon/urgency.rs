@@ -2,10 +2,11 @@
 //! runs. The kubelet's semantics hold while there is time: a soft eviction's grace period,
 //! cut to the hard one when a hard threshold is met meanwhile (`Hard`). When waiting would
 //! let the kernel act first, the pod is killed now (`Emergency`): memory.available (or
-//! allocatableMemory.available) below the emergency level, or the kernel reclaiming or
-//! OOM-killing for the node. Only the node's pressure escalates: a container reclaiming
-//! against its own limit or `memory.high`, or OOM-killed by its own limit, is that
-//! container's business and never turns a soft eviction's grace period into a SIGKILL.
+//! allocatableMemory.available, where a threshold watches it) below the emergency level, or
+//! the kernel reclaiming or OOM-killing for the node. Only the node's pressure escalates: a
+//! container reclaiming against its own limit or `memory.high`, or OOM-killed by its own
+//! limit, is that container's business and never turns a soft eviction's grace period into a
+//! SIGKILL.
 
 use std::path::{Path, PathBuf};
 
@@ -219,6 +220,29 @@ mod tests {
         assert_eq!(
             urgency_now(&t, &o, EmergencyLevel::Bytes(30 * MI), KernelActing::default()),
             Urgency::Hard
+        );
+    }
+
+    #[test]
+    fn a_fixed_level_holds_for_memory_available_always_and_for_a_soft_allocatable_threshold() {
+        let allocatable = Threshold { signal: Signal::AllocatableMemoryAvailable, ..hard(100) };
+        let soft_allocatable = Threshold { signal: Signal::AllocatableMemoryAvailable, ..soft(100) };
+        let level = EmergencyLevel::Bytes(50 * MI);
+        // No threshold on memory.available: it counts all the same.
+        assert_eq!(
+            urgency_now(&[allocatable], &obs(40 * MI), level, KernelActing::default()),
+            Urgency::Emergency
+        );
+        let mut o = obs(900 * MI);
+        o.insert(
+            Signal::AllocatableMemoryAvailable,
+            Observation { available: 40 * MI, capacity: 2048 * MI, time_ns: None },
+        );
+        assert_eq!(urgency_now(&[soft_allocatable], &o, level, KernelActing::default()), Urgency::Emergency);
+        // Nothing read: no emergency.
+        assert_eq!(
+            urgency_now(&[allocatable], &Observations::new(), level, KernelActing::default()),
+            Urgency::Normal
         );
     }
 

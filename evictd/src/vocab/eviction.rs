@@ -86,8 +86,9 @@ pub enum Urgency {
     Normal,
     /// A hard threshold is met: at most the hard eviction's grace period.
     Hard,
-    /// The kernel is about to act (memory.available below the emergency level, reclaim or an
-    /// OOM kill in the node): kill now.
+    /// The kernel is about to act (memory.available, or allocatableMemory.available where a
+    /// threshold watches it, below the emergency level; reclaim or an OOM kill in the node):
+    /// kill now.
     Emergency,
 }
 

@@ -501,7 +501,7 @@ impl Pressure {
                 working_set = ranked.memory.as_ref().and_then(|m| m.working_set_bytes),
                 "decided among the candidates"
             );
-            if self.guesses_wait(pod, obs) {
+            if self.guesses_wait(pod, signal, obs) {
                 self.hold_back_guess(pod);
                 break;
             }
@@ -569,14 +569,16 @@ impl Pressure {
 
     /// With specs from the API server, a pod whose spec is only inferred (the API has not
     /// listed it yet: a late first list, a pod newer than the last watch event) may be
-    /// anyone's — its priority unknown, its requests a guess — and is evicted only when
-    /// memory is below the emergency level, where waiting would let the kernel act. Short of
-    /// it, a decision whose top-ranked pod is such a guess evicts nobody: taking the next,
-    /// listed pod instead would take a bystander for the guess's pressure.
-    fn guesses_wait(&self, chosen: &PodRecord, obs: &Observations) -> bool {
-        self.specs_from_api
-            && chosen.spec_inferred()
-            && !urgency::emergency_met(&self.thresholds, obs, self.kill.emergency)
+    /// anyone's — its priority unknown, its requests a guess — and is evicted only by a
+    /// memory decision with memory below the emergency level, where waiting would let the
+    /// kernel's OOM killer act. A disk or PID decision has no such killer to race: it waits
+    /// whatever memory does. Short of that, a decision whose top-ranked pod is such a guess
+    /// evicts nobody: taking the next, listed pod instead would take a bystander for the
+    /// guess's pressure.
+    pub(super) fn guesses_wait(&self, chosen: &PodRecord, signal: Signal, obs: &Observations) -> bool {
+        let emergency =
+            signal.is_memory() && urgency::emergency_met(&self.thresholds, obs, self.kill.emergency);
+        self.specs_from_api && chosen.spec_inferred() && !emergency
     }
 
     fn hold_back_guess(&mut self, pod: &PodRecord) {

@@ -62,8 +62,13 @@ fn node_using(root: &Path, used: u64) {
 /// A Pressure on a fixture node at `root` of 4 GiB with 2 GiB in use, under the hard
 /// threshold `memory.available<75%` (3 GiB), which is met.
 fn under_pressure(root: &Path, client: Option<CriClient>) -> Pressure {
+    under_pressure_with(root, PolicyArgs::default(), client)
+}
+
+/// `under_pressure` with other settings beside its threshold.
+fn under_pressure_with(root: &Path, args: PolicyArgs, client: Option<CriClient>) -> Pressure {
     node_using(root, 2 << 30);
-    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..Default::default() };
+    let args = PolicyArgs { eviction_hard: Some("memory.available<75%".into()), ..args };
     let mut p = pressure_with(root, &args, client);
     p.signals.node.meminfo = root.join("meminfo");
     p
@@ -539,6 +544,10 @@ async fn a_stuck_read_is_given_up_and_the_next_read_answers() {
 
 /// Three pods under pressure and a runtime that stops every pod it is asked to.
 async fn three_pods_and_a_runtime(d: &Path) -> (Pressure, PodList) {
+    three_pods_and_a_runtime_with(d, PolicyArgs::default()).await
+}
+
+async fn three_pods_and_a_runtime_with(d: &Path, args: PolicyArgs) -> (Pressure, PodList) {
     use crate::runtime::cri::scripted::{Script, scripted_runtime};
     let sock = d.join("cri.sock");
     scripted_runtime(&sock, Script { running_polls: Some(0), ..Script::default() });
@@ -548,7 +557,7 @@ async fn three_pods_and_a_runtime(d: &Path) -> (Pressure, PodList) {
         memcg(&d.join(format!("kubepods/pod-{n}")), (300 - 100 * i as u64) << 20);
     }
     let pods = names.iter().map(|n| pod(n, Some(&format!("/kubepods/pod-{n}"))));
-    (under_pressure(d, Some(client)), list(pods))
+    (under_pressure_with(d, args, Some(client)), list(pods))
 }
 
 fn names(records: &[EvictionRecord]) -> Vec<&str> {
@@ -637,6 +646,31 @@ async fn an_emergency_evicts_without_waiting_for_the_last_pods_memory() {
     assert_eq!(names(&records)[0], "b", "{records:?}");
 }
 
+/// A fixed emergency level ends the wait too when the pods' cgroup is that close to its own
+/// limit, where the kernel's OOM killer acts as it does for the node — if a threshold watches
+/// allocatableMemory.available (the kubelet's copy of the hard memory.available one, made
+/// with `enforceNodeAllocatable: pods`). With `none` the pods' cgroup is still read (it has a
+/// limit), but nothing evicts on it, and the wait holds.
+#[tokio::test(flavor = "current_thread")]
+async fn the_pods_cgroup_near_its_limit_ends_the_wait_only_where_a_threshold_watches_it() {
+    for (enforce, second) in [("pods", vec!["b"]), ("none", vec![])] {
+        let d = tempfile::tempdir().unwrap();
+        let args = PolicyArgs { enforce_node_allocatable: Some(enforce.into()), ..Default::default() };
+        let (mut p, pods) = three_pods_and_a_runtime_with(d.path(), args).await;
+        let kubepods = d.path().join("kubepods");
+        // 40 MiB from a 1 GiB limit, under a 50 MiB level; the node has 2 GiB available.
+        memcg(&kubepods, (1 << 30) - (40 << 20));
+        std::fs::write(kubepods.join("memory.limit_in_bytes"), format!("{}\n", 1u64 << 30)).unwrap();
+        p.signals.kubepods = Some(MemoryCgroup::new(&kubepods, CgroupVersion::V1, false));
+        p.kill.emergency = EmergencyLevel::Bytes(50 << 20);
+        let (records, _) = p.pass(&pods, || 1_000_000_000, None, false).await;
+        assert_eq!(names(&records), ["a"], "{enforce}: {records:?}");
+        // a's 300 MiB still charged.
+        let (records, _) = p.pass(&pods, || 2_000_000_000, None, false).await;
+        assert_eq!(names(&records), second, "{enforce}: {records:?}");
+    }
+}
+
 /// The wait is bounded: memory still charged when the window ends (a tmpfs nobody tears
 /// down) holds the next eviction no longer, as the kubelet's 30 s do not.
 #[tokio::test(flavor = "current_thread")]
@@ -688,6 +722,29 @@ async fn a_pod_the_api_has_not_listed_is_evicted_only_at_an_emergency() {
     node_using(d.path(), 3994 << 20);
     let (records, _) = p.pass(&pods, || 3_000_000_000, None, false).await;
     assert_eq!(names(&records)[0], "a", "{records:?}");
+}
+
+/// The emergency that lets an unlisted pod go is memory's, for a memory decision: a disk
+/// decision it tops waits for the pod list even with memory below the emergency level (no
+/// OOM killer races a full disk, and the pod may be anyone's).
+#[tokio::test(flavor = "current_thread")]
+async fn an_unlisted_pod_waits_for_a_disk_decision_even_at_a_memory_emergency() {
+    use evictd_policy::observations::Observation;
+    let d = tempfile::tempdir().unwrap();
+    let mut p = under_pressure(d.path(), None);
+    p.specs_from_api = true;
+    let guess = pod("guess", Some("/kubepods/pod-guess"));
+    assert!(guess.spec_inferred());
+    let mut obs = Observations::new();
+    // 10 MiB of 4 GiB available: under half of the 3 GiB hard threshold.
+    obs.insert(
+        Signal::MemoryAvailable,
+        Observation { available: 10 << 20, capacity: 4 << 30, time_ns: None },
+    );
+    assert!(!p.guesses_wait(&guess, Signal::MemoryAvailable, &obs), "memory's emergency: it goes");
+    for signal in [Signal::NodeFsAvailable, Signal::ImageFsAvailable, Signal::PidAvailable] {
+        assert!(p.guesses_wait(&guess, signal, &obs), "{signal:?}: it waits");
+    }
 }
 
 /// The storage-limit check runs in a pass any housekeeping wake of its batch asked for,
