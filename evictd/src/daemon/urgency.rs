@@ -163,6 +163,16 @@ mod tests {
         o
     }
 
+    /// 900 MiB of memory.available, and the pods' cgroup 40 MiB from its 2 GiB limit.
+    fn pods_cgroup_near_its_limit() -> Observations {
+        let mut o = obs(900 * MI);
+        o.insert(
+            Signal::AllocatableMemoryAvailable,
+            Observation { available: 40 * MI, capacity: 2048 * MI, time_ns: None },
+        );
+        o
+    }
+
     fn hard(mib: i64) -> Threshold {
         Threshold {
             signal: Signal::MemoryAvailable,
@@ -207,11 +217,7 @@ mod tests {
     #[test]
     fn a_fixed_level_holds_for_the_pods_allocatable_memory_too() {
         let t = [hard(100), Threshold { signal: Signal::AllocatableMemoryAvailable, ..hard(100) }];
-        let mut o = obs(900 * MI);
-        o.insert(
-            Signal::AllocatableMemoryAvailable,
-            Observation { available: 40 * MI, capacity: 2048 * MI, time_ns: None },
-        );
+        let o = pods_cgroup_near_its_limit();
         assert_eq!(
             urgency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), KernelActing::default()),
             Urgency::Emergency,
@@ -233,11 +239,7 @@ mod tests {
             urgency_now(&[allocatable], &obs(40 * MI), level, KernelActing::default()),
             Urgency::Emergency
         );
-        let mut o = obs(900 * MI);
-        o.insert(
-            Signal::AllocatableMemoryAvailable,
-            Observation { available: 40 * MI, capacity: 2048 * MI, time_ns: None },
-        );
+        let o = pods_cgroup_near_its_limit();
         assert_eq!(urgency_now(&[soft_allocatable], &o, level, KernelActing::default()), Urgency::Emergency);
         // Nothing read: no emergency.
         assert_eq!(
@@ -249,11 +251,7 @@ mod tests {
     #[test]
     fn a_fixed_level_ignores_the_pods_allocatable_memory_when_no_threshold_watches_it() {
         // The pods' cgroup is read wherever it has a limit, enforced or not.
-        let mut o = obs(900 * MI);
-        o.insert(
-            Signal::AllocatableMemoryAvailable,
-            Observation { available: 40 * MI, capacity: 2048 * MI, time_ns: None },
-        );
+        let o = pods_cgroup_near_its_limit();
         for t in [vec![soft(600)], vec![hard(100)]] {
             assert_eq!(
                 urgency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), KernelActing::default()),
