@@ -763,3 +763,40 @@ fn writing_to(pid: u32, fd: u64) -> bool {
             && words.next().and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok()) == Some(fd)
     })
 }
+
+/// A fixed emergency level at or above a memory threshold makes each eviction on it a kill
+/// that waits for nothing: the start names the threshold, and is silent where the level is
+/// below every one.
+#[test]
+fn a_fixed_emergency_level_above_a_threshold_is_warned_of_at_the_start() {
+    if !privileged("a_fixed_emergency_level_above_a_threshold_is_warned_of_at_the_start") {
+        return;
+    }
+    let node = TestCgroup::new(Some(1 << 30));
+    let start = |level: &str| {
+        let out = dies_with_harness(&mut Command::new(evictd_binary()))
+            .args(["--cri-endpoint", "none", "--no-kube-api", "--dry-run", "--duration", "2s"])
+            .args(["--eviction-hard", "memory.available<100Mi", "--eviction-soft", "memory.available<300Mi"])
+            .args(["--eviction-soft-grace-period", "memory.available=10s", "--emergency-available", level])
+            .arg("--node-cgroup")
+            .arg(&node.dir)
+            .stdout(Stdio::null())
+            .output()
+            .expect("running evictd");
+        assert!(
+            out.status.success(),
+            "evictd exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warned = |log: &str, t: &str| {
+        log.lines().any(|l| l.contains(&format!("--emergency-available is at or above the threshold {t}")))
+    };
+    let log = start("200Mi");
+    assert!(warned(&log, "memory.available<100Mi"), "{log}");
+    assert!(!warned(&log, "memory.available<300Mi"), "{log}");
+    let log = start("50Mi");
+    assert!(!log.contains("--emergency-available is at or above"), "{log}");
+}

@@ -400,7 +400,7 @@ impl Daemon {
 
     fn emergency_now(&self) -> bool {
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
-        urgency::emergency_met(&self.thresholds, &obs, self.emergency)
+        urgency::below_emergency_level(&self.thresholds, &obs, self.emergency).is_some()
     }
 
     /// Reads the node now (not waiting for the running pass) and raises the urgency the act
@@ -410,14 +410,19 @@ impl Daemon {
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
         let cgroup_events = urgency::cgroup_events_count(&self.thresholds, &obs);
         let kernel_acting = self.scope.kernel_acting(wakes, cgroup_events);
-        let now = urgency::urgency_now(&self.thresholds, &obs, self.emergency, kernel_acting);
-        self.escalate.send_if_modified(|u| {
+        let emergency = urgency::emergency_now(&self.thresholds, &obs, self.emergency, kernel_acting);
+        let now = urgency::urgency_of(emergency, &self.thresholds, &obs);
+        let raised = self.escalate.send_if_modified(|u| {
             let raised = now > *u;
             if raised {
                 *u = now;
             }
             raised
         });
+        // Once a pass at most: the urgency goes back to normal when the next one starts.
+        if raised && let Some(emergency) = emergency {
+            tracing::warn!("{emergency}: the pod this pass stops is killed at once");
+        }
     }
 
     fn start_pass(&mut self) {

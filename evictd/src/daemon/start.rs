@@ -285,9 +285,22 @@ impl Daemon {
         self.report.signals(&self.thresholds, obs);
         self.report.wake_sources(&self.sources);
         self.report.observed(&memory_view(&self.thresholds, obs));
+        self.warn_of_thresholds_within_the_emergency_level(obs);
         self.rearm(obs, 0);
         if let Some((rss, locked)) = protect::resident_and_locked() {
             tracing::info!(rss_kib = rss / 1024, locked_mappings_kib = locked / 1024, "started");
+        }
+    }
+
+    /// A fixed emergency level at or above a memory threshold turns each of its evictions
+    /// into a kill that waits for nothing: not one eviction per crossing any more.
+    fn warn_of_thresholds_within_the_emergency_level(&self, obs: &Observations) {
+        for t in urgency::thresholds_within_the_emergency_level(&self.thresholds, obs, self.emergency) {
+            tracing::warn!(
+                "--emergency-available is at or above the threshold {t}: each eviction on it is an \
+                 emergency, a kill at once that waits neither for the last evicted pod's memory nor \
+                 for a newer pod list, so one crossing may evict several pods"
+            );
         }
     }
 }

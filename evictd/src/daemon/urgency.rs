@@ -8,7 +8,10 @@
 //! limit, is that container's business and never turns a soft eviction's grace period into a
 //! SIGKILL.
 
-use std::path::{Path, PathBuf};
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+};
 
 use evictd_policy::{
     observations::Observations,
@@ -54,6 +57,35 @@ pub fn cgroup_events_count(thresholds: &[Threshold], obs: &Observations) -> bool
     !hard_memory() || hard_memory_threshold_met(thresholds, obs)
 }
 
+/// Why memory is an emergency now: what the log names, so that an operator can tell a level
+/// set too high from the kernel at work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emergency {
+    /// Direct reclaim in the node.
+    DirectReclaim,
+    /// Reclaim against a memory cgroup's limit, or an OOM kill, in the node.
+    CgroupReclaimOrOom,
+    /// A memory signal below its emergency level, in bytes.
+    Below { signal: Signal, available: i64, level: i64 },
+}
+
+impl fmt::Display for Emergency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Emergency::DirectReclaim => f.write_str("the kernel reclaims directly in the node"),
+            Emergency::CgroupReclaimOrOom => {
+                f.write_str("the kernel reclaims against a memory cgroup's limit, or OOM-kills, in the node")
+            }
+            Emergency::Below { signal, available, level } => write!(
+                f,
+                "{signal} is {} MiB, below the emergency level of {} MiB",
+                available >> 20,
+                level >> 20
+            ),
+        }
+    }
+}
+
 /// The urgency the node calls for now, from its observation and the wakes just taken.
 pub fn urgency_now(
     thresholds: &[Threshold],
@@ -61,13 +93,33 @@ pub fn urgency_now(
     level: EmergencyLevel,
     kernel: KernelActing,
 ) -> Urgency {
-    let cgroup_events = || kernel.cgroup_reclaim_or_oom && cgroup_events_count(thresholds, obs);
-    if kernel.direct_reclaim || cgroup_events() || emergency_met(thresholds, obs, level) {
+    urgency_of(emergency_now(thresholds, obs, level, kernel), thresholds, obs)
+}
+
+/// The urgency, given the emergency `emergency_now` found (or not).
+pub fn urgency_of(emergency: Option<Emergency>, thresholds: &[Threshold], obs: &Observations) -> Urgency {
+    if emergency.is_some() {
         Urgency::Emergency
     } else if hard_threshold_met(thresholds, obs) {
         Urgency::Hard
     } else {
         Urgency::Normal
+    }
+}
+
+/// An emergency, and which: the kernel acting in the node, or memory below the emergency level.
+pub fn emergency_now(
+    thresholds: &[Threshold],
+    obs: &Observations,
+    level: EmergencyLevel,
+    kernel: KernelActing,
+) -> Option<Emergency> {
+    if kernel.direct_reclaim {
+        Some(Emergency::DirectReclaim)
+    } else if kernel.cgroup_reclaim_or_oom && cgroup_events_count(thresholds, obs) {
+        Some(Emergency::CgroupReclaimOrOom)
+    } else {
+        below_emergency_level(thresholds, obs, level)
     }
 }
 
@@ -88,23 +140,50 @@ fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bo
         .any(|t| obs.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false)))
 }
 
-/// A memory signal below its emergency level. Without a hard memory threshold there is no
-/// level in `HalfHard` mode: the operator asked for soft evictions only. A fixed level holds
-/// for memory.available always, and for allocatableMemory.available only where a threshold
-/// watches it: the pods' cgroup is read wherever it has a limit, which the kubelet may not
-/// enforce, and an emergency there would kill, and skip waits and holds, for a signal
-/// nothing evicts on.
-pub(crate) fn emergency_met(thresholds: &[Threshold], obs: &Observations, level: EmergencyLevel) -> bool {
+/// A memory signal below its emergency level (`Emergency::Below`). Without a hard memory
+/// threshold there is no level in `HalfHard` mode: the operator asked for soft evictions only.
+/// A fixed level holds for memory.available always, and for allocatableMemory.available only
+/// where a threshold watches it: the pods' cgroup is read wherever it has a limit, which the
+/// kubelet may not enforce, and an emergency there would kill, and skip waits and holds, for
+/// a signal nothing evicts on.
+pub(crate) fn below_emergency_level(
+    thresholds: &[Threshold],
+    obs: &Observations,
+    level: EmergencyLevel,
+) -> Option<Emergency> {
+    let below = |signal: Signal, level: i64| {
+        let available = obs.get(&signal)?.available;
+        (available < level).then_some(Emergency::Below { signal, available, level })
+    };
     let watched = |s: Signal| s == Signal::MemoryAvailable || thresholds.iter().any(|t| t.signal == s);
     match level {
         EmergencyLevel::Bytes(b) => {
-            obs.iter().any(|(&signal, o)| signal.is_memory() && watched(signal) && o.available < b)
+            obs.iter().map(|(&s, _)| s).filter(|&s| s.is_memory() && watched(s)).find_map(|s| below(s, b))
         }
         EmergencyLevel::HalfHard => thresholds
             .iter()
             .filter(|t| t.is_hard() && t.signal.is_memory())
-            .any(|t| obs.get(&t.signal).is_some_and(|o| o.available < t.value.resolve(o.capacity) / 2)),
+            .find_map(|t| below(t.signal, t.value.resolve(obs.get(&t.signal)?.capacity) / 2)),
     }
+}
+
+/// The memory thresholds a fixed emergency level reaches: whenever one of them is met,
+/// memory is an emergency too, and its evictions kill at once and skip the waits (for the
+/// last evicted pod's memory, for a newer pod list) that keep one crossing to one eviction.
+/// Thresholds on a signal not read are left out: their level is not known.
+pub fn thresholds_within_the_emergency_level<'a>(
+    thresholds: &'a [Threshold],
+    obs: &'a Observations,
+    level: EmergencyLevel,
+) -> impl Iterator<Item = &'a Threshold> {
+    let level = match level {
+        EmergencyLevel::Bytes(b) => Some(b),
+        EmergencyLevel::HalfHard => None,
+    };
+    thresholds.iter().filter(move |t| {
+        let (Some(level), Some(o)) = (level, obs.get(&t.signal)) else { return false };
+        t.signal.is_memory() && t.value.resolve(o.capacity) <= level
+    })
 }
 
 /// Where the node's processes are, to tell the kernel's reclaim and OOM kills in the node
@@ -259,6 +338,62 @@ mod tests {
                 "{t:?}"
             );
         }
+    }
+
+    /// What the log says an emergency is: the signal and its level, or the kernel at work.
+    #[test]
+    fn an_emergency_names_the_signal_below_its_level() {
+        let allocatable = Threshold { signal: Signal::AllocatableMemoryAvailable, ..hard(100) };
+        let t = [hard(100), allocatable];
+        let none = KernelActing::default();
+        let o = pods_cgroup_near_its_limit();
+        let e = emergency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), none);
+        assert_eq!(
+            e,
+            Some(Emergency::Below {
+                signal: Signal::AllocatableMemoryAvailable,
+                available: 40 * MI,
+                level: 50 * MI
+            })
+        );
+        assert_eq!(
+            e.map(|e| e.to_string()).as_deref(),
+            Some("allocatableMemory.available is 40 MiB, below the emergency level of 50 MiB")
+        );
+        let e = emergency_now(&t, &obs(40 * MI), EmergencyLevel::HalfHard, none);
+        assert_eq!(
+            e,
+            Some(Emergency::Below { signal: Signal::MemoryAvailable, available: 40 * MI, level: 50 * MI })
+        );
+        let direct = KernelActing { direct_reclaim: true, ..none };
+        assert_eq!(
+            emergency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), direct),
+            Some(Emergency::DirectReclaim)
+        );
+        assert_eq!(emergency_now(&t, &obs(900 * MI), EmergencyLevel::Bytes(50 * MI), none), None);
+    }
+
+    /// A fixed level at or above a threshold makes every eviction on it an emergency: those
+    /// thresholds are named at the start; `auto` (half of each hard one) names none.
+    #[test]
+    fn the_thresholds_a_fixed_level_reaches_are_named() {
+        let tenth = Threshold { value: ThresholdValue::Percentage(0.1), ..hard(0) };
+        let allocatable = Threshold { signal: Signal::AllocatableMemoryAvailable, ..hard(900) };
+        let t = [hard(100), soft(600), tenth, allocatable];
+        let reached = |level| {
+            thresholds_within_the_emergency_level(&t, &obs(900 * MI), level)
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(reached(EmergencyLevel::Bytes(99 * MI)), Vec::<String>::new());
+        assert_eq!(reached(EmergencyLevel::Bytes(100 * MI)), ["memory.available<100Mi"]);
+        // 10 % of the 4 GiB read is 409.6 MiB; allocatableMemory.available is not read here.
+        assert_eq!(
+            reached(EmergencyLevel::Bytes(500 * MI)),
+            ["memory.available<100Mi", "memory.available<10%"]
+        );
+        assert_eq!(reached(EmergencyLevel::Bytes(600 * MI)).len(), 3);
+        assert_eq!(reached(EmergencyLevel::HalfHard), Vec::<String>::new());
     }
 
     #[test]

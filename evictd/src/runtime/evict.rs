@@ -256,7 +256,7 @@ impl Stop<'_> {
             Urgency::Emergency => {
                 tracing::warn!(
                     pod = %self.name,
-                    "the kernel is about to reclaim or OOM-kill during the {grace} s grace period: killing now"
+                    "an emergency (the line before says which) during the {grace} s grace period: killing now"
                 );
                 self.kill_now(Urgency::Emergency).await;
                 // The runtime's stops learn of the exit on their own; one with grace 0 makes

@@ -78,10 +78,8 @@ impl Pressure {
         if self.cleanups.is_empty() || !signal.is_memory() {
             return false;
         }
-        if urgency::emergency_met(&self.thresholds, obs, self.kill.emergency) {
-            tracing::warn!(
-                "memory below the emergency level: evicting without waiting for the last evicted pod's memory"
-            );
+        if let Some(emergency) = urgency::below_emergency_level(&self.thresholds, obs, self.kill.emergency) {
+            tracing::warn!("{emergency}: evicting without waiting for the last evicted pod's memory");
             self.cleanups.clear();
             return false;
         }
