@@ -51,7 +51,7 @@ use crate::{
         disk_usage::DiskWalker,
         inventory::{self, ApiPodsReceiver, Inventory, PodList, same_cgroups},
     },
-    vocab::{EvictionRecord, Urgency, WakeCause, monotonic_ns},
+    vocab::{Escalation, EvictionRecord, WakeCause, monotonic_ns},
     wake::{
         self, NodeNow, Wake, WakeOptions, WakeSource, WakeStats,
         ebpf::{Distance, FineSteps},
@@ -219,7 +219,7 @@ struct Daemon {
     thresholds: Vec<Threshold>,
     signals: NodeSignalSources,
     /// Raised while a stop runs; read by the act step (`runtime::evict`).
-    escalate: watch::Sender<Urgency>,
+    escalate: watch::Sender<Escalation>,
     emergency: EmergencyLevel,
     scope: NodeScope,
     inventory_dirty: bool,
@@ -383,7 +383,7 @@ impl Daemon {
         let Some(since) = self.decide_after_inventory else { return false };
         let newer = !self.last_pass_pods.as_ref().is_some_and(|last| Arc::ptr_eq(last, &self.pods.borrow()));
         let late = since.elapsed() >= INVENTORY_HOLD;
-        let held = !newer && !late && !self.emergency_now();
+        let held = !newer && !late && !self.below_emergency_level_now();
         if !held {
             self.decide_after_inventory = None;
             if !newer && late {
@@ -398,7 +398,7 @@ impl Daemon {
         held
     }
 
-    fn emergency_now(&self) -> bool {
+    fn below_emergency_level_now(&self) -> bool {
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
         urgency::below_emergency_level(&self.thresholds, &obs, self.emergency).is_some()
     }
@@ -411,18 +411,14 @@ impl Daemon {
         let cgroup_events = urgency::cgroup_events_count(&self.thresholds, &obs);
         let kernel_acting = self.scope.kernel_acting(wakes, cgroup_events);
         let emergency = urgency::emergency_now(&self.thresholds, &obs, self.emergency, kernel_acting);
-        let now = urgency::urgency_of(emergency, &self.thresholds, &obs);
-        let raised = self.escalate.send_if_modified(|u| {
-            let raised = now > *u;
+        let now = Escalation { urgency: urgency::urgency_of(emergency, &self.thresholds, &obs), emergency };
+        self.escalate.send_if_modified(|u| {
+            let raised = now.urgency > u.urgency;
             if raised {
                 *u = now;
             }
             raised
         });
-        // Once a pass at most: the urgency goes back to normal when the next one starts.
-        if raised && let Some(emergency) = emergency {
-            tracing::warn!("{emergency}: the pod this pass stops is killed at once");
-        }
     }
 
     fn start_pass(&mut self) {
@@ -432,7 +428,7 @@ impl Daemon {
             let _ = pressure.inventory_updated(&self.pods.borrow());
             self.inventory_dirty = false;
         }
-        self.escalate.send_replace(Urgency::Normal);
+        self.escalate.send_replace(Escalation::default());
         let wakes = std::mem::take(&mut self.pending);
         let pods = self.pods.borrow().clone();
         self.last_pass_pods = Some(pods.clone());
@@ -559,6 +555,7 @@ impl Daemon {
         self.rearm(&obs, 0);
         let list: Vec<String> = self.thresholds.iter().map(|t| t.to_string()).collect();
         tracing::info!(thresholds = %list.join(", "), "policy in force");
+        self.warn_of_thresholds_within_the_emergency_level(&obs);
     }
 
     /// While an evicted pod's memory is awaited, a pass every second even without a wake:

@@ -41,7 +41,7 @@ use crate::{
         kill::KillTarget,
         reclaim, usage,
     },
-    vocab::{EvictionCause, EvictionRecord, OnKilled, Urgency, monotonic_ns},
+    vocab::{Escalation, EvictionCause, EvictionRecord, OnKilled, monotonic_ns},
     wake::Wake,
 };
 
@@ -116,7 +116,7 @@ pub struct Pressure {
     /// The node conditions of the last decision (the kubelet's, reported as evictd's own).
     pub conditions: Vec<NodeCondition>,
     /// Raised by the daemon while a stop runs (see `urgency`).
-    pub escalate: watch::Receiver<Urgency>,
+    pub escalate: watch::Receiver<Escalation>,
     /// What a wake source does while a killed pod exits (`WakeSource::on_killed`).
     pub on_killed: Option<OnKilled>,
     state: EngineState,
@@ -149,7 +149,7 @@ impl Pressure {
         opts: PressureOptions,
         cgroups: CgroupMounts,
         client: Option<CriClient>,
-        escalate: watch::Receiver<Urgency>,
+        escalate: watch::Receiver<Escalation>,
     ) -> Self {
         let thresholds = engine::thresholds_for_layout(&policy, opts.fs_layout);
         Pressure {

@@ -223,7 +223,7 @@ impl Daemon {
         let report = Report::new(opts.trace, metrics, opts.cgroups.clone(), growth);
         let emergency = opts.pressure.kill.emergency;
         let scope = NodeScope::new(&signals.node.dir, &opts.cgroups);
-        let (escalate, escalated) = watch::channel(Urgency::Normal);
+        let (escalate, escalated) = watch::channel(Escalation::default());
         let volume_stats_period = opts.pressure.volume_stats_period;
         let mut pressure = Pressure::new(opts.policy, opts.pressure, opts.cgroups, client, escalated);
         pressure.api = api.as_ref().map(|a| a.reporter.clone());
@@ -292,14 +292,15 @@ impl Daemon {
         }
     }
 
-    /// A fixed emergency level at or above a memory threshold turns each of its evictions
-    /// into a kill that waits for nothing: not one eviction per crossing any more.
-    fn warn_of_thresholds_within_the_emergency_level(&self, obs: &Observations) {
+    /// An emergency level at or above a memory threshold turns each of its evictions into a
+    /// kill that waits for nothing: not one eviction per crossing any more. Said at the start
+    /// and for each policy a SIGHUP puts in force.
+    pub(super) fn warn_of_thresholds_within_the_emergency_level(&self, obs: &Observations) {
         for t in urgency::thresholds_within_the_emergency_level(&self.thresholds, obs, self.emergency) {
             tracing::warn!(
                 "--emergency-available is at or above the threshold {t}: each eviction on it is an \
-                 emergency, a kill at once that waits neither for the last evicted pod's memory nor \
-                 for a newer pod list, so one crossing may evict several pods"
+                 emergency, a kill that waits neither for the last evicted pod's memory nor for a \
+                 newer pod list, so one crossing may evict several pods"
             );
         }
     }

@@ -8,14 +8,11 @@
 //! limit, is that container's business and never turns a soft eviction's grace period into a
 //! SIGKILL.
 
-use std::{
-    fmt,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use evictd_policy::{
     observations::Observations,
-    policy::{Signal, Threshold},
+    policy::{Signal, Threshold, ThresholdValue},
 };
 
 use crate::{
@@ -23,7 +20,7 @@ use crate::{
         cgroup_names::pid_in_cgroup,
         cgroups::{CgroupMounts, CgroupVersion},
     },
-    vocab::{Urgency, WakeCause},
+    vocab::{EmergencyCause, Urgency, WakeCause},
     wake::Wake,
 };
 
@@ -57,35 +54,6 @@ pub fn cgroup_events_count(thresholds: &[Threshold], obs: &Observations) -> bool
     !hard_memory() || hard_memory_threshold_met(thresholds, obs)
 }
 
-/// Why memory is an emergency now: what the log names, so that an operator can tell a level
-/// set too high from the kernel at work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Emergency {
-    /// Direct reclaim in the node.
-    DirectReclaim,
-    /// Reclaim against a memory cgroup's limit, or an OOM kill, in the node.
-    CgroupReclaimOrOom,
-    /// A memory signal below its emergency level, in bytes.
-    Below { signal: Signal, available: i64, level: i64 },
-}
-
-impl fmt::Display for Emergency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Emergency::DirectReclaim => f.write_str("the kernel reclaims directly in the node"),
-            Emergency::CgroupReclaimOrOom => {
-                f.write_str("the kernel reclaims against a memory cgroup's limit, or OOM-kills, in the node")
-            }
-            Emergency::Below { signal, available, level } => write!(
-                f,
-                "{signal} is {} MiB, below the emergency level of {} MiB",
-                available >> 20,
-                level >> 20
-            ),
-        }
-    }
-}
-
 /// The urgency the node calls for now, from its observation and the wakes just taken.
 pub fn urgency_now(
     thresholds: &[Threshold],
@@ -97,7 +65,11 @@ pub fn urgency_now(
 }
 
 /// The urgency, given the emergency `emergency_now` found (or not).
-pub fn urgency_of(emergency: Option<Emergency>, thresholds: &[Threshold], obs: &Observations) -> Urgency {
+pub fn urgency_of(
+    emergency: Option<EmergencyCause>,
+    thresholds: &[Threshold],
+    obs: &Observations,
+) -> Urgency {
     if emergency.is_some() {
         Urgency::Emergency
     } else if hard_threshold_met(thresholds, obs) {
@@ -113,11 +85,11 @@ pub fn emergency_now(
     obs: &Observations,
     level: EmergencyLevel,
     kernel: KernelActing,
-) -> Option<Emergency> {
+) -> Option<EmergencyCause> {
     if kernel.direct_reclaim {
-        Some(Emergency::DirectReclaim)
+        Some(EmergencyCause::DirectReclaim)
     } else if kernel.cgroup_reclaim_or_oom && cgroup_events_count(thresholds, obs) {
-        Some(Emergency::CgroupReclaimOrOom)
+        Some(EmergencyCause::CgroupReclaimOrOom)
     } else {
         below_emergency_level(thresholds, obs, level)
     }
@@ -140,7 +112,7 @@ fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bo
         .any(|t| obs.get(&t.signal).is_some_and(|o| t.is_met(o.available, o.capacity, false)))
 }
 
-/// A memory signal below its emergency level (`Emergency::Below`). Without a hard memory
+/// A memory signal below its emergency level (`EmergencyCause::Below`). Without a hard memory
 /// threshold there is no level in `HalfHard` mode: the operator asked for soft evictions only.
 /// A fixed level holds for memory.available always, and for allocatableMemory.available only
 /// where a threshold watches it: the pods' cgroup is read wherever it has a limit, which the
@@ -150,10 +122,10 @@ pub(crate) fn below_emergency_level(
     thresholds: &[Threshold],
     obs: &Observations,
     level: EmergencyLevel,
-) -> Option<Emergency> {
-    let below = |signal: Signal, level: i64| {
+) -> Option<EmergencyCause> {
+    let below = |signal: Signal, at: i64| {
         let available = obs.get(&signal)?.available;
-        (available < level).then_some(Emergency::Below { signal, available, level })
+        (available < at).then_some(EmergencyCause::Below { signal, available, level: at })
     };
     let watched = |s: Signal| s == Signal::MemoryAvailable || thresholds.iter().any(|t| t.signal == s);
     match level {
@@ -167,22 +139,31 @@ pub(crate) fn below_emergency_level(
     }
 }
 
-/// The memory thresholds a fixed emergency level reaches: whenever one of them is met,
-/// memory is an emergency too, and its evictions kill at once and skip the waits (for the
-/// last evicted pod's memory, for a newer pod list) that keep one crossing to one eviction.
-/// Thresholds on a signal not read are left out: their level is not known.
-pub fn thresholds_within_the_emergency_level<'a>(
+/// The memory thresholds the emergency level reaches: whenever one of them is met, memory
+/// is an emergency too, and its evictions kill and skip the waits (for the last evicted pod's
+/// memory, for a newer pod list) that keep one crossing to one eviction. A fixed level, or in
+/// `auto` a soft threshold at or under half of a hard one on its signal. A percentage of a
+/// signal not read is left out: its level is not known yet.
+pub(crate) fn thresholds_within_the_emergency_level<'a>(
     thresholds: &'a [Threshold],
     obs: &'a Observations,
     level: EmergencyLevel,
 ) -> impl Iterator<Item = &'a Threshold> {
-    let level = match level {
+    let bytes = move |t: &Threshold| match t.value {
+        ThresholdValue::Quantity(_) => Some(t.value.resolve(0)),
+        ThresholdValue::Percentage(_) => Some(t.value.resolve(obs.get(&t.signal)?.capacity)),
+    };
+    let emergency_at = move |signal: Signal| match level {
         EmergencyLevel::Bytes(b) => Some(b),
-        EmergencyLevel::HalfHard => None,
+        EmergencyLevel::HalfHard => thresholds
+            .iter()
+            .filter(|h| h.is_hard() && h.signal == signal)
+            .filter_map(bytes)
+            .max()
+            .map(|b| b / 2),
     };
     thresholds.iter().filter(move |t| {
-        let (Some(level), Some(o)) = (level, obs.get(&t.signal)) else { return false };
-        t.signal.is_memory() && t.value.resolve(o.capacity) <= level
+        t.signal.is_memory() && matches!((bytes(t), emergency_at(t.signal)), (Some(v), Some(e)) if v <= e)
     })
 }
 
@@ -230,7 +211,7 @@ impl NodeScope {
 
 #[cfg(test)]
 mod tests {
-    use evictd_policy::{observations::Observation, policy::ThresholdValue, quantity::Quantity};
+    use evictd_policy::{observations::Observation, quantity::Quantity};
 
     use super::*;
 
@@ -350,7 +331,7 @@ mod tests {
         let e = emergency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), none);
         assert_eq!(
             e,
-            Some(Emergency::Below {
+            Some(EmergencyCause::Below {
                 signal: Signal::AllocatableMemoryAvailable,
                 available: 40 * MI,
                 level: 50 * MI
@@ -358,42 +339,61 @@ mod tests {
         );
         assert_eq!(
             e.map(|e| e.to_string()).as_deref(),
-            Some("allocatableMemory.available is 40 MiB, below the emergency level of 50 MiB")
+            Some("allocatableMemory.available is 40.0 MiB, below the emergency level of 50.0 MiB")
         );
         let e = emergency_now(&t, &obs(40 * MI), EmergencyLevel::HalfHard, none);
         assert_eq!(
             e,
-            Some(Emergency::Below { signal: Signal::MemoryAvailable, available: 40 * MI, level: 50 * MI })
+            Some(EmergencyCause::Below {
+                signal: Signal::MemoryAvailable,
+                available: 40 * MI,
+                level: 50 * MI
+            })
         );
         let direct = KernelActing { direct_reclaim: true, ..none };
         assert_eq!(
             emergency_now(&t, &o, EmergencyLevel::Bytes(50 * MI), direct),
-            Some(Emergency::DirectReclaim)
+            Some(EmergencyCause::DirectReclaim)
         );
         assert_eq!(emergency_now(&t, &obs(900 * MI), EmergencyLevel::Bytes(50 * MI), none), None);
     }
 
-    /// A fixed level at or above a threshold makes every eviction on it an emergency: those
-    /// thresholds are named at the start; `auto` (half of each hard one) names none.
+    /// A level at or above a threshold makes every eviction on it an emergency: those
+    /// thresholds are named at the start (and on SIGHUP).
     #[test]
-    fn the_thresholds_a_fixed_level_reaches_are_named() {
+    fn the_thresholds_the_emergency_level_reaches_are_named() {
         let tenth = Threshold { value: ThresholdValue::Percentage(0.1), ..hard(0) };
         let allocatable = Threshold { signal: Signal::AllocatableMemoryAvailable, ..hard(900) };
-        let t = [hard(100), soft(600), tenth, allocatable];
-        let reached = |level| {
-            thresholds_within_the_emergency_level(&t, &obs(900 * MI), level)
+        let allocatable_tenth = Threshold { signal: Signal::AllocatableMemoryAvailable, ..tenth };
+        let t = [hard(100), soft(600), tenth, allocatable, allocatable_tenth];
+        let reached = |t: &[Threshold], level| {
+            thresholds_within_the_emergency_level(t, &obs(900 * MI), level)
                 .map(|t| t.to_string())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(reached(EmergencyLevel::Bytes(99 * MI)), Vec::<String>::new());
-        assert_eq!(reached(EmergencyLevel::Bytes(100 * MI)), ["memory.available<100Mi"]);
-        // 10 % of the 4 GiB read is 409.6 MiB; allocatableMemory.available is not read here.
+        assert_eq!(reached(&t, EmergencyLevel::Bytes(99 * MI)), Vec::<String>::new());
+        assert_eq!(reached(&t, EmergencyLevel::Bytes(100 * MI)), ["memory.available<100Mi"]);
+        // 10 % of the 4 GiB read is 409.6 MiB.
         assert_eq!(
-            reached(EmergencyLevel::Bytes(500 * MI)),
+            reached(&t, EmergencyLevel::Bytes(500 * MI)),
             ["memory.available<100Mi", "memory.available<10%"]
         );
-        assert_eq!(reached(EmergencyLevel::Bytes(600 * MI)).len(), 3);
-        assert_eq!(reached(EmergencyLevel::HalfHard), Vec::<String>::new());
+        // allocatableMemory.available is not read: its quantity is known, its percentage not.
+        assert_eq!(
+            reached(&t, EmergencyLevel::Bytes(900 * MI)),
+            [
+                "memory.available<100Mi",
+                "memory.available<600Mi",
+                "memory.available<10%",
+                "allocatableMemory.available<900Mi"
+            ]
+        );
+        // `auto`: half of a hard threshold never reaches it; a soft one on its signal at or
+        // under that half is reached (half of 10 % of 4 GiB is 204.8 MiB).
+        assert_eq!(reached(&[hard(100), soft(600)], EmergencyLevel::HalfHard), Vec::<String>::new());
+        assert_eq!(reached(&[tenth, soft(200)], EmergencyLevel::HalfHard), ["memory.available<200Mi"]);
+        assert_eq!(reached(&[hard(100), soft(50)], EmergencyLevel::HalfHard), ["memory.available<50Mi"]);
+        assert_eq!(reached(&[hard(100), soft(51)], EmergencyLevel::HalfHard), Vec::<String>::new());
     }
 
     #[test]

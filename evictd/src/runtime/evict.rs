@@ -27,7 +27,7 @@ use crate::{
         kill::{self, KillTarget},
         usage::cgroup_tree_empty,
     },
-    vocab::{FastKill, OnKilled, Phases, Urgency, monotonic_ns},
+    vocab::{Escalation, FastKill, OnKilled, Phases, Urgency, monotonic_ns},
 };
 
 /// How one pod is stopped.
@@ -75,7 +75,7 @@ pub async fn stop(
     client: &CriClient,
     pod: &PodRecord,
     plan: &StopPlan,
-    urgency: Option<watch::Receiver<Urgency>>,
+    urgency: Option<watch::Receiver<Escalation>>,
 ) -> Result<Phases, EvictError> {
     let name = format!("{}/{}", pod.namespace, pod.name);
     let cri_err = |source| EvictError::Cri { pod: name.clone(), source };
@@ -155,7 +155,7 @@ struct Stop<'a> {
     /// `namespace/name`, for the log.
     name: &'a str,
     plan: &'a StopPlan,
-    urgency: Option<watch::Receiver<Urgency>>,
+    urgency: Option<watch::Receiver<Escalation>>,
     fast_kill: Option<FastKill>,
 }
 
@@ -207,7 +207,7 @@ impl Stop<'_> {
                     }
                 }
                 raised = raised_above(&mut urgency, reached), if reached < Urgency::Emergency => {
-                    reached = raised;
+                    reached = raised.urgency;
                     self.escalate(raised, &mut stops).await;
                     bookkeeping = self.bookkeeping_deadline();
                 }
@@ -242,9 +242,9 @@ impl Stop<'_> {
     }
 
     /// The urgency rose to `raised` while the stops run.
-    async fn escalate(&mut self, raised: Urgency, stops: &mut tokio::task::JoinSet<Result<(), CriError>>) {
+    async fn escalate(&mut self, raised: Escalation, stops: &mut tokio::task::JoinSet<Result<(), CriError>>) {
         let (grace, hard) = (self.plan.grace_seconds, self.plan.hard_grace_seconds);
-        match raised {
+        match raised.urgency {
             Urgency::Normal => {}
             Urgency::Hard => {
                 tracing::warn!(
@@ -254,10 +254,8 @@ impl Stop<'_> {
                 self.spawn_stops(stops, hard);
             }
             Urgency::Emergency => {
-                tracing::warn!(
-                    pod = %self.name,
-                    "an emergency (the line before says which) during the {grace} s grace period: killing now"
-                );
+                let why = raised.emergency.map_or_else(|| "an emergency".to_string(), |e| e.to_string());
+                tracing::warn!(pod = %self.name, "{why} during the {grace} s grace period: killing now");
                 self.kill_now(Urgency::Emergency).await;
                 // The runtime's stops learn of the exit on their own; one with grace 0 makes
                 // sure none is left waiting out a grace period, and is the fastest kill there
@@ -278,9 +276,9 @@ pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 /// Resolves with the urgency once it is above `reached`; never without a receiver, or once
 /// the daemon has dropped its sender.
-async fn raised_above(urgency: &mut Option<watch::Receiver<Urgency>>, reached: Urgency) -> Urgency {
+async fn raised_above(urgency: &mut Option<watch::Receiver<Escalation>>, reached: Urgency) -> Escalation {
     if let Some(rx) = urgency
-        && let Ok(u) = rx.wait_for(|u| *u > reached).await
+        && let Ok(u) = rx.wait_for(|u| u.urgency > reached).await
     {
         return *u;
     }
@@ -398,10 +396,10 @@ mod tests {
             })),
             ..plan()
         };
-        let (raise, urgency) = watch::channel(Urgency::Normal);
+        let (raise, urgency) = watch::channel(Escalation::default());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            raise.send_replace(Urgency::Emergency);
+            raise.send_replace(Escalation { urgency: Urgency::Emergency, emergency: None });
         });
         let t = Instant::now();
         let phases = stop(&client, &pod, &plan, Some(urgency)).await.expect("killed: an eviction");

@@ -92,6 +92,47 @@ pub enum Urgency {
     Emergency,
 }
 
+/// What the daemon raises while a stop runs: how urgent it has become and, at an emergency,
+/// what made it one (which the stop's log line names, so that an operator can tell a level
+/// set too high from the kernel at work).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Escalation {
+    pub urgency: Urgency,
+    /// With `Urgency::Emergency` only.
+    pub emergency: Option<EmergencyCause>,
+}
+
+/// What made memory an emergency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmergencyCause {
+    /// Direct reclaim in the node.
+    DirectReclaim,
+    /// Reclaim against a memory cgroup's limit, or an OOM kill, in the node.
+    CgroupReclaimOrOom,
+    /// A memory signal below its emergency level, in bytes.
+    Below { signal: Signal, available: i64, level: i64 },
+}
+
+impl fmt::Display for EmergencyCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Tenths of a MiB: a level of half of 10 % of 4 GiB is 204.8 MiB, and a signal just
+        // under it must not print as the level itself.
+        let mib = |b: i64| b as f64 / f64::from(1 << 20);
+        match self {
+            EmergencyCause::DirectReclaim => f.write_str("the kernel reclaims directly in the node"),
+            EmergencyCause::CgroupReclaimOrOom => {
+                f.write_str("the kernel reclaims against a memory cgroup's limit, or OOM-kills, in the node")
+            }
+            EmergencyCause::Below { signal, available, level } => write!(
+                f,
+                "{signal} is {:.1} MiB, below the emergency level of {:.1} MiB",
+                mib(*available),
+                mib(*level)
+            ),
+        }
+    }
+}
+
 /// What the act step calls once evictd's fast kill has signalled the pod (SIGKILL to every
 /// process: nothing can escalate the stop any more). From then on the victim frees every
 /// page it held, and whatever the kernel runs on each free (evictd's memcg stat programs)

@@ -12,7 +12,8 @@ pub mod spec;
 pub mod wake;
 
 pub use eviction::{
-    EvictionCause, EvictionRecord, FastKill, KillMethod, KillReport, OnKilled, Phases, Urgency,
+    EmergencyCause, Escalation, EvictionCause, EvictionRecord, FastKill, KillMethod, KillReport, OnKilled,
+    Phases, Urgency,
 };
 pub use spec::SpecSource;
 pub use wake::{ChargeTier, WakeCause, monotonic_ns};

@@ -45,7 +45,7 @@ fn pressure_with(root: &Path, args: &PolicyArgs, client: Option<CriClient>) -> P
         volume_stats_period: Duration::from_secs(60),
     };
     let (policy, _) = args.policy().unwrap();
-    let escalate = watch::channel(Urgency::Normal).1;
+    let escalate = watch::channel(Escalation::default()).1;
     Pressure::new(policy, PressureOptions { dry_run: client.is_none(), ..opts }, cgroups, client, escalate)
 }
 
