@@ -425,8 +425,8 @@ fn charge_probes_are_attached_only_near_a_threshold() {
 }
 
 /// SIGHUP reads the `--config` file again. A new threshold is in force at once (the metrics
-/// show it); a file that no longer reads leaves the policy in force and says why; the daemon
-/// keeps running throughout.
+/// show it), and one the emergency level reaches is warned of as at the start; a file that no
+/// longer reads leaves the policy in force and says why; the daemon keeps running throughout.
 #[test]
 fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
     if !privileged("sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad") {
@@ -441,10 +441,11 @@ fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
         );
         std::fs::write(&config, text).unwrap();
     };
-    write("100Mi");
+    write("300Mi");
     let addr = format!("127.0.0.1:{}", free_port());
     let mut evictd = dies_with_harness(&mut Command::new(evictd_binary()))
         .args(["--dry-run", "--cri-endpoint", "none", "--duration", "120s", "--metrics-addr", &addr])
+        .args(["--emergency-available", "200Mi"])
         .arg("--config")
         .arg(&config)
         .arg("--node-cgroup")
@@ -488,10 +489,18 @@ fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
         )
         .unwrap()
     };
-    wait_metrics(&threshold(100 << 20));
-    write("300Mi");
-    hup();
+    // The emergency level reaches the new threshold: said when the policy comes in force.
+    let reached = "is at or above the threshold memory.available<100Mi";
     wait_metrics(&threshold(300 << 20));
+    assert!(!log.lock().unwrap().contains(reached), "{}", log.lock().unwrap());
+    write("100Mi");
+    hup();
+    wait_metrics(&threshold(100 << 20));
+    let t = std::time::Instant::now();
+    while !log.lock().unwrap().contains(reached) {
+        assert!(t.elapsed() < Duration::from_secs(30), "no word of the level:\n{}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     std::fs::write(&config, "evictionHard: [not, a, map\n").unwrap();
     hup();
     let t = std::time::Instant::now();
@@ -499,7 +508,7 @@ fn sighup_reads_the_policy_again_and_keeps_it_when_the_file_is_bad() {
         assert!(t.elapsed() < Duration::from_secs(30), "no word of the bad file:\n{}", log.lock().unwrap());
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(http_get(&addr, "/metrics").contains(&threshold(300 << 20)), "the policy in force stays");
+    assert!(http_get(&addr, "/metrics").contains(&threshold(100 << 20)), "the policy in force stays");
     assert!(evictd.try_wait().unwrap().is_none(), "evictd keeps running:\n{}", log.lock().unwrap());
     let _ = evictd.kill();
     let _ = evictd.wait();
@@ -791,12 +800,11 @@ fn a_fixed_emergency_level_above_a_threshold_is_warned_of_at_the_start() {
         );
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let warned = |log: &str, t: &str| {
-        log.lines().any(|l| l.contains(&format!("--emergency-available is at or above the threshold {t}")))
-    };
+    let warned =
+        |log: &str, t: &str| log.lines().any(|l| l.contains(&format!("is at or above the threshold {t}")));
     let log = start("200Mi");
     assert!(warned(&log, "memory.available<100Mi"), "{log}");
     assert!(!warned(&log, "memory.available<300Mi"), "{log}");
     let log = start("50Mi");
-    assert!(!log.contains("--emergency-available is at or above"), "{log}");
+    assert!(!log.contains("is at or above the threshold"), "{log}");
 }

@@ -410,15 +410,8 @@ impl Daemon {
         let obs = self.signals.observe(engine_ns(), &mut Vec::new());
         let cgroup_events = urgency::cgroup_events_count(&self.thresholds, &obs);
         let kernel_acting = self.scope.kernel_acting(wakes, cgroup_events);
-        let emergency = urgency::emergency_now(&self.thresholds, &obs, self.emergency, kernel_acting);
-        let now = Escalation { urgency: urgency::urgency_of(emergency, &self.thresholds, &obs), emergency };
-        self.escalate.send_if_modified(|u| {
-            let raised = now.urgency > u.urgency;
-            if raised {
-                *u = now;
-            }
-            raised
-        });
+        let now = urgency::escalation_now(&self.thresholds, &obs, self.emergency, kernel_acting);
+        self.escalate.send_if_modified(|e| e.raise(now));
     }
 
     fn start_pass(&mut self) {

@@ -20,7 +20,7 @@ use crate::{
         cgroup_names::pid_in_cgroup,
         cgroups::{CgroupMounts, CgroupVersion},
     },
-    vocab::{EmergencyCause, Urgency, WakeCause},
+    vocab::{EmergencyCause, Escalation, Urgency, WakeCause},
     wake::Wake,
 };
 
@@ -54,33 +54,27 @@ pub fn cgroup_events_count(thresholds: &[Threshold], obs: &Observations) -> bool
     !hard_memory() || hard_memory_threshold_met(thresholds, obs)
 }
 
-/// The urgency the node calls for now, from its observation and the wakes just taken.
-pub fn urgency_now(
+/// What the node calls for now, from its observation and the wakes just taken: the urgency
+/// and, at an emergency, its cause.
+pub fn escalation_now(
     thresholds: &[Threshold],
     obs: &Observations,
     level: EmergencyLevel,
     kernel: KernelActing,
-) -> Urgency {
-    urgency_of(emergency_now(thresholds, obs, level, kernel), thresholds, obs)
-}
-
-/// The urgency, given the emergency `emergency_now` found (or not).
-pub fn urgency_of(
-    emergency: Option<EmergencyCause>,
-    thresholds: &[Threshold],
-    obs: &Observations,
-) -> Urgency {
-    if emergency.is_some() {
+) -> Escalation {
+    let emergency = emergency_now(thresholds, obs, level, kernel);
+    let urgency = if emergency.is_some() {
         Urgency::Emergency
     } else if hard_threshold_met(thresholds, obs) {
         Urgency::Hard
     } else {
         Urgency::Normal
-    }
+    };
+    Escalation { urgency, emergency }
 }
 
 /// An emergency, and which: the kernel acting in the node, or memory below the emergency level.
-pub fn emergency_now(
+fn emergency_now(
     thresholds: &[Threshold],
     obs: &Observations,
     level: EmergencyLevel,
@@ -139,7 +133,8 @@ pub(crate) fn below_emergency_level(
     }
 }
 
-/// The memory thresholds the emergency level reaches: whenever one of them is met, memory
+/// The memory thresholds the emergency level reaches, each with that level in bytes:
+/// whenever one of them is met, memory
 /// is an emergency too, and its evictions kill and skip the waits (for the last evicted pod's
 /// memory, for a newer pod list) that keep one crossing to one eviction. A fixed level, or in
 /// `auto` a soft threshold at or under half of a hard one on its signal. A percentage of a
@@ -148,7 +143,7 @@ pub(crate) fn thresholds_within_the_emergency_level<'a>(
     thresholds: &'a [Threshold],
     obs: &'a Observations,
     level: EmergencyLevel,
-) -> impl Iterator<Item = &'a Threshold> {
+) -> impl Iterator<Item = (&'a Threshold, i64)> {
     let bytes = move |t: &Threshold| match t.value {
         ThresholdValue::Quantity(_) => Some(t.value.resolve(0)),
         ThresholdValue::Percentage(_) => Some(t.value.resolve(obs.get(&t.signal)?.capacity)),
@@ -162,8 +157,11 @@ pub(crate) fn thresholds_within_the_emergency_level<'a>(
             .max()
             .map(|b| b / 2),
     };
-    thresholds.iter().filter(move |t| {
-        t.signal.is_memory() && matches!((bytes(t), emergency_at(t.signal)), (Some(v), Some(e)) if v <= e)
+    thresholds.iter().filter(|t| t.signal.is_memory()).filter_map(move |t| {
+        match (bytes(t), emergency_at(t.signal)) {
+            (Some(v), Some(e)) if v <= e => Some((t, e)),
+            _ => None,
+        }
     })
 }
 
@@ -216,6 +214,15 @@ mod tests {
     use super::*;
 
     const MI: i64 = 1 << 20;
+
+    fn urgency_now(
+        t: &[Threshold],
+        obs: &Observations,
+        level: EmergencyLevel,
+        kernel: KernelActing,
+    ) -> Urgency {
+        escalation_now(t, obs, level, kernel).urgency
+    }
 
     fn obs(available: i64) -> Observations {
         let mut o = Observations::new();
@@ -339,7 +346,7 @@ mod tests {
         );
         assert_eq!(
             e.map(|e| e.to_string()).as_deref(),
-            Some("allocatableMemory.available is 40.0 MiB, below the emergency level of 50.0 MiB")
+            Some("allocatableMemory.available read 40.0 MiB, below the emergency level of 50.0 MiB")
         );
         let e = emergency_now(&t, &obs(40 * MI), EmergencyLevel::HalfHard, none);
         assert_eq!(
@@ -368,7 +375,7 @@ mod tests {
         let t = [hard(100), soft(600), tenth, allocatable, allocatable_tenth];
         let reached = |t: &[Threshold], level| {
             thresholds_within_the_emergency_level(t, &obs(900 * MI), level)
-                .map(|t| t.to_string())
+                .map(|(t, _)| t.to_string())
                 .collect::<Vec<_>>()
         };
         assert_eq!(reached(&t, EmergencyLevel::Bytes(99 * MI)), Vec::<String>::new());
@@ -394,6 +401,47 @@ mod tests {
         assert_eq!(reached(&[tenth, soft(200)], EmergencyLevel::HalfHard), ["memory.available<200Mi"]);
         assert_eq!(reached(&[hard(100), soft(50)], EmergencyLevel::HalfHard), ["memory.available<50Mi"]);
         assert_eq!(reached(&[hard(100), soft(51)], EmergencyLevel::HalfHard), Vec::<String>::new());
+    }
+
+    /// The start's warning and the emergency agree: a threshold is named exactly when memory
+    /// a byte past it is below the emergency level, in either mode.
+    #[test]
+    fn a_threshold_is_named_exactly_when_meeting_it_is_an_emergency() {
+        let tenth = Threshold { value: ThresholdValue::Percentage(0.1), ..hard(0) };
+        let allocatable = Threshold { signal: Signal::AllocatableMemoryAvailable, ..hard(100) };
+        let policies = [
+            vec![hard(100), soft(600)],
+            vec![tenth, soft(200)],
+            vec![hard(100), soft(50)],
+            vec![hard(100), soft(51)],
+            vec![
+                hard(100),
+                allocatable,
+                Threshold { signal: Signal::AllocatableMemoryAvailable, ..soft(300) },
+            ],
+        ];
+        let levels = [
+            EmergencyLevel::HalfHard,
+            EmergencyLevel::Bytes(99 * MI),
+            EmergencyLevel::Bytes(100 * MI),
+            EmergencyLevel::Bytes(500 * MI),
+        ];
+        for p in &policies {
+            for level in levels {
+                let named: Vec<Threshold> = thresholds_within_the_emergency_level(p, &obs(900 * MI), level)
+                    .map(|(t, _)| *t)
+                    .collect();
+                for t in p {
+                    let capacity = 4096 * MI;
+                    let mut o = Observations::new();
+                    let available = t.value.resolve(capacity) - 1;
+                    o.insert(t.signal, Observation { available, capacity, time_ns: None });
+                    assert!(t.is_met(available, capacity, false));
+                    let emergency = below_emergency_level(p, &o, level).is_some();
+                    assert_eq!(named.contains(t), emergency, "{t} under {level:?} in {p:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -102,6 +102,18 @@ pub struct Escalation {
     pub emergency: Option<EmergencyCause>,
 }
 
+impl Escalation {
+    /// Takes `now` if it is more urgent, cause and all: never lowers the urgency, and keeps
+    /// the cause of the first emergency (the one that killed). True when it rose.
+    pub fn raise(&mut self, now: Escalation) -> bool {
+        let rose = now.urgency > self.urgency;
+        if rose {
+            *self = now;
+        }
+        rose
+    }
+}
+
 /// What made memory an emergency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EmergencyCause {
@@ -115,9 +127,9 @@ pub enum EmergencyCause {
 
 impl fmt::Display for EmergencyCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Tenths of a MiB: a level of half of 10 % of 4 GiB is 204.8 MiB, and a signal just
-        // under it must not print as the level itself.
-        let mib = |b: i64| b as f64 / f64::from(1 << 20);
+        // Tenths of a MiB, the reading rounded down and the level up: a reading a byte under
+        // the level never prints as the level itself.
+        let tenths = |b: i64, round: fn(f64) -> f64| round(b as f64 * 10.0 / f64::from(1 << 20)) / 10.0;
         match self {
             EmergencyCause::DirectReclaim => f.write_str("the kernel reclaims directly in the node"),
             EmergencyCause::CgroupReclaimOrOom => {
@@ -125,9 +137,9 @@ impl fmt::Display for EmergencyCause {
             }
             EmergencyCause::Below { signal, available, level } => write!(
                 f,
-                "{signal} is {:.1} MiB, below the emergency level of {:.1} MiB",
-                mib(*available),
-                mib(*level)
+                "{signal} read {:.1} MiB, below the emergency level of {:.1} MiB",
+                tenths(*available, f64::floor),
+                tenths(*level, f64::ceil)
             ),
         }
     }
@@ -216,4 +228,54 @@ pub struct KillReport {
     pub reaped: usize,
     /// From the start of the kill to the end of the last reap.
     pub reaped_ms: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI: i64 = 1 << 20;
+
+    fn below(available: i64, level: i64) -> EmergencyCause {
+        EmergencyCause::Below { signal: Signal::MemoryAvailable, available, level }
+    }
+
+    /// The stop cut short names the emergency that raised it, through a later hard
+    /// threshold or another emergency alike.
+    #[test]
+    fn a_raise_keeps_the_first_emergencys_cause() {
+        let hard = Escalation { urgency: Urgency::Hard, emergency: None };
+        let first = Escalation { urgency: Urgency::Emergency, emergency: Some(below(40 * MI, 50 * MI)) };
+        let later =
+            Escalation { urgency: Urgency::Emergency, emergency: Some(EmergencyCause::DirectReclaim) };
+        let mut e = Escalation::default();
+        assert!(e.raise(hard));
+        assert!(!e.raise(hard), "not raised again");
+        assert!(e.raise(first));
+        assert!(!e.raise(hard), "never lowered");
+        assert!(!e.raise(later));
+        assert_eq!(e, first);
+        let mut e = Escalation::default();
+        assert!(e.raise(first), "straight to an emergency");
+        assert_eq!(e.emergency, first.emergency);
+    }
+
+    /// A reading a byte under the level never prints as the level: half of 10 % of 4 GiB is
+    /// 214 748 364 bytes, 204.79999 MiB.
+    #[test]
+    fn a_reading_under_the_level_prints_under_it() {
+        let level = 214_748_364;
+        assert_eq!(
+            below(level - 1, level).to_string(),
+            "memory.available read 204.7 MiB, below the emergency level of 204.8 MiB"
+        );
+        assert_eq!(
+            below(40 * MI, 50 * MI).to_string(),
+            "memory.available read 40.0 MiB, below the emergency level of 50.0 MiB"
+        );
+        assert_eq!(
+            below(-MI / 4, 50 * MI).to_string().split(',').next(),
+            Some("memory.available read -0.3 MiB")
+        );
+    }
 }
