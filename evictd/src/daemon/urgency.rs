@@ -133,12 +133,11 @@ pub(crate) fn below_emergency_level(
     }
 }
 
-/// The memory thresholds the emergency level reaches, each with that level in bytes:
-/// whenever one of them is met, memory
-/// is an emergency too, and its evictions kill and skip the waits (for the last evicted pod's
-/// memory, for a newer pod list) that keep one crossing to one eviction. A fixed level, or in
-/// `auto` a soft threshold at or under half of a hard one on its signal. A percentage of a
-/// signal not read is left out: its level is not known yet.
+/// The memory thresholds the emergency level reaches, each with that level in bytes: whenever
+/// one of them is met, memory is an emergency too, and its evictions kill and skip the waits
+/// (for the last evicted pod's memory, for a newer pod list) that keep one crossing to one
+/// eviction. A fixed level, or in `auto` a soft threshold at or under half of a hard one on
+/// its signal. A percentage of a signal not read is left out: its level is not known yet.
 pub(crate) fn thresholds_within_the_emergency_level<'a>(
     thresholds: &'a [Threshold],
     obs: &'a Observations,

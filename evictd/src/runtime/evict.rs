@@ -207,8 +207,8 @@ impl Stop<'_> {
                     }
                 }
                 raised = raised_above(&mut urgency, reached), if reached < Urgency::Emergency => {
-                    reached = raised.urgency;
-                    self.escalate(raised, &mut stops).await;
+                    let was = std::mem::replace(&mut reached, raised.urgency);
+                    self.escalate(raised, was, &mut stops).await;
                     bookkeeping = self.bookkeeping_deadline();
                 }
                 () = sleep_until(bookkeeping), if bookkeeping.is_some() => {
@@ -241,9 +241,16 @@ impl Stop<'_> {
         }
     }
 
-    /// The urgency rose to `raised` while the stops run.
-    async fn escalate(&mut self, raised: Escalation, stops: &mut tokio::task::JoinSet<Result<(), CriError>>) {
+    /// The urgency rose from `was` to `raised` while the stops run.
+    async fn escalate(
+        &mut self,
+        raised: Escalation,
+        was: Urgency,
+        stops: &mut tokio::task::JoinSet<Result<(), CriError>>,
+    ) {
         let (grace, hard) = (self.plan.grace_seconds, self.plan.hard_grace_seconds);
+        // The grace period the stops run with now: a hard threshold met cut it to the hard one.
+        let in_force = if was >= Urgency::Hard { grace.min(hard) } else { grace };
         match raised.urgency {
             Urgency::Normal => {}
             Urgency::Hard => {
@@ -255,7 +262,7 @@ impl Stop<'_> {
             }
             Urgency::Emergency => {
                 let why = raised.emergency.map_or_else(|| "an emergency".to_string(), |e| e.to_string());
-                tracing::warn!(pod = %self.name, "{why} during the {grace} s grace period: killing now");
+                tracing::warn!(pod = %self.name, "{why} during the {in_force} s grace period: killing now");
                 self.kill_now(Urgency::Emergency).await;
                 // The runtime's stops learn of the exit on their own; one with grace 0 makes
                 // sure none is left waiting out a grace period, and is the fastest kill there
