@@ -304,11 +304,11 @@ impl Daemon {
             urgency::thresholds_within_the_emergency_level(&self.thresholds, obs, self.emergency)
         {
             tracing::warn!(
-                "the emergency level, {:.1} MiB ({source}), is at or above the threshold {t}: an \
+                "the emergency level, {} ({source}), is at or above the threshold {t}: an \
                  eviction on it is an emergency (a kill that waits neither for the last evicted \
                  pod's memory nor for a newer pod list, and may take a pod the API has not \
                  listed), so one crossing may evict several pods",
-                level as f64 / f64::from(1 << 20)
+                crate::report::units::bytes(level)
             );
         }
     }

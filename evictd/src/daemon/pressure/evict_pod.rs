@@ -576,9 +576,11 @@ impl Pressure {
     /// evicts nobody: taking the next, listed pod instead would take a bystander for the
     /// guess's pressure.
     pub(super) fn guesses_wait(&self, chosen: &PodRecord, signal: Signal, obs: &Observations) -> bool {
-        let emergency = signal.is_memory()
-            && urgency::below_emergency_level(&self.thresholds, obs, self.kill.emergency).is_some();
-        self.specs_from_api && chosen.spec_inferred() && !emergency
+        let emergency = || {
+            signal.is_memory()
+                && urgency::below_emergency_level(&self.thresholds, obs, self.kill.emergency).is_some()
+        };
+        self.specs_from_api && chosen.spec_inferred() && !emergency()
     }
 
     fn hold_back_guess(&mut self, pod: &PodRecord) {
