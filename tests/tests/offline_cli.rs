@@ -103,6 +103,44 @@ fn check_config_reads_the_kubelets_drop_ins() {
 /// divided by 100 in float32), printed as the shortest decimal that reads back as that
 /// float32; `check-config` and `simulate`'s `thresholds_met` print the same number for the
 /// same threshold (0.7% is 0.0069999998, not 0.007: that is the kubelet's).
+/// An emergency level at or above a memory threshold turns each eviction on it into a kill
+/// that waits for nothing: `check-config` says so as the daemon does at start, for the
+/// daemon's `--emergency-available` (a quantity, or `auto`: half of a hard threshold), and
+/// says nothing where the level stays under every threshold.
+#[test]
+fn check_config_warns_of_thresholds_the_emergency_level_reaches() {
+    let warned = |args: &[&str]| {
+        let mut all = vec!["check-config", "--output", "json"];
+        all.extend(args);
+        let o = evictd(&all);
+        assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        err.lines().filter(|l| l.contains("the emergency level")).map(String::from).collect::<Vec<_>>()
+    };
+    let hard = "memory.available<100Mi";
+    let fixed = warned(&["--eviction-hard", hard, "--emergency-available", "200Mi"]);
+    assert!(
+        fixed.iter().any(|l| l.contains("200.0MiB (--emergency-available)") && l.contains(hard)),
+        "a fixed level over the threshold: {fixed:?}"
+    );
+    assert_eq!(warned(&["--eviction-hard", hard, "--emergency-available", "50Mi"]), Vec::<String>::new());
+    // `auto`: the soft threshold at 200Mi is under half of the hard one at 500Mi.
+    let soft =
+        ["--eviction-hard", "memory.available<500Mi", "--eviction-soft-grace-period", "memory.available=1m"];
+    let auto = warned(&[&soft[..], &["--eviction-soft", "memory.available<200Mi"]].concat());
+    assert!(
+        auto.iter().any(|l| l.contains("250.0MiB (auto") && l.contains("memory.available<200Mi")),
+        "auto, a soft threshold under half a hard one: {auto:?}"
+    );
+    assert_eq!(
+        warned(&[&soft[..], &["--eviction-soft", "memory.available<300Mi"]].concat()),
+        Vec::<String>::new()
+    );
+    let o = evictd(&["check-config", "--eviction-hard", hard, "--emergency-available", "lots"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--emergency-available: \"lots\""), "{o:?}");
+}
+
 #[test]
 fn percentages_print_as_the_kubelets_float32_in_every_command() {
     for pct in ["20%", "20.3%", "10.1%", "0.7%", "33.333%", "99.99%"] {

@@ -43,6 +43,11 @@ pub enum Command {
     CheckConfig {
         #[command(flatten)]
         policy: PolicyArgs,
+        /// The daemon's --emergency-available, to be warned of the memory thresholds it
+        /// reaches (an eviction on one kills at once and waits for nothing). Offline, a
+        /// percentage threshold's level is not known; the daemon warns of those at start.
+        #[arg(long, value_name = "auto|QUANTITY", default_value = "auto")]
+        emergency_available: String,
         #[arg(long, value_enum, default_value = "table")]
         output: OutputFormat,
     },
@@ -102,7 +107,9 @@ pub enum OutputFormat {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Probe { json }) => probe_command(json),
-        Some(Command::CheckConfig { policy, output }) => check_config(&policy, output),
+        Some(Command::CheckConfig { policy, emergency_available, output }) => {
+            check_config(&policy, &emergency_available, output)
+        }
         Some(Command::Status { addr }) => status::run(&addr),
         Some(Command::Simulate { summary, offline: o }) => {
             let (policy, pods, layout) = offline_session(&o)?;
@@ -159,13 +166,20 @@ fn valid_policy(args: &PolicyArgs) -> anyhow::Result<Policy> {
     Ok(policy)
 }
 
-fn check_config(args: &PolicyArgs, output: OutputFormat) -> anyhow::Result<()> {
+fn check_config(args: &PolicyArgs, emergency_available: &str, output: OutputFormat) -> anyhow::Result<()> {
+    let emergency = run::emergency_level(emergency_available)?;
     let input = args.input()?;
     let mut warnings = Vec::new();
     let policy = evictd_policy::policy::build(&input, &mut warnings)?;
     for w in warnings {
         tracing::warn!("{w}");
     }
+    // No node is read offline: the quantity thresholds are checked, the percentages not.
+    daemon::urgency::warn_of_thresholds_within_the_emergency_level(
+        &policy.thresholds,
+        &Default::default(),
+        emergency,
+    );
     let mut out = std::io::stdout().lock();
     match output {
         OutputFormat::Json => {

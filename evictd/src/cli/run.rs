@@ -391,14 +391,10 @@ impl RunArgs {
 
     /// `--fast-kill`, `--hard-eviction-grace-period`, `--emergency-available`.
     fn kill_options(&self) -> anyhow::Result<KillOptions> {
-        let emergency = match self.emergency_available.as_str() {
-            "auto" => EmergencyLevel::HalfHard,
-            q => EmergencyLevel::Bytes(bytes_flag("--emergency-available", q)? as i64),
-        };
         Ok(KillOptions {
             fast_kill: self.fast_kill == "auto",
             hard_grace_seconds: self.hard_eviction_grace_period,
-            emergency,
+            emergency: emergency_level(&self.emergency_available)?,
         })
     }
 
@@ -452,6 +448,18 @@ impl RunArgs {
             pids: PidSources::default(),
         })
     }
+}
+
+/// `--emergency-available`: `auto` (half of each hard memory threshold) or a quantity, which
+/// a level past what an i64 holds saturates rather than wrapping below zero (never an
+/// emergency).
+pub(crate) fn emergency_level(text: &str) -> anyhow::Result<EmergencyLevel> {
+    Ok(match text {
+        "auto" => EmergencyLevel::HalfHard,
+        q => {
+            EmergencyLevel::Bytes(i64::try_from(bytes_flag("--emergency-available", q)?).unwrap_or(i64::MAX))
+        }
+    })
 }
 
 #[cfg(test)]

@@ -292,24 +292,10 @@ impl Daemon {
         }
     }
 
-    /// An emergency level at or above a memory threshold makes an eviction on it a kill that
-    /// waits for nothing: not one eviction per crossing any more. Said at the start and for
-    /// each policy a SIGHUP puts in force.
+    /// Warns of the memory thresholds the emergency level reaches
+    /// (`urgency::warn_of_thresholds_within_the_emergency_level`): at the start and for each
+    /// policy a SIGHUP puts in force.
     pub(super) fn warn_of_thresholds_within_the_emergency_level(&self, obs: &Observations) {
-        let source = match self.emergency {
-            EmergencyLevel::Bytes(_) => "--emergency-available",
-            EmergencyLevel::HalfHard => "auto, half of a hard threshold on its signal",
-        };
-        for (t, level) in
-            urgency::thresholds_within_the_emergency_level(&self.thresholds, obs, self.emergency)
-        {
-            tracing::warn!(
-                "the emergency level, {} ({source}), is at or above the threshold {t}: an \
-                 eviction on it is an emergency (a kill that waits neither for the last evicted \
-                 pod's memory nor for a newer pod list, and may take a pod the API has not \
-                 listed), so one crossing may evict several pods",
-                crate::report::units::bytes(level)
-            );
-        }
+        urgency::warn_of_thresholds_within_the_emergency_level(&self.thresholds, obs, self.emergency);
     }
 }

@@ -164,6 +164,29 @@ pub(crate) fn thresholds_within_the_emergency_level<'a>(
     })
 }
 
+/// An emergency level at or above a memory threshold makes an eviction on it a kill that
+/// waits for nothing: not one eviction per crossing any more. Warns of each such threshold
+/// (`thresholds_within_the_emergency_level`), naming the level and where it comes from.
+pub fn warn_of_thresholds_within_the_emergency_level(
+    thresholds: &[Threshold],
+    obs: &Observations,
+    level: EmergencyLevel,
+) {
+    let source = match level {
+        EmergencyLevel::Bytes(_) => "--emergency-available",
+        EmergencyLevel::HalfHard => "auto, half of a hard threshold on its signal",
+    };
+    for (t, bytes) in thresholds_within_the_emergency_level(thresholds, obs, level) {
+        tracing::warn!(
+            "the emergency level, {} ({source}), is at or above the threshold {t}: an eviction on \
+             it is an emergency (a kill that waits neither for the last evicted pod's memory nor \
+             for a newer pod list, and may take a pod the API has not listed), so one crossing \
+             may evict several pods",
+            crate::report::units::bytes(bytes)
+        );
+    }
+}
+
 /// Where the node's processes are, to tell the kernel's reclaim and OOM kills in the node
 /// from those elsewhere on the machine (a cgroup that plays the node in tests, say).
 #[derive(Clone, Debug)]
