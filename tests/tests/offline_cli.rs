@@ -99,10 +99,6 @@ fn check_config_reads_the_kubelets_drop_ins() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("no eviction threshold"), "{o:?}");
 }
 
-/// A percentage is the kubelet's float32 (`parsePercentage`: the number parsed as float32,
-/// divided by 100 in float32), printed as the shortest decimal that reads back as that
-/// float32; `check-config` and `simulate`'s `thresholds_met` print the same number for the
-/// same threshold (0.7% is 0.0069999998, not 0.007: that is the kubelet's).
 /// An emergency level at or above a memory threshold turns each eviction on it into a kill
 /// that waits for nothing: `check-config` says so as the daemon does at start, for the
 /// daemon's `--emergency-available` (a quantity, or `auto`: half of a hard threshold), and
@@ -141,6 +137,10 @@ fn check_config_warns_of_thresholds_the_emergency_level_reaches() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--emergency-available: \"lots\""), "{o:?}");
 }
 
+/// A percentage is the kubelet's float32 (`parsePercentage`: the number parsed as float32,
+/// divided by 100 in float32), printed as the shortest decimal that reads back as that
+/// float32; `check-config` and `simulate`'s `thresholds_met` print the same number for the
+/// same threshold (0.7% is 0.0069999998, not 0.007: that is the kubelet's).
 #[test]
 fn percentages_print_as_the_kubelets_float32_in_every_command() {
     for pct in ["20%", "20.3%", "10.1%", "0.7%", "33.333%", "99.99%"] {

@@ -51,7 +51,7 @@ mod evict_pod;
 mod storage_limits;
 
 use cleanup::Cleanup;
-use disk::DiskSettle;
+use disk::{DiskCleanup, DiskSettle};
 
 /// The wake a pass answers, stamped on its first record: detection is timed from it.
 fn answer_wake(records: &mut [EvictionRecord], wake: Option<Wake>) {
@@ -59,6 +59,15 @@ fn answer_wake(records: &mut [EvictionRecord], wake: Option<Wake>) {
         first.wake_cause = Some(w.cause);
         first.wake_kernel_ts_ns = w.kernel_ts_ns;
         first.wake_received_ns = Some(w.received_ns);
+    }
+}
+
+/// A flag set while a job is queued or running, cleared when the job is dropped.
+struct ClearOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -90,6 +99,10 @@ pub struct Pressure {
     /// skipped (the files held by a reader given up on): then the next pass opens them again.
     usage_files_for: Option<PodList>,
     usage_files_skipped: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether an opening of the usage files is queued or running on the reader: one at a
+    /// time, so that a reader stuck in a read does not pile up a job (and a pod list) for
+    /// every new list.
+    usage_files_following: Arc<std::sync::atomic::AtomicBool>,
     /// The node's charge count (the eBPF source's), which bounds a pod's growth since its
     /// usage was last read (`refresh_usage_reads`, `read_memory_candidates`).
     pub charge_clock: Option<ChargeClock>,
@@ -130,6 +143,12 @@ pub struct Pressure {
     /// Set by node-level reclaim that removed something, or a disk eviction: for
     /// `DISK_SETTLE` no pod is evicted for a disk signal.
     disk_settle: Option<DiskSettle>,
+    /// When node-level reclaim last removed nothing and left the pressure: it is not run
+    /// again for a housekeeping period (`reclaim_due`), unless a pod is evicted meanwhile.
+    reclaimed_in_vain: Option<Instant>,
+    /// Pods evicted for disk (a disk signal, or their own storage limits), until they are
+    /// torn down (`awaits_disk_cleanup`).
+    disk_cleanups: Vec<DiskCleanup>,
     /// How often pods are checked against their own ephemeral-storage limits, and when
     /// they last were.
     storage_limit_period: Duration,
@@ -170,6 +189,7 @@ impl Pressure {
             usage_files: Default::default(),
             usage_files_for: None,
             usage_files_skipped: Default::default(),
+            usage_files_following: Default::default(),
             charge_clock: None,
             count_at_read: None,
             usage_refreshed: None,
@@ -188,6 +208,8 @@ impl Pressure {
             image_ages: Default::default(),
             last_warning: None,
             disk_settle: None,
+            reclaimed_in_vain: None,
+            disk_cleanups: Vec::new(),
             storage_limit_period: opts.storage_limit_period,
             limits_checked: None,
             cleanups: Vec::new(),
@@ -295,10 +317,12 @@ impl Pressure {
         (records, obs)
     }
 
-    /// Forgets a refresh under way (queued on a reader given up on): the next pass may begin
-    /// one on the new reader.
-    pub(super) fn refreshing_anew(&mut self) {
+    /// Forgets the jobs under way on a reader given up on (a refresh, an opening of the usage
+    /// files): the next pass may begin them on the new reader.
+    pub(super) fn reader_replaced(&mut self) {
         self.refreshing = Default::default();
+        self.usage_files_following = Default::default();
+        self.usage_files_for = None;
     }
 
     /// Reads every pod's usage again on the reader, after the pass, with the node's charge
@@ -353,15 +377,25 @@ impl Pressure {
             return;
         }
         let Some(reader) = &self.reader else { return };
+        let following = self.usage_files_following.clone();
+        if following.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            // The last one has not run yet: the pass after it opens this list's.
+            return;
+        }
         self.usage_files_for = Some(pods.clone());
         let (pods, cgroups, files) = (pods.clone(), self.cgroups.clone(), self.usage_files.clone());
         let skipped = self.usage_files_skipped.clone();
-        reader.submit(move || match files.try_lock() {
-            Ok(mut held) => held.follow(&pods, &cgroups),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().follow(&pods, &cgroups),
-            // Held by a reader given up on: the next pass tries again.
-            Err(std::sync::TryLockError::WouldBlock) => {
-                skipped.store(true, std::sync::atomic::Ordering::Relaxed)
+        // Cleared when the job ends, also by a panic, or is dropped unrun with its thread.
+        let done = ClearOnDrop(following);
+        reader.submit(move || {
+            let _done = done;
+            match files.try_lock() {
+                Ok(mut held) => held.follow(&pods, &cgroups),
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().follow(&pods, &cgroups),
+                // Held by a reader given up on: the next pass tries again.
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    skipped.store(true, std::sync::atomic::Ordering::Relaxed)
+                }
             }
         });
     }
@@ -375,6 +409,9 @@ impl Pressure {
         let (state, first) = engine::decide(&self.input(obs, &[], now), &self.state);
         self.conditions.clone_from(&first.node_conditions);
         self.note_disk_pressure(&first);
+        if !first.thresholds_met.iter().any(|&i| self.thresholds[i].signal.resource().is_disk()) {
+            self.disk_pressure_over();
+        }
         // The awaited memory stays awaited through a dip below the threshold (the victim's own
         // pages freed, a hair): pressure back while it is still charged is the same pressure,
         // and a second pod would go for it. A wait whose window ended in a dip (maybe with no
@@ -395,6 +432,7 @@ impl Pressure {
         if self.awaits_cleanup(signal, obs).await
             || self.disk_settling(&first)
             || self.node_level_reclaim_resolves(&first, pods, now).await
+            || (disk && self.awaits_disk_cleanup().await)
             || walk_stale
             || (disk && self.layers_unmeasured(pods))
         {

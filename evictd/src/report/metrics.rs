@@ -383,7 +383,7 @@ mod tests {
                 stop_sandbox_ms: 30.0,
                 memory_released_ms: Some(0.1),
                 fast_kill: None,
-                warnings: Vec::new(),
+                ..Default::default()
             }),
             wake_cause: Some(WakeCause::Charge),
             wake_kernel_ts_ns: Some(1_000_000),

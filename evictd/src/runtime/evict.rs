@@ -14,6 +14,7 @@
 //! eviction: that would send the next candidate to its death too.
 
 use std::{
+    collections::BTreeSet,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -97,14 +98,22 @@ pub async fn stop(
     phases.fast_kill = stop.fast_kill.take();
     phases.stop_containers_ms = ms(t);
     match stopped {
-        Ok(()) => {}
+        Stopped { failed: None, .. } => {}
         // The fast kill ran and the pod's cgroup holds no process: the containers are dead
         // whatever the runtime answered, and the eviction stands. (A kill that gave up on a
         // pod still forking leaves processes: then the runtime's error stands.)
-        Err(e) if phases.fast_kill.is_some() && killed_to_the_last_process(plan) => {
+        Stopped { failed: Some(e), .. } if phases.fast_kill.is_some() && killed_to_the_last_process(plan) => {
             phases.warn(&name, format!("StopContainer after the fast kill: {e}"));
         }
-        Err(e) => return Err(cri_err(e)),
+        // Some of its containers are stopped: the pod is this decision's eviction, whatever
+        // the others did (the sandbox's stop below ends them). Taking the next candidate
+        // would leave two pods hit for one decision.
+        Stopped { failed: Some(e), not_stopped } if not_stopped.len() < running(pod) => {
+            phases
+                .warn(&name, format!("StopContainer failed for a container whose pod's others stopped: {e}"));
+            phases.still_running = not_stopped;
+        }
+        Stopped { failed: Some(e), .. } => return Err(cri_err(e)),
     }
 
     // The containers are dead: the eviction is done. A sandbox the runtime is too slow or
@@ -116,8 +125,10 @@ pub async fn stop(
         Some(_) => client.clone().with_stop_timeout(client.timeout()),
         None => client.clone(),
     };
-    if let Err(e) = sandbox_client.stop_pod_sandbox_confirmed(&pod.sandbox_id).await {
-        phases.warn(&name, format!("StopPodSandbox after the containers died: {e}"));
+    match sandbox_client.stop_pod_sandbox_confirmed(&pod.sandbox_id).await {
+        // The sandbox's stop ends every container in it.
+        Ok(()) => phases.still_running.clear(),
+        Err(e) => phases.warn(&name, format!("StopPodSandbox after the containers died: {e}")),
     }
     phases.stop_sandbox_ms = ms(t);
     Ok(phases)
@@ -147,6 +158,20 @@ pub async fn wait_released(pod: &PodRecord, plan: &StopPlan, phases: &mut Phases
         );
     }
 }
+
+/// How the containers' stops ended: the first error, and the containers not stopped.
+struct Stopped {
+    failed: Option<CriError>,
+    not_stopped: Vec<String>,
+}
+
+/// The pod's running containers, which its stop stops.
+fn running(pod: &PodRecord) -> usize {
+    pod.containers.iter().filter(|c| c.running).count()
+}
+
+/// The containers' stops under way, each answering with its container's id.
+type ContainerStops = tokio::task::JoinSet<(String, Result<(), CriError>)>;
 
 /// One stop under way.
 struct Stop<'a> {
@@ -184,9 +209,10 @@ impl Stop<'_> {
 
     /// StopContainer for every running container, in parallel. Every stop is waited for,
     /// also when one fails, so that no stop is still under way in the runtime when the caller
-    /// moves on (to the next candidate, say); the first error is returned. Meanwhile a raised
-    /// urgency cuts the grace period (`Hard`) or kills the pod at once (`Emergency`).
-    async fn stop_containers(&mut self) -> Result<(), CriError> {
+    /// moves on (to the next candidate, say); the first error is returned, with the
+    /// containers not stopped. Meanwhile a raised urgency cuts the grace period (`Hard`) or
+    /// kills the pod at once (`Emergency`).
+    async fn stop_containers(&mut self) -> Stopped {
         let mut stops = tokio::task::JoinSet::new();
         let grace = if self.fast_kill.is_some() { 0 } else { self.plan.grace_seconds };
         self.spawn_stops(&mut stops, grace);
@@ -197,13 +223,16 @@ impl Stop<'_> {
         }
         let mut urgency = self.urgency.take();
         let mut first_error = None;
+        let mut not_stopped: BTreeSet<String> =
+            self.pod.containers.iter().filter(|c| c.running).map(|c| c.id.clone()).collect();
         let mut bookkeeping = self.bookkeeping_deadline();
         loop {
             tokio::select! {
                 r = stops.join_next() => {
                     let Some(r) = r else { break };
-                    if let Err(e) = r.unwrap_or_else(|join| Err(join_error(self.client, join))) {
-                        first_error.get_or_insert(e);
+                    match r.map_err(|join| join_error(self.client, join)) {
+                        Ok((id, Ok(()))) => { not_stopped.remove(&id); }
+                        Ok((_, Err(e))) | Err(e) => { first_error.get_or_insert(e); }
                     }
                 }
                 raised = raised_above(&mut urgency, reached), if reached < Urgency::Emergency => {
@@ -223,7 +252,7 @@ impl Stop<'_> {
                 }
             }
         }
-        first_error.map_or(Ok(()), Err)
+        Stopped { failed: first_error, not_stopped: not_stopped.into_iter().collect() }
     }
 
     /// Once the pod is killed without the runtime, the runtime's stops are bookkeeping:
@@ -233,21 +262,19 @@ impl Stop<'_> {
         self.fast_kill.as_ref().map(|_| tokio::time::Instant::now() + self.client.timeout())
     }
 
-    fn spawn_stops(&self, stops: &mut tokio::task::JoinSet<Result<(), CriError>>, grace: i64) {
+    fn spawn_stops(&self, stops: &mut ContainerStops, grace: i64) {
         for c in self.pod.containers.iter().filter(|c| c.running) {
             let client = self.client.clone();
             let id = c.id.clone();
-            stops.spawn(async move { client.stop_container_confirmed(&id, grace).await });
+            stops.spawn(async move {
+                let stopped = client.stop_container_confirmed(&id, grace).await;
+                (id, stopped)
+            });
         }
     }
 
     /// The urgency rose from `was` to `raised` while the stops run.
-    async fn escalate(
-        &mut self,
-        raised: Escalation,
-        was: Urgency,
-        stops: &mut tokio::task::JoinSet<Result<(), CriError>>,
-    ) {
+    async fn escalate(&mut self, raised: Escalation, was: Urgency, stops: &mut ContainerStops) {
         let (grace, hard) = (self.plan.grace_seconds, self.plan.hard_grace_seconds);
         // The grace period the stops run with now: a hard threshold met cut it to the hard one.
         let in_force = if was >= Urgency::Hard { grace.min(hard) } else { grace };
@@ -376,6 +403,66 @@ mod tests {
         let pod = record("/kubepods/podu", vec![container(None, None)]);
         let e = stop(&client, &pod, &plan(), None).await.expect_err("still running");
         assert!(e.to_string().contains("StopContainer"), "{e}");
+    }
+
+    /// A pod some of whose containers stopped is the decision's eviction, whatever the others
+    /// did: the sandbox's stop ends them, and taking the next candidate would hit two pods
+    /// for one decision. Here the runtime stops the first container it is asked to and fails
+    /// every other stop, and reports every container running. Where the sandbox's stop fails
+    /// too, the container left running is named, so that the pod is not taken for gone.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pod_partly_stopped_is_still_the_eviction() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+        use k8s_cri::v1 as cri;
+        for sandbox_fails in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let sock = dir.path().join("cri.sock");
+            let stops = AtomicUsize::new(0);
+            let failed = (tonic::Code::Unknown, "failed to kill container: ttrpc: closed");
+            crate::runtime::cri::scripted::answering(&sock, move |path| {
+                let answer = if path.ends_with("/StopContainer") {
+                    if stops.fetch_add(1, SeqCst) == 0 { Ok(Vec::new()) } else { Err(failed) }
+                } else if path.ends_with("/StopPodSandbox") && sandbox_fails {
+                    Err(failed)
+                } else if path.ends_with("/ContainerStatus") {
+                    let running = cri::ContainerState::ContainerRunning as i32;
+                    let status = cri::ContainerStatus { state: running, ..Default::default() };
+                    Ok(prost::Message::encode_to_vec(&cri::ContainerStatusResponse {
+                        status: Some(status),
+                        ..Default::default()
+                    }))
+                } else if path.ends_with("/PodSandboxStatus") {
+                    let state = if sandbox_fails {
+                        cri::PodSandboxState::SandboxReady
+                    } else {
+                        cri::PodSandboxState::SandboxNotready
+                    };
+                    let status = cri::PodSandboxStatus { state: state as i32, ..Default::default() };
+                    Ok(prost::Message::encode_to_vec(&cri::PodSandboxStatusResponse {
+                        status: Some(status),
+                        ..Default::default()
+                    }))
+                } else {
+                    Ok(Vec::new())
+                };
+                (answer, Duration::ZERO)
+            });
+            let client = CriClient::new(sock.to_str().unwrap(), Duration::from_millis(300)).unwrap();
+            let mut pod = record("/kubepods/podu", vec![container(None, None), container(None, None)]);
+            pod.containers[1].id = "sidecar".into();
+            let phases =
+                stop(&client, &pod, &plan(), None).await.expect("one container stopped: the eviction");
+            assert!(
+                phases.warnings.iter().any(|w| w.contains("StopContainer failed") && w.contains("ttrpc")),
+                "{:?}",
+                phases.warnings
+            );
+            let left = if sandbox_fails { 1 } else { 0 };
+            assert_eq!(phases.still_running.len(), left, "sandbox stop fails: {sandbox_fails}");
+        }
+        // Every container failing is still a failed eviction
+        // (`containers_the_runtime_cannot_stop_are_a_failed_eviction`).
     }
 
     /// An emergency kills the pod at once; the stops a slow runtime is still carrying out

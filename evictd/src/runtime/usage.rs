@@ -237,6 +237,10 @@ pub enum UsageError {
     Memory(#[from] MemoryError),
     #[error("its logs and volumes have not been measured yet")]
     DiskNotMeasured,
+    #[error("no pids cgroup of it was found (is the pids controller mounted?)")]
+    NoPidsCgroup,
+    #[error("{path}: {reason}")]
+    Processes { path: PathBuf, reason: String },
 }
 
 /// Which cgroup files `pod_stats` reads. On a node of 250 pods each file costs a decision
@@ -293,12 +297,7 @@ pub fn pod_stats(
         None => None,
     };
     let working_set = if reads.memory { Some(cg.memory.working_set()?) } else { None };
-    let processes = cg
-        .pids
-        .as_ref()
-        .filter(|_| reads.processes)
-        .and_then(|p| fs::read_to_string(p.join("pids.current")).ok())
-        .and_then(|s| s.trim().parse().ok());
+    let processes = if reads.processes { Some(process_count(cg)?) } else { None };
     let containers: Vec<ContainerStats> = rec
         .containers
         .iter()
@@ -323,6 +322,16 @@ pub fn pod_stats(
         ephemeral_storage,
         process_stats: Some(ProcessStats { process_count: processes }),
     })
+}
+
+/// The pod's tasks (`pids.current`), as PID pressure ranks it. A count that could not be read
+/// is an error, never a zero: a pod counted as none would rank last, and a bystander would be
+/// evicted in place of the pod that forks.
+fn process_count(cg: &PodCgroups) -> Result<u64, UsageError> {
+    let path = cg.pids.as_ref().ok_or(UsageError::NoPidsCgroup)?.join("pids.current");
+    let at_fault = |reason: String| UsageError::Processes { path: path.clone(), reason };
+    let text = fs::read_to_string(&path).map_err(|e| at_fault(e.to_string()))?;
+    text.trim().parse().map_err(|_| at_fault(format!("not a count: {:?}", text.trim())))
 }
 
 /// Stats that rank a pod as if its working set were `usage`: its working set can be no
@@ -543,6 +552,7 @@ mod tests {
         ] {
             fs::write(cg.join(f), v).unwrap();
         }
+        pids_current(d.path(), "3\n");
         let file = |rel: &str, bytes: usize| {
             let p = d.path().join(rel);
             fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -674,6 +684,7 @@ mod tests {
         fs::write(memory.join("memory.usage_in_bytes"), "1048576\n").unwrap();
         fs::write(memory.join("memory.stat"), "total_inactive_file 0\n").unwrap();
         fs::write(memory.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        pids_current(d.path(), "3\n");
         let walked = DiskMeasured::from([(
             rec.uid.clone(),
             crate::runtime::disk_usage::measure_disk(&rec, &d.path().join("kubelet")),
@@ -686,5 +697,46 @@ mod tests {
         let e =
             pod_stats(&rec, cgroups.as_ref(), &layout, Some(&DiskMeasured::new()), Reads::ALL).unwrap_err();
         assert!(matches!(e, UsageError::DiskNotMeasured), "{e}");
+    }
+
+    /// The pod `/kubepods/podu`'s pids.current in the v1 pids hierarchy beside `root/memory`.
+    fn pids_current(root: &Path, text: &str) {
+        let dir = root.join("pids/kubepods/podu");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("pids.current"), text).unwrap();
+    }
+
+    /// PID pressure ranks by each pod's process count: a count that could not be read is an
+    /// error naming the file (the decision leaves the pod out and says so), never a zero that
+    /// ranks the pod that forks last and evicts a bystander.
+    #[test]
+    fn a_process_count_that_cannot_be_read_is_an_error_not_zero() {
+        use crate::runtime::inventory::tests::{container, record};
+        let d = tempfile::tempdir().unwrap();
+        let rec = record("/kubepods/podu", vec![container(None, None)]);
+        let layout = CgroupMounts {
+            memory_root: d.path().join("memory"),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
+        let cgroups = pod_cgroups(&rec, &layout);
+        let pids = Reads::ranking(Resource::Pids);
+        let count = || pod_stats(&rec, cgroups.as_ref(), &layout, None, pids).map(|s| s.process_stats);
+        let missing = count().unwrap_err();
+        assert!(
+            matches!(&missing, UsageError::Processes { path, .. } if path.ends_with("pids/kubepods/podu/pids.current")),
+            "{missing}"
+        );
+        pids_current(d.path(), "lots\n");
+        assert!(matches!(count(), Err(UsageError::Processes { .. })), "a count that is not a number");
+        pids_current(d.path(), "42\n");
+        assert_eq!(count().unwrap().and_then(|p| p.process_count), Some(42));
+        // No pids hierarchy found for the pod at all.
+        let no_pids = cgroups.clone().map(|c| PodCgroups { pids: None, ..c });
+        let e = pod_stats(&rec, no_pids.as_ref(), &layout, None, pids).unwrap_err();
+        assert!(matches!(e, UsageError::NoPidsCgroup), "{e}");
+        // A memory ranking reads no count.
+        let e = pod_stats(&rec, no_pids.as_ref(), &layout, None, Reads::NONE);
+        assert!(e.is_ok(), "{e:?}");
     }
 }

@@ -184,6 +184,10 @@ pub struct Phases {
     /// stop): the eviction stands, with these said beside it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Containers the runtime could not stop in a pod otherwise stopped (their sandbox's stop
+    /// failed too): still running, so the pod is not taken for gone while they run.
+    #[serde(skip)]
+    pub still_running: Vec<String>,
 }
 
 impl Phases {

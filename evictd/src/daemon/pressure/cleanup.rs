@@ -8,7 +8,7 @@
 //! same pressure. Released here means the pod's memory cgroup is gone (the kubelet removed
 //! it) or its working set is down to half of what it was when it was chosen. Only memory
 //! below the emergency level, read now, evicts inside the window: waiting then would let the
-//! kernel's OOM killer act. Disk evictions have their own settle (`disk`), and PID pressure
+//! kernel's OOM killer act. Disk evictions have their own wait (`disk`), and PID pressure
 //! is relieved once the processes are gone, so neither waits here.
 
 use super::*;
@@ -134,13 +134,22 @@ impl Pressure {
     }
 
     /// A pod the kubelet restarted (its record did not land in time) will not give its
-    /// memory back: waiting for it would only delay the next eviction.
+    /// memory or its disk back: waiting for it would only delay the next eviction.
     pub(super) fn forget_restarted_cleanups(&mut self, pods: &[Arc<PodRecord>]) {
         let gone = &self.gone;
+        let waits =
+            |sandbox: &str| gone.contains_key(sandbox) || !pods.iter().any(|p| p.sandbox_id == sandbox);
         self.cleanups.retain(|c| {
-            let waits = gone.contains_key(&c.sandbox_id) || !pods.iter().any(|p| p.sandbox_id == c.sandbox_id);
+            let waits = waits(&c.sandbox_id);
             if !waits {
                 tracing::info!(pod = %c.pod, "the evicted pod runs again; the next eviction no longer waits for its memory");
+            }
+            waits
+        });
+        self.disk_cleanups.retain(|c| {
+            let waits = waits(c.sandbox_id());
+            if !waits {
+                tracing::info!(pod = %c.pod(), "the evicted pod runs again; the next disk eviction no longer waits for its teardown");
             }
             waits
         });
@@ -153,7 +162,9 @@ impl Pressure {
         if !self.threshold_met {
             return None;
         }
-        let end = self.cleanups.iter().map(|c| c.killed + self.cleanup_window).max()?;
+        let memory = self.cleanups.iter().map(|c| c.killed);
+        let end =
+            memory.chain(self.disk_cleanups.iter().map(DiskCleanup::evicted)).max()? + self.cleanup_window;
         let now = Instant::now();
         (end > now).then(|| tokio::time::Instant::from_std((now + CLEANUP_POLL).min(end)))
     }

@@ -1,8 +1,11 @@
 //! Disk pressure before any pod goes: the kubelet's `reclaimNodeLevelResources` (dead
-//! containers and unused images), and the settle that lets released space come back before
-//! a second pod is evicted for it.
+//! containers and unused images), and what keeps one pressure to one eviction: the settle
+//! that lets released space come back, and the wait for the evicted pod's teardown.
+
+use std::path::{Path, PathBuf};
 
 use super::*;
+use crate::vocab::EmergencyCause;
 
 /// How long disk evictions wait after node-level reclaim removed something or a pod was
 /// evicted for disk: the runtime releases the space asynchronously (containerd deletes
@@ -33,7 +36,128 @@ impl DiskSettle {
     }
 }
 
+/// A pod evicted for a disk signal, awaited before the next disk eviction as the kubelet's
+/// `waitForPodsCleanup` awaits it: its local volumes (an emptyDir's files are freed only when
+/// the kubelet tears the volume down, seconds after the pod stopped) gone from the disk, or
+/// its cgroup removed, for at most `cleanup_window` (the kubelet's 30 s). Its writable
+/// layers and logs come back through node-level reclaim, which goes on meanwhile (at most
+/// once a housekeeping period while it finds nothing).
+#[derive(Clone, Debug)]
+pub(super) struct DiskCleanup {
+    /// `namespace/name`, for the log.
+    pod: String,
+    sandbox_id: String,
+    /// `<kubelet root>/pods/<uid>/volumes`.
+    volumes: PathBuf,
+    /// Its memory cgroup's directory, which the kubelet removes once the pod is torn down.
+    cgroup: Option<PathBuf>,
+    evicted: Instant,
+}
+
+impl DiskCleanup {
+    pub(super) fn after_eviction(pod: &PodRecord, kubelet_root: &Path, cgroup: Option<PathBuf>) -> Self {
+        DiskCleanup {
+            pod: format!("{}/{}", pod.namespace, pod.name),
+            sandbox_id: pod.sandbox_id.clone(),
+            volumes: kubelet_root.join("pods").join(&pod.uid).join("volumes"),
+            cgroup,
+            evicted: Instant::now(),
+        }
+    }
+
+    pub(super) fn pod(&self) -> &str {
+        &self.pod
+    }
+
+    pub(super) fn sandbox_id(&self) -> &str {
+        &self.sandbox_id
+    }
+
+    pub(super) fn evicted(&self) -> Instant {
+        self.evicted
+    }
+
+    /// Its cgroup removed, or no volume of it left on the disk. A directory that cannot be
+    /// read (other than gone) is not known to be torn down.
+    fn torn_down(&self) -> bool {
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let has_entries = |dir: &Path| match std::fs::read_dir(dir) {
+            Ok(mut entries) => entries.next().is_some(),
+            Err(e) => !gone(&e),
+        };
+        if self.cgroup.as_ref().is_some_and(|c| !c.exists()) {
+            return true;
+        }
+        match std::fs::read_dir(&self.volumes) {
+            // One directory per volume plugin, one per volume in it.
+            Ok(plugins) => !plugins.into_iter().any(|p| p.map_or(true, |p| has_entries(&p.path()))),
+            Err(e) => gone(&e),
+        }
+    }
+}
+
+/// A read of the evicted pod's volume directories taking longer than this counts as "not torn
+/// down".
+const TEARDOWN_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
 impl Pressure {
+    /// True while a pod evicted for disk is not torn down (`DiskCleanup`): this disk decision
+    /// evicts nobody. Logs when a wait ends.
+    pub(super) async fn awaits_disk_cleanup(&mut self) -> bool {
+        let window = self.cleanup_window;
+        self.disk_cleanups.retain(|c| {
+            let live = c.evicted.elapsed() < window;
+            if !live {
+                tracing::warn!(
+                    pod = %c.pod,
+                    "the pod evicted for disk still has its volumes on disk {window:?} after its \
+                     eviction; the next disk eviction may go ahead"
+                );
+            }
+            live
+        });
+        if self.disk_cleanups.is_empty() {
+            return false;
+        }
+        let awaited = self.disk_cleanups.clone();
+        let torn_down = self
+            .read_for_decision(TEARDOWN_READ_TIMEOUT, move || {
+                awaited.iter().map(DiskCleanup::torn_down).collect::<Vec<_>>()
+            })
+            .await;
+        let mut waiting = Vec::new();
+        for (i, c) in std::mem::take(&mut self.disk_cleanups).into_iter().enumerate() {
+            if torn_down.as_ref().is_some_and(|t| t[i]) {
+                tracing::info!(
+                    pod = %c.pod, after_ms = c.evicted.elapsed().as_millis() as u64,
+                    "the pod evicted for disk is torn down; the next disk eviction may go ahead"
+                );
+            } else {
+                waiting.push(c);
+            }
+        }
+        self.disk_cleanups = waiting;
+        let Some(first) = self.disk_cleanups.first() else { return false };
+        let (pod, evicted_s_ago) = (first.pod.clone(), first.evicted.elapsed().as_secs_f64());
+        if !self.repeated(&format!("awaiting the teardown of {pod}")) {
+            tracing::warn!(
+                pod,
+                evicted_s_ago,
+                "disk pressure persists, but the pod evicted last still has its volumes on disk: the \
+                 next disk eviction waits for their teardown, at most {window:?}"
+            );
+        }
+        true
+    }
+
+    /// No disk threshold is met (not even one in its grace period, or held by its minimum
+    /// reclaim): the disk pressure episode is over. The pods evicted for it are no longer
+    /// waited for, and node-level reclaim runs at the next one whatever it found before.
+    pub(super) fn disk_pressure_over(&mut self) {
+        self.disk_cleanups.clear();
+        self.reclaimed_in_vain = None;
+    }
+
     /// Whether the decision's most urgent signal is a disk signal.
     pub(super) fn drives_on_disk(&self, d: &engine::Decision) -> bool {
         d.actionable.first().is_some_and(|&i| self.thresholds[i].signal.resource().is_disk())
@@ -129,7 +253,14 @@ impl Pressure {
     }
 
     /// The kubelet's `reclaimNodeLevelResources`: for disk pressure, dead containers and
-    /// unused images go first; true when no threshold is met any more afterwards.
+    /// unused images go first; true when no threshold is met any more afterwards, or when
+    /// memory cut it short (the next pass takes memory first).
+    ///
+    /// Its runtime calls (lists of every container and image, removals) hold the pass, and so
+    /// a memory crossing meanwhile: it runs once per the kubelet's synchronize period (the
+    /// housekeeping period) while it finds nothing to remove, not on every pass a wake
+    /// brings, and again as soon as a pod has been evicted (its dead containers are the next
+    /// thing to remove); and an emergency while a memory threshold is met ends it at once.
     pub(super) async fn node_level_reclaim_resolves(
         &mut self,
         d: &engine::Decision,
@@ -140,13 +271,32 @@ impl Pressure {
         else {
             return false;
         };
+        if !reclaim_due(self.reclaimed_in_vain, self.storage_limit_period) {
+            return false;
+        }
         let sandbox_images = pods.iter().filter_map(|p| p.sandbox_image.clone()).collect();
         let images = reclaim::ImagePolicy {
             sandbox_images: &sandbox_images,
             ages: &self.image_ages,
             min_age: Duration::from_nanos(self.policy.image_minimum_gc_age_ns.max(0) as u64),
         };
-        let report = reclaim::reclaim(client, &d.node_reclaim, images).await;
+        let reclaimed = tokio::select! {
+            report = reclaim::reclaim(client, &d.node_reclaim, images) => Ok(report),
+            cause = self.memory_goes_first(now) => Err(cause),
+        };
+        let report = match reclaimed {
+            Ok(report) => report,
+            Err(cause) => {
+                if !self.repeated("node-level reclaim cut short") {
+                    tracing::warn!(
+                        "node-level reclaim cut short: {cause}, with a memory threshold met; memory goes first"
+                    );
+                }
+                // What it removed before the cut may still be on its way back.
+                self.disk_settle = Some(DiskSettle::after("node-level reclaim cut short"));
+                return true;
+            }
+        };
         tracing::info!(
             containers_removed = report.containers_removed,
             images_removed = report.images_removed,
@@ -162,8 +312,46 @@ impl Pressure {
         if report.containers_removed + report.images_removed > 0 {
             // Removed, but not yet released (see DISK_SETTLE): no eviction until it had time.
             self.disk_settle = Some(DiskSettle::after("node-level reclaim"));
+            self.reclaimed_in_vain = None;
             return true;
         }
+        self.reclaimed_in_vain = Some(Instant::now());
         false
     }
+
+    /// Resolves, with its cause, once the daemon has seen an emergency (`escalate`) and a
+    /// memory threshold is met, read then: the next decision is memory's. An emergency with no
+    /// memory threshold met (the kernel's direct reclaim on a node whose disk fills by writing)
+    /// would make no memory decision, and cutting reclaim for it would hold disk evictions
+    /// off; the node is read again every `RECHECK_MEMORY` while it lasts. Never resolves once
+    /// the daemon's end of the channel is gone.
+    async fn memory_goes_first(&self, now: i64) -> EmergencyCause {
+        const RECHECK_MEMORY: Duration = Duration::from_millis(100);
+        let memory_met = || {
+            let obs = self.observe(now);
+            self.thresholds
+                .iter()
+                .any(|t| t.signal.is_memory() && engine::any_met(std::slice::from_ref(t), &obs, false))
+        };
+        let mut escalation = self.escalate.clone();
+        loop {
+            let emergency = escalation.borrow_and_update().emergency;
+            if let Some(cause) = emergency {
+                if memory_met() {
+                    return cause;
+                }
+                tokio::time::sleep(RECHECK_MEMORY).await;
+                continue;
+            }
+            if escalation.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
+/// Whether node-level reclaim runs in this pass: not when it last removed nothing less than
+/// `period` ago (and no pod was evicted since, which clears `in_vain`).
+fn reclaim_due(in_vain: Option<Instant>, period: Duration) -> bool {
+    in_vain.is_none_or(|at| at.elapsed() >= period)
 }

@@ -346,9 +346,9 @@ impl Pressure {
                      replaced"
                 );
                 self.reader = self.reader.as_ref().and_then(|r| r.replacement());
-                // A refresh queued on the reader given up on may never end: the new reader
-                // refreshes on its own.
-                self.refreshing_anew();
+                // A job queued on the reader given up on may never end: the new reader runs
+                // its own.
+                self.reader_replaced();
                 None
             }
         }
@@ -420,6 +420,7 @@ impl Pressure {
             return Vec::new();
         };
         let mut out = Vec::with_capacity(usage.len());
+        let mut unreadable = Vec::new();
         for (i, stats) in usage {
             let p: &PodRecord = &pods[i];
             match stats {
@@ -428,10 +429,19 @@ impl Pressure {
                 Err(usage::UsageError::DiskNotMeasured) => {
                     tracing::debug!(pod = %format!("{}/{}", p.namespace, p.name), "left out of a disk ranking: not walked yet")
                 }
-                Err(e) => self.warn_limited(format!(
-                    "pod {}/{} left out of ranking: its usage cannot be read: {e}",
-                    p.namespace, p.name
-                )),
+                Err(e) => unreadable.push(format!("{}/{}: {e}", p.namespace, p.name)),
+            }
+        }
+        // One line for all of them (a node of 250 pods without the pids controller would
+        // otherwise log 250 a pass), each pod at debug.
+        if let Some(first) = unreadable.first() {
+            let ranked = if out.is_empty() { "no pod is ranked" } else { "the others are ranked" };
+            self.warn_limited(format!(
+                "{} pod(s) left out of ranking, their usage cannot be read ({ranked}); the first: {first}",
+                unreadable.len()
+            ));
+            for pod in &unreadable[1..] {
+                tracing::debug!("left out of ranking, its usage cannot be read: {pod}");
             }
         }
         out
@@ -666,8 +676,8 @@ impl Pressure {
 
     /// Stops the pod (or, in a dry run, says it would). True when this decision is done:
     /// evicted, dry run, or nothing to evict with; false when the kill failed and the next
-    /// candidate may be tried. A pod evicted for memory has its memory (`stats`: as it was
-    /// chosen) awaited before the next memory eviction.
+    /// candidate may be tried. What the next decisions keep of an evicted pod:
+    /// `remember_evicted`.
     pub(super) async fn act(&mut self, pod: &PodRecord, stats: &PodStats, rec: &mut EvictionRecord) -> bool {
         let who = format!("{}/{}", rec.namespace, rec.name);
         if self.dry_run {
@@ -702,15 +712,7 @@ impl Pressure {
                 }
                 evict::wait_released(pod, &plan, &mut phases).await;
                 rec.released_ns = phases.memory_released_ms.map(|_| monotonic_ns());
-                self.gone
-                    .insert(pod.sandbox_id.clone(), pod.containers.iter().map(|c| c.id.clone()).collect());
-                if matches!(rec.signal, EvictionCause::Signal(s) if s.is_memory()) {
-                    self.cleanups.push(Cleanup::after_kill(
-                        pod,
-                        self.cgroups_of(pod).map(|c| c.memory),
-                        stats,
-                    ));
-                }
+                self.remember_evicted(pod, stats, rec.signal, &phases);
                 tracing::info!(
                     pod = %who, signal = %rec.signal, available = rec.available, threshold = rec.threshold,
                     grace = rec.grace_period_seconds, decide_us = rec.decide_us,
@@ -736,6 +738,34 @@ impl Pressure {
                 false
             }
         }
+    }
+
+    /// What the next decisions keep of a pod just evicted (the kubelet's `waitForPodsCleanup`
+    /// after each eviction): the pod as gone until the inventory stops listing it, and, for
+    /// memory, its memory awaited (`stats`: as it was chosen); for disk, its teardown.
+    fn remember_evicted(
+        &mut self,
+        pod: &PodRecord,
+        stats: &PodStats,
+        cause: EvictionCause,
+        phases: &crate::vocab::Phases,
+    ) {
+        // A container still running is not gone: the pod is ranked again if the runtime
+        // lists it running once the inventory catches up.
+        let stopped = pod.containers.iter().filter(|c| !phases.still_running.contains(&c.id));
+        self.gone.insert(pod.sandbox_id.clone(), stopped.map(|c| c.id.clone()).collect());
+        match cause {
+            EvictionCause::Signal(s) if s.is_memory() => {
+                self.cleanups.push(Cleanup::after_kill(pod, self.cgroups_of(pod).map(|c| c.memory), stats))
+            }
+            EvictionCause::Signal(s) if !s.resource().is_disk() => {}
+            EvictionCause::Signal(_) | EvictionCause::Limit(_) => {
+                let cgroup = self.cgroups_of(pod).map(|c| c.memory.dir);
+                self.disk_cleanups.push(DiskCleanup::after_eviction(pod, &self.signals.nodefs, cgroup));
+            }
+        }
+        // Its dead containers are for the next node-level reclaim to remove.
+        self.reclaimed_in_vain = None;
     }
 
     /// The grace period a decision stops its pod with: the engine's, except that a hard

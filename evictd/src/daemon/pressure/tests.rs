@@ -134,8 +134,12 @@ async fn pods_whose_usage_cannot_be_read_are_not_candidates() {
         pod("nowhere", None),
     ]);
     let mut p = pressure(d.path());
-    let names: Vec<&str> =
-        p.candidates(&pods, false, usage::Reads::ALL).await.iter().map(|(r, _)| r.name.as_str()).collect();
+    let names: Vec<&str> = p
+        .candidates(&pods, false, usage::Reads::ranking(Resource::Memory))
+        .await
+        .iter()
+        .map(|(r, _)| r.name.as_str())
+        .collect();
     assert_eq!(names, ["ok"]);
 }
 
@@ -349,7 +353,7 @@ async fn a_stuck_usage_read_does_not_stall_the_daemons_thread() {
     });
     let mut p = pressure(d.path());
     p.reader = crate::daemon::realtime::Reader::spawn(0);
-    let read = p.candidates(&pods, false, usage::Reads::ALL).await;
+    let read = p.candidates(&pods, false, usage::Reads::ranking(Resource::Memory)).await;
     let during = ticks.load(Ordering::Relaxed);
     ticker.abort();
     writer.join().unwrap();
@@ -800,6 +804,21 @@ async fn a_finished_pods_unmeasured_layer_holds_no_disk_decision() {
     disk_decision_beside_an_unmeasured_layer(true).await;
 }
 
+/// A pod `name` (uid `name`, 1 MiB of memory) with `volume_bytes` in its emptyDir `scratch`,
+/// under the kubelet root `<root>/kubelet`.
+fn pod_with_volume(root: &Path, name: &str, volume_bytes: usize) -> PodRecord {
+    memcg(&root.join(format!("kubepods/pod-{name}")), 1 << 20);
+    let mut p = pod(name, Some(&format!("/kubepods/pod-{name}")));
+    p.uid = name.into();
+    p.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
+        {"name": "scratch", "emptyDir": {}}]}}))
+    .unwrap();
+    let vol = root.join(format!("kubelet/pods/{name}/volumes/kubernetes.io~empty-dir/scratch"));
+    std::fs::create_dir_all(&vol).unwrap();
+    std::fs::write(vol.join("fill"), vec![1u8; volume_bytes]).unwrap();
+    p
+}
+
 /// `small` with 1 MiB in its volume, `big` with 64 MiB in a writable layer the runtime has
 /// not reported yet; `big_finished`: the API says big has finished.
 async fn disk_decision_beside_an_unmeasured_layer(big_finished: bool) {
@@ -807,18 +826,7 @@ async fn disk_decision_beside_an_unmeasured_layer(big_finished: bool) {
     let d = tempfile::tempdir().unwrap();
     let client = scripted_client(d.path());
     let kubelet = d.path().join("kubelet");
-    let made = |name: &str, volume_bytes: usize| {
-        memcg(&d.path().join(format!("kubepods/pod-{name}")), 1 << 20);
-        let mut p = pod(name, Some(&format!("/kubepods/pod-{name}")));
-        p.uid = name.into();
-        p.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
-            {"name": "scratch", "emptyDir": {}}]}}))
-        .unwrap();
-        let vol = kubelet.join(format!("pods/{name}/volumes/kubernetes.io~empty-dir/scratch"));
-        std::fs::create_dir_all(&vol).unwrap();
-        std::fs::write(vol.join("fill"), vec![1u8; volume_bytes]).unwrap();
-        p
-    };
+    let made = |name: &str, volume_bytes: usize| pod_with_volume(d.path(), name, volume_bytes);
     // `small` writes 1 MiB to its volume; `big` 64 MiB to its writable layer, not yet reported.
     let small = made("small", 1 << 20);
     let mut big = made("big", 0);
@@ -859,4 +867,179 @@ async fn disk_decision_beside_an_unmeasured_layer(big_finished: bool) {
     assert!(p.inventory_updated(&listed), "the list with the layers decides again");
     let (records, _) = p.pass(&listed, || 3_000_000_000, wake, false).await;
     assert_eq!(names(&records), ["big"], "{records:?}");
+}
+
+/// A runtime with no containers and no images, whose every answer takes `delay`, and how
+/// many sandbox lists it was asked for: one per node-level reclaim.
+fn empty_runtime(dir: &Path, delay: Duration) -> (CriClient, Arc<std::sync::atomic::AtomicUsize>) {
+    let sock = dir.join("cri.sock");
+    let lists = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lists.clone();
+    crate::runtime::cri::scripted::answering(&sock, move |path| {
+        if path.ends_with("/ListPodSandbox") {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        (Ok(Vec::new()), delay)
+    });
+    (CriClient::new(sock.to_str().unwrap(), Duration::from_secs(10)).unwrap(), lists)
+}
+
+/// Node-level reclaim's runtime calls hold the pass, and with it a memory crossing: while it
+/// finds nothing to remove it runs once per housekeeping period, not on every pass a disk
+/// threshold still met brings (one a second), and again after a pod is evicted.
+#[tokio::test(flavor = "current_thread")]
+async fn node_level_reclaim_that_finds_nothing_waits_a_housekeeping_period() {
+    let d = tempfile::tempdir().unwrap();
+    let (client, lists) = empty_runtime(d.path(), Duration::ZERO);
+    // Any filesystem with something on it has less than 99.99 % available.
+    let args = PolicyArgs { eviction_hard: Some("nodefs.available<99.99%".into()), ..Default::default() };
+    let mut p = pressure_with(d.path(), &args, Some(client));
+    let pods = list([]);
+    let reclaims = || lists.load(std::sync::atomic::Ordering::SeqCst);
+    p.pass(&pods, || 1_000_000_000, None, false).await;
+    assert_eq!(reclaims(), 1, "the first pass under disk pressure reclaims");
+    for s in 2..6 {
+        p.pass(&pods, || s * 1_000_000_000, None, false).await;
+    }
+    assert_eq!(reclaims(), 1, "nothing was removed: not again within the housekeeping period");
+    p.reclaimed_in_vain = Some(Instant::now() - p.storage_limit_period);
+    p.pass(&pods, || 6_000_000_000, None, false).await;
+    assert_eq!(reclaims(), 2, "a period later it runs again");
+}
+
+/// A memory emergency ends node-level reclaim at once: a runtime slow to answer its lists
+/// must not hold the memory decision that comes next. An emergency with no memory threshold
+/// met (the kernel's direct reclaim on a node whose disk fills by writing) makes no memory
+/// decision, and does not cut it: disk evictions would never come.
+#[tokio::test(flavor = "current_thread")]
+async fn a_memory_emergency_cuts_node_level_reclaim_short() {
+    use crate::vocab::{EmergencyCause, Urgency};
+    for memory_met in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let delay = if memory_met { Duration::from_secs(5) } else { Duration::from_millis(300) };
+        let (client, lists) = empty_runtime(d.path(), delay);
+        // 4 GiB, 1 MiB in use: memory.available<75% (3 GiB) is not met; the disk's is.
+        node_using(d.path(), 1 << 20);
+        let hard = "memory.available<75%,nodefs.available<99.99%";
+        let args = PolicyArgs { eviction_hard: Some(hard.into()), ..Default::default() };
+        let mut p = pressure_with(d.path(), &args, Some(client));
+        p.signals.node.meminfo = d.path().join("meminfo");
+        let (escalate, rx) = watch::channel(Escalation::default());
+        p.escalate = rx;
+        let root = d.path().to_path_buf();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if memory_met {
+                node_using(&root, 2 << 30);
+            }
+            let urgency = Urgency::Emergency;
+            escalate.send_replace(Escalation { urgency, emergency: Some(EmergencyCause::DirectReclaim) });
+            // Kept until the pass is over: a closed channel is no emergency.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        });
+        let t = Instant::now();
+        let (records, _) = p.pass(&list([]), || 1_000_000_000, None, false).await;
+        assert!(records.is_empty(), "{records:?}");
+        assert_eq!(lists.load(std::sync::atomic::Ordering::SeqCst), 1, "reclaim had begun");
+        if memory_met {
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "the pass waited {:?} for the runtime",
+                t.elapsed()
+            );
+            assert_eq!(p.reclaimed_in_vain, None, "cut short is not in vain: the next pass reclaims");
+        } else {
+            assert!(
+                t.elapsed() >= delay,
+                "no memory threshold met, yet reclaim was cut at {:?}",
+                t.elapsed()
+            );
+            assert!(p.reclaimed_in_vain.is_some(), "reclaim ran to its end");
+        }
+    }
+}
+
+/// The usage files are opened for a new pod list by one job on the reader at a time: a reader
+/// stuck in a read (a tenant's FIFO, a hung filesystem) does not pile up a job, and with it a
+/// whole pod list, for every list the inventory publishes meanwhile.
+#[tokio::test(flavor = "current_thread")]
+async fn a_stuck_reader_holds_one_opening_of_the_usage_files_not_one_a_list() {
+    let d = tempfile::tempdir().unwrap();
+    let mut p = pressure(d.path());
+    p.reader = crate::daemon::realtime::Reader::spawn(0);
+    let (unblock, blocked) = std::sync::mpsc::channel::<()>();
+    p.reader.as_ref().expect("a reader").submit(move || {
+        let _ = blocked.recv();
+    });
+    let lists: Vec<PodList> =
+        (0..3).map(|i| list([pod(&format!("p{i}"), Some(&format!("/kubepods/pod-{i}")))])).collect();
+    let opened_for = |p: &Pressure| p.usage_files_for.clone();
+    p.open_usage_files(&lists[0]);
+    assert!(opened_for(&p).is_some_and(|l| Arc::ptr_eq(&l, &lists[0])));
+    for l in &lists[1..] {
+        p.open_usage_files(l);
+    }
+    assert!(
+        opened_for(&p).is_some_and(|l| Arc::ptr_eq(&l, &lists[0])),
+        "a second opening was queued behind the stuck one"
+    );
+    unblock.send(()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while p.usage_files_following.load(std::sync::atomic::Ordering::Relaxed) {
+        assert!(Instant::now() < deadline, "the opening never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    p.open_usage_files(&lists[2]);
+    assert!(
+        opened_for(&p).is_some_and(|l| Arc::ptr_eq(&l, &lists[2])),
+        "the newest list, once the reader is back"
+    );
+}
+
+/// One disk pressure, one eviction: an emptyDir's files are freed only when the kubelet tears
+/// the evicted pod's volume down, seconds after its stop, so the next disk eviction waits for
+/// that teardown (the kubelet's `waitForPodsCleanup`), not just the 2 s settle after which a
+/// second pod would go for the same pressure.
+#[tokio::test(flavor = "current_thread")]
+async fn the_next_disk_eviction_waits_for_the_evicted_pods_volumes_to_be_torn_down() {
+    use crate::{runtime::disk_usage::DiskWalker, vocab::WakeCause};
+    let d = tempfile::tempdir().unwrap();
+    let client = scripted_client(d.path());
+    let kubelet = d.path().join("kubelet");
+    let made = |name: &str, volume_bytes: usize| pod_with_volume(d.path(), name, volume_bytes);
+    let listed = list([made("a", 8 << 20), made("b", 4 << 20)]);
+    let (wakes, _woken) = tokio::sync::mpsc::channel(4);
+    let walker = DiskWalker::spawn(
+        watch::channel(listed.clone()).1,
+        kubelet.clone(),
+        Duration::from_secs(3600),
+        true,
+        wakes,
+    )
+    .unwrap();
+    // Any filesystem with something on it has less than 99.99 % available.
+    let args = PolicyArgs { eviction_hard: Some("nodefs.available<99.99%".into()), ..Default::default() };
+    let mut p = pressure_with(d.path(), &args, Some(client));
+    p.signals.nodefs = kubelet.clone();
+    p.disk_walker = Some(walker.clone());
+    let wake = Some(Wake::now(WakeCause::Timer));
+    let mut evicted = Vec::new();
+    for s in 1..=10 {
+        let (records, _) = p.pass(&listed, || s * 1_000_000_000, wake, false).await;
+        evicted.extend(records.iter().map(|r| r.name.clone()));
+        if !evicted.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(evicted, ["a"], "the pod using the most disk");
+    // The settle after the eviction over; a's volume is still on the disk.
+    p.disk_settle = None;
+    let (records, _) = p.pass(&listed, || 20_000_000_000, wake, false).await;
+    assert_eq!(names(&records), [] as [&str; 0], "a's volume is not torn down yet: {records:?}");
+    // The kubelet tears a's volume down; the pressure is still there.
+    std::fs::remove_dir_all(kubelet.join("pods/a/volumes/kubernetes.io~empty-dir/scratch")).unwrap();
+    p.disk_settle = None;
+    let (records, _) = p.pass(&listed, || 21_000_000_000, wake, false).await;
+    assert_eq!(names(&records), ["b"], "{records:?}");
 }
