@@ -97,27 +97,13 @@ pub async fn stop(
     let stopped = stop.stop_containers().await;
     phases.fast_kill = stop.fast_kill.take();
     phases.stop_containers_ms = ms(t);
-    match stopped {
-        Stopped { failed: None, .. } => {}
-        // The fast kill ran and the pod's cgroup holds no process: the containers are dead
-        // whatever the runtime answered, and the eviction stands. (A kill that gave up on a
-        // pod still forking leaves processes: then the runtime's error stands.)
-        Stopped { failed: Some(e), .. } if phases.fast_kill.is_some() && killed_to_the_last_process(plan) => {
-            phases.warn(&name, format!("StopContainer after the fast kill: {e}"));
-        }
-        // Some of its containers are stopped: the pod is this decision's eviction, whatever
-        // the others did (the sandbox's stop below ends them). Taking the next candidate
-        // would leave two pods hit for one decision.
-        Stopped { failed: Some(e), not_stopped } if not_stopped.len() < running(pod) => {
-            phases
-                .warn(&name, format!("StopContainer failed for a container whose pod's others stopped: {e}"));
-            phases.still_running = not_stopped;
-        }
-        Stopped { failed: Some(e), .. } => return Err(cri_err(e)),
+    if let Some(e) = judge_container_stops(stopped, pod, plan, &mut phases) {
+        return Err(cri_err(e));
     }
 
-    // The containers are dead: the eviction is done. A sandbox the runtime is too slow or
-    // too broken to stop now is its bookkeeping, not a reason to evict another pod; after a
+    // The containers are dead, or some of them: the eviction is done. A sandbox the runtime
+    // is too slow or too broken to stop now is its bookkeeping, not a reason to evict another
+    // pod (a container left running is named in `still_running`); after a
     // fast kill it gets the CRI timeout, not the runtime request timeout, so a struggling
     // runtime does not hold the next decision for minutes.
     let t = Instant::now();
@@ -132,6 +118,37 @@ pub async fn stop(
     }
     phases.stop_sandbox_ms = ms(t);
     Ok(phases)
+}
+
+/// Whether the containers' stops make the eviction: `None` when they do (their failures
+/// become warnings in `phases`), or the runtime's error that makes it a failed one.
+fn judge_container_stops(
+    stopped: Stopped,
+    pod: &PodRecord,
+    plan: &StopPlan,
+    phases: &mut Phases,
+) -> Option<CriError> {
+    let name = format!("{}/{}", pod.namespace, pod.name);
+    match stopped {
+        Stopped { failed: None, .. } => None,
+        // The fast kill ran and the pod's cgroup holds no process: the containers are dead
+        // whatever the runtime answered, and the eviction stands. (A kill that gave up on a
+        // pod still forking leaves processes: then the runtime's error stands.)
+        Stopped { failed: Some(e), .. } if phases.fast_kill.is_some() && killed_to_the_last_process(plan) => {
+            phases.warn(&name, format!("StopContainer after the fast kill: {e}"));
+            None
+        }
+        // Some of its containers are stopped: the pod is this decision's eviction, whatever
+        // the others did (the sandbox's stop ends them). Taking the next candidate would
+        // leave two pods hit for one decision.
+        Stopped { failed: Some(e), not_stopped } if not_stopped.len() < running(pod) => {
+            phases
+                .warn(&name, format!("StopContainer failed for a container whose pod's others stopped: {e}"));
+            phases.still_running = not_stopped;
+            None
+        }
+        Stopped { failed: Some(e), .. } => Some(e),
+    }
 }
 
 /// Whether the pod's cgroup is known and holds no process any more.

@@ -96,41 +96,39 @@ impl DiskCleanup {
     }
 }
 
-/// A read of the evicted pod's volume directories taking longer than this counts as "not torn
+/// A read of the evicted pods' volume directories taking longer than this counts as "not torn
 /// down".
 const TEARDOWN_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Whether each of `awaited` is torn down, read on the blocking pool: nodefs under pressure
+/// may be a disk out of I/O, and the decision reader's queue (and its real-time thread) is
+/// kept for cgroup reads. `None` when the reads took longer than `TEARDOWN_READ_TIMEOUT`.
+async fn read_teardowns(awaited: Vec<DiskCleanup>) -> Option<Vec<bool>> {
+    let read = tokio::task::spawn_blocking(move || awaited.iter().map(DiskCleanup::torn_down).collect());
+    tokio::time::timeout(TEARDOWN_READ_TIMEOUT, read).await.ok()?.ok()
+}
 
 impl Pressure {
     /// True while a pod evicted for disk is not torn down (`DiskCleanup`): this disk decision
     /// evicts nobody. Logs when a wait ends.
     pub(super) async fn awaits_disk_cleanup(&mut self) -> bool {
-        let window = self.cleanup_window;
-        self.disk_cleanups.retain(|c| {
-            let live = c.evicted.elapsed() < window;
-            if !live {
-                tracing::warn!(
-                    pod = %c.pod,
-                    "the pod evicted for disk still has its volumes on disk {window:?} after its \
-                     eviction; the next disk eviction may go ahead"
-                );
-            }
-            live
-        });
         if self.disk_cleanups.is_empty() {
             return false;
         }
-        let awaited = self.disk_cleanups.clone();
-        let torn_down = self
-            .read_for_decision(TEARDOWN_READ_TIMEOUT, move || {
-                awaited.iter().map(DiskCleanup::torn_down).collect::<Vec<_>>()
-            })
-            .await;
+        let torn_down = read_teardowns(self.disk_cleanups.clone()).await;
+        let window = self.cleanup_window;
         let mut waiting = Vec::new();
         for (i, c) in std::mem::take(&mut self.disk_cleanups).into_iter().enumerate() {
             if torn_down.as_ref().is_some_and(|t| t[i]) {
                 tracing::info!(
                     pod = %c.pod, after_ms = c.evicted.elapsed().as_millis() as u64,
                     "the pod evicted for disk is torn down; the next disk eviction may go ahead"
+                );
+            } else if c.evicted.elapsed() >= window {
+                tracing::warn!(
+                    pod = %c.pod,
+                    "the pod evicted for disk still has its volumes on disk {window:?} after its \
+                     eviction; the next disk eviction may go ahead"
                 );
             } else {
                 waiting.push(c);
@@ -151,11 +149,12 @@ impl Pressure {
     }
 
     /// No disk threshold is met (not even one in its grace period, or held by its minimum
-    /// reclaim): the disk pressure episode is over. The pods evicted for it are no longer
-    /// waited for, and node-level reclaim runs at the next one whatever it found before.
+    /// reclaim): the disk pressure episode is over, and the pods evicted for it are no longer
+    /// waited for. (Node-level reclaim keeps its own period: a signal that hovers about its
+    /// threshold, or a filesystem that could not be read, would otherwise bring its runtime
+    /// calls back with every crossing.)
     pub(super) fn disk_pressure_over(&mut self) {
         self.disk_cleanups.clear();
-        self.reclaimed_in_vain = None;
     }
 
     /// Whether the decision's most urgent signal is a disk signal.
@@ -260,7 +259,7 @@ impl Pressure {
     /// a memory crossing meanwhile: it runs once per the kubelet's synchronize period (the
     /// housekeeping period) while it finds nothing to remove, not on every pass a wake
     /// brings, and again as soon as a pod has been evicted (its dead containers are the next
-    /// thing to remove); and an emergency while a memory threshold is met ends it at once.
+    /// thing to remove); and an emergency while a hard memory threshold is met ends it at once.
     pub(super) async fn node_level_reclaim_resolves(
         &mut self,
         d: &engine::Decision,
@@ -289,7 +288,7 @@ impl Pressure {
             Err(cause) => {
                 if !self.repeated("node-level reclaim cut short") {
                     tracing::warn!(
-                        "node-level reclaim cut short: {cause}, with a memory threshold met; memory goes first"
+                        "node-level reclaim cut short: {cause}, with a hard memory threshold met; memory goes first"
                     );
                 }
                 // What it removed before the cut may still be on its way back.
@@ -319,19 +318,22 @@ impl Pressure {
         false
     }
 
-    /// Resolves, with its cause, once the daemon has seen an emergency (`escalate`) and a
-    /// memory threshold is met, read then: the next decision is memory's. An emergency with no
-    /// memory threshold met (the kernel's direct reclaim on a node whose disk fills by writing)
-    /// would make no memory decision, and cutting reclaim for it would hold disk evictions
-    /// off; the node is read again every `RECHECK_MEMORY` while it lasts. Never resolves once
-    /// the daemon's end of the channel is gone.
+    /// Resolves, with its cause, once the daemon has seen an emergency (`escalate`) and a hard
+    /// memory threshold is met, read then: the next decision is memory's eviction. An
+    /// emergency without one (the kernel's direct reclaim on a node whose disk fills by
+    /// writing, a soft memory threshold still in its grace period) makes no memory eviction,
+    /// and cutting reclaim for it would hold disk evictions off; the node is read again every
+    /// `RECHECK_MEMORY` while it lasts. Never resolves once the daemon's end of the channel
+    /// is gone.
     async fn memory_goes_first(&self, now: i64) -> EmergencyCause {
         const RECHECK_MEMORY: Duration = Duration::from_millis(100);
         let memory_met = || {
             let obs = self.observe(now);
+            let hard_memory = |t: &&Threshold| t.is_hard() && t.signal.is_memory();
             self.thresholds
                 .iter()
-                .any(|t| t.signal.is_memory() && engine::any_met(std::slice::from_ref(t), &obs, false))
+                .filter(hard_memory)
+                .any(|t| engine::any_met(std::slice::from_ref(t), &obs, false))
         };
         let mut escalation = self.escalate.clone();
         loop {

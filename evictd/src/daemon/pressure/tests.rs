@@ -908,20 +908,32 @@ async fn node_level_reclaim_that_finds_nothing_waits_a_housekeeping_period() {
 }
 
 /// A memory emergency ends node-level reclaim at once: a runtime slow to answer its lists
-/// must not hold the memory decision that comes next. An emergency with no memory threshold
-/// met (the kernel's direct reclaim on a node whose disk fills by writing) makes no memory
-/// decision, and does not cut it: disk evictions would never come.
+/// must not hold the memory eviction that comes next. An emergency with no hard memory
+/// threshold met (the kernel's direct reclaim on a node whose disk fills by writing, or with
+/// a soft memory threshold still in its grace period) makes no memory eviction, and does not
+/// cut it: disk evictions would never come.
 #[tokio::test(flavor = "current_thread")]
 async fn a_memory_emergency_cuts_node_level_reclaim_short() {
     use crate::vocab::{EmergencyCause, Urgency};
-    for memory_met in [false, true] {
+    let disk = "nodefs.available<99.99%";
+    // (hard thresholds, soft thresholds, memory past 75 % during reclaim, cut short)
+    let cases = [
+        (format!("memory.available<75%,{disk}"), None, false, false),
+        (format!("memory.available<75%,{disk}"), None, true, true),
+        (disk.to_string(), Some("memory.available<75%"), true, false),
+    ];
+    for (hard, soft, memory_up, cut) in cases {
         let d = tempfile::tempdir().unwrap();
-        let delay = if memory_met { Duration::from_secs(5) } else { Duration::from_millis(300) };
+        let delay = if cut { Duration::from_secs(5) } else { Duration::from_millis(300) };
         let (client, lists) = empty_runtime(d.path(), delay);
         // 4 GiB, 1 MiB in use: memory.available<75% (3 GiB) is not met; the disk's is.
         node_using(d.path(), 1 << 20);
-        let hard = "memory.available<75%,nodefs.available<99.99%";
-        let args = PolicyArgs { eviction_hard: Some(hard.into()), ..Default::default() };
+        let args = PolicyArgs {
+            eviction_hard: Some(hard.clone()),
+            eviction_soft: soft.map(Into::into),
+            eviction_soft_grace_period: soft.map(|_| "memory.available=1m".into()),
+            ..Default::default()
+        };
         let mut p = pressure_with(d.path(), &args, Some(client));
         p.signals.node.meminfo = d.path().join("meminfo");
         let (escalate, rx) = watch::channel(Escalation::default());
@@ -929,7 +941,7 @@ async fn a_memory_emergency_cuts_node_level_reclaim_short() {
         let root = d.path().to_path_buf();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            if memory_met {
+            if memory_up {
                 node_using(&root, 2 << 30);
             }
             let urgency = Urgency::Emergency;
@@ -939,22 +951,15 @@ async fn a_memory_emergency_cuts_node_level_reclaim_short() {
         });
         let t = Instant::now();
         let (records, _) = p.pass(&list([]), || 1_000_000_000, None, false).await;
-        assert!(records.is_empty(), "{records:?}");
-        assert_eq!(lists.load(std::sync::atomic::Ordering::SeqCst), 1, "reclaim had begun");
-        if memory_met {
-            assert!(
-                t.elapsed() < Duration::from_secs(2),
-                "the pass waited {:?} for the runtime",
-                t.elapsed()
-            );
-            assert_eq!(p.reclaimed_in_vain, None, "cut short is not in vain: the next pass reclaims");
+        let case = format!("hard {hard}, soft {soft:?}, memory up {memory_up}");
+        assert!(records.is_empty(), "{case}: {records:?}");
+        assert_eq!(lists.load(std::sync::atomic::Ordering::SeqCst), 1, "{case}: reclaim had begun");
+        if cut {
+            assert!(t.elapsed() < Duration::from_secs(2), "{case}: the pass waited {:?}", t.elapsed());
+            assert_eq!(p.reclaimed_in_vain, None, "{case}: cut short is not in vain: the next pass reclaims");
         } else {
-            assert!(
-                t.elapsed() >= delay,
-                "no memory threshold met, yet reclaim was cut at {:?}",
-                t.elapsed()
-            );
-            assert!(p.reclaimed_in_vain.is_some(), "reclaim ran to its end");
+            assert!(t.elapsed() >= delay, "{case}: reclaim was cut at {:?}", t.elapsed());
+            assert!(p.reclaimed_in_vain.is_some(), "{case}: reclaim ran to its end");
         }
     }
 }
