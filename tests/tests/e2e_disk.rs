@@ -24,6 +24,17 @@ fn filler(name: &str) -> PodSpec<'_> {
     }
 }
 
+/// A BestEffort pod whose container keeps `/scratch/fill`, in its emptyDir `scratch` (a real
+/// directory under the kubelet root `kubelet`, mounted into it), at the MiB its control file
+/// says.
+fn volume_filler(name: &str, kubelet: std::path::PathBuf) -> PodSpec<'_> {
+    PodSpec {
+        hog_args: Some(["fill", "/ctl/mib", "/scratch/fill"].map(String::from).to_vec()),
+        empty_dir_under: Some(kubelet),
+        ..PodSpec::besteffort(name)
+    }
+}
+
 /// Waits until the nodefs has at most `bytes` available (a filler has written its share).
 fn wait_available_at_most(ctd: &Containerd, bytes: u64) {
     let deadline = Instant::now() + evictd_tests::patience::patience(Duration::from_secs(20));
@@ -152,13 +163,7 @@ async fn a_pod_over_its_empty_dir_size_limit_is_evicted_with_no_threshold_met() 
     let mut ctd = Containerd::start_on_nodefs(1024 * MI, 256 * MI);
     let empty = ctd.nodefs_available();
     let kubelet = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet");
-    let scratchy = ctd
-        .run_pod(PodSpec {
-            hog_args: Some(["fill", "/ctl/mib", "/scratch/fill"].map(String::from).to_vec()),
-            empty_dir_under: Some(kubelet),
-            ..PodSpec::besteffort("scratchy")
-        })
-        .await;
+    let scratchy = ctd.run_pod(volume_filler("scratchy", kubelet)).await;
     let big = ctd.run_pod(filler("big")).await;
     big.set_mib(60);
     scratchy.set_mib(10);
@@ -230,4 +235,55 @@ async fn a_dedicated_imagefs_is_relieved_by_image_gc_before_any_eviction() {
         loaded / MI,
         ctd.imagefs_available() / MI
     );
+}
+
+/// (g) One disk pressure, one eviction, where the evicted pod's space is in an emptyDir: its
+/// files go only when the kubelet tears the volume down (no kubelet runs here: the test does
+/// it, as the kubelet would, once it chooses to), so the next disk eviction waits for that
+/// teardown, as the kubelet's `waitForPodsCleanup` does, not just for the 2 s settle after
+/// which a second pod would go for space already on its way back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_disk_eviction_waits_for_the_evicted_pods_volume_teardown() {
+    let _serial = SERIAL.lock().await;
+    if !containerd::available("the_next_disk_eviction_waits_for_the_evicted_pods_volume_teardown") {
+        return;
+    }
+    let mut ctd = Containerd::start_on_nodefs(1024 * MI, 256 * MI);
+    let empty = ctd.nodefs_available();
+    let kubelet = ctd.nodefs.as_ref().expect("a nodefs").join("kubelet");
+    let mut pods = Vec::new();
+    for (name, mib) in [("a", 60), ("b", 40), ("c", 30)] {
+        let pod = ctd.run_pod(volume_filler(name, kubelet.clone())).await;
+        pod.set_mib(mib);
+        pods.push(pod);
+    }
+    wait_available_at_most(&ctd, empty - 125 * MI);
+    let items: Vec<serde_json::Value> = pods
+        .iter()
+        .map(|p| {
+            serde_json::json!({"metadata": {"name": p.name, "namespace": "e2e", "uid": p.uid},
+                "spec": {"containers": [{"name": "hog"}], "volumes": [{"name": "scratch", "emptyDir": {}}]},
+                "status": {"phase": "Running"}})
+        })
+        .collect();
+    let file = ctd.tmp.join("pods.json");
+    std::fs::write(&file, serde_json::json!({"kind": "PodList", "items": items}).to_string())
+        .expect("pods file");
+    // Met with 50 MiB used: a's 60 go first, and b's and c's 70 keep it met.
+    let threshold = format!("nodefs.available<{}Mi", (empty - 50 * MI) / MI);
+    let evictd = evictd_on_disk(&ctd, &threshold, Some(&file));
+    let e = evictd.wait_eviction(Duration::from_secs(20));
+    assert_eq!(e["name"], "a", "{e}");
+    // Past the settle and node-level reclaim: a's 60 MiB are still in its volume.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(evictd.evictions().len(), 1, "{:?}\n{}", evictd.evictions(), evictd.log());
+    assert!(evictd.log().contains("still has its volumes on disk"), "{}", evictd.log());
+    let volume = kubelet.join("pods").join(&pods[0].uid).join("volumes/kubernetes.io~empty-dir/scratch");
+    std::fs::remove_dir_all(&volume).unwrap_or_else(|e| panic!("{}: {e}", volume.display()));
+    evictd.wait_for("the second eviction", Duration::from_secs(20), |l| {
+        l.iter().filter(|v| v["type"] == "eviction").count() >= 2
+    });
+    assert_eq!(evictd.evictions()[1]["name"], "b", "{:?}", evictd.evictions());
+    assert!(evictd.log().contains("the pod evicted for disk is torn down"), "{}", evictd.log());
+    print_reclaim_lines(&evictd);
 }
