@@ -62,12 +62,13 @@ fn answer_wake(records: &mut [EvictionRecord], wake: Option<Wake>) {
     }
 }
 
-/// A flag set while a job is queued or running, cleared when the job is dropped.
+/// A flag set while a job is queued or running, cleared when the job is dropped however it
+/// ends: done, given up, panicked, or dropped unrun with the queue of a thread that ended.
 struct ClearOnDrop(Arc<std::sync::atomic::AtomicBool>);
 
 impl Drop for ClearOnDrop {
     fn drop(&mut self) {
-        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.0.store(false, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -149,6 +150,8 @@ pub struct Pressure {
     /// Pods evicted for disk (a disk signal, or their own storage limits), until they are
     /// torn down (`awaits_disk_cleanup`).
     disk_cleanups: Vec<DiskCleanup>,
+    /// Whether a read of their volume directories is still under way (`read_teardowns`).
+    teardown_reading: Arc<std::sync::atomic::AtomicBool>,
     /// How often pods are checked against their own ephemeral-storage limits, and when
     /// they last were.
     storage_limit_period: Duration,
@@ -210,6 +213,7 @@ impl Pressure {
             disk_settle: None,
             reclaimed_in_vain: None,
             disk_cleanups: Vec::new(),
+            teardown_reading: Default::default(),
             storage_limit_period: opts.storage_limit_period,
             limits_checked: None,
             cleanups: Vec::new(),
@@ -355,7 +359,7 @@ impl Pressure {
             files: self.usage_files.clone(),
             clock: clock.clone(),
             submit: reader.submitter(),
-            refreshing: self.refreshing.clone(),
+            _refreshing: ClearOnDrop(self.refreshing.clone()),
         };
         let submit = chain.submit.clone();
         submit.submit(move || chain.chunk(0));
@@ -486,7 +490,8 @@ struct RefreshChain {
     files: Arc<std::sync::Mutex<usage::PodUsageFiles>>,
     clock: ChargeClock,
     submit: super::realtime::Submitter,
-    refreshing: Arc<std::sync::atomic::AtomicBool>,
+    /// Ends the refresh (`Pressure::refreshing`) however the chain ends.
+    _refreshing: ClearOnDrop,
 }
 
 impl RefreshChain {
@@ -512,14 +517,6 @@ impl RefreshChain {
             return None;
         }
         Some(files.refresh(at, REFRESH_CHUNK, &self.clock))
-    }
-}
-
-/// The refresh is over however it ends: done, given up, or its next chunk dropped unrun with
-/// the queue of a reader that ended.
-impl Drop for RefreshChain {
-    fn drop(&mut self) {
-        self.refreshing.store(false, std::sync::atomic::Ordering::Release);
     }
 }
 

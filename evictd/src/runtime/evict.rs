@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use crate::{
     runtime::{
         cri::{CriClient, CriError},
-        inventory::PodRecord,
+        inventory::{ContainerRecord, PodRecord},
         kill::{self, KillTarget},
         usage::cgroup_tree_empty,
     },
@@ -97,7 +97,7 @@ pub async fn stop(
     let stopped = stop.stop_containers().await;
     phases.fast_kill = stop.fast_kill.take();
     phases.stop_containers_ms = ms(t);
-    if let Some(e) = judge_container_stops(stopped, pod, plan, &mut phases) {
+    if let Some(e) = judge_container_stops(stopped, &name, pod, plan, &mut phases) {
         return Err(cri_err(e));
     }
 
@@ -124,26 +124,26 @@ pub async fn stop(
 /// become warnings in `phases`), or the runtime's error that makes it a failed one.
 fn judge_container_stops(
     stopped: Stopped,
+    name: &str,
     pod: &PodRecord,
     plan: &StopPlan,
     phases: &mut Phases,
 ) -> Option<CriError> {
-    let name = format!("{}/{}", pod.namespace, pod.name);
     match stopped {
         Stopped { failed: None, .. } => None,
         // The fast kill ran and the pod's cgroup holds no process: the containers are dead
         // whatever the runtime answered, and the eviction stands. (A kill that gave up on a
         // pod still forking leaves processes: then the runtime's error stands.)
         Stopped { failed: Some(e), .. } if phases.fast_kill.is_some() && killed_to_the_last_process(plan) => {
-            phases.warn(&name, format!("StopContainer after the fast kill: {e}"));
+            phases.warn(name, format!("StopContainer after the fast kill: {e}"));
             None
         }
         // Some of its containers are stopped: the pod is this decision's eviction, whatever
         // the others did (the sandbox's stop ends them). Taking the next candidate would
         // leave two pods hit for one decision.
-        Stopped { failed: Some(e), not_stopped } if not_stopped.len() < running(pod) => {
+        Stopped { failed: Some(e), not_stopped } if not_stopped.len() < running(pod).count() => {
             phases
-                .warn(&name, format!("StopContainer failed for a container whose pod's others stopped: {e}"));
+                .warn(name, format!("StopContainer failed for a container whose pod's others stopped: {e}"));
             phases.still_running = not_stopped;
             None
         }
@@ -183,8 +183,8 @@ struct Stopped {
 }
 
 /// The pod's running containers, which its stop stops.
-fn running(pod: &PodRecord) -> usize {
-    pod.containers.iter().filter(|c| c.running).count()
+fn running(pod: &PodRecord) -> impl Iterator<Item = &ContainerRecord> {
+    pod.containers.iter().filter(|c| c.running)
 }
 
 /// The containers' stops under way, each answering with its container's id.
@@ -240,8 +240,7 @@ impl Stop<'_> {
         }
         let mut urgency = self.urgency.take();
         let mut first_error = None;
-        let mut not_stopped: BTreeSet<String> =
-            self.pod.containers.iter().filter(|c| c.running).map(|c| c.id.clone()).collect();
+        let mut not_stopped: BTreeSet<String> = running(self.pod).map(|c| c.id.clone()).collect();
         let mut bookkeeping = self.bookkeeping_deadline();
         loop {
             tokio::select! {
@@ -280,7 +279,7 @@ impl Stop<'_> {
     }
 
     fn spawn_stops(&self, stops: &mut ContainerStops, grace: i64) {
-        for c in self.pod.containers.iter().filter(|c| c.running) {
+        for c in running(self.pod) {
             let client = self.client.clone();
             let id = c.id.clone();
             stops.spawn(async move {

@@ -2,7 +2,10 @@
 //! containers and unused images), and what keeps one pressure to one eviction: the settle
 //! that lets released space come back, and the wait for the evicted pod's teardown.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 use super::*;
 use crate::vocab::EmergencyCause;
@@ -102,9 +105,18 @@ const TEARDOWN_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Whether each of `awaited` is torn down, read on the blocking pool: nodefs under pressure
 /// may be a disk out of I/O, and the decision reader's queue (and its real-time thread) is
-/// kept for cgroup reads. `None` when the reads took longer than `TEARDOWN_READ_TIMEOUT`.
-async fn read_teardowns(awaited: Vec<DiskCleanup>) -> Option<Vec<bool>> {
-    let read = tokio::task::spawn_blocking(move || awaited.iter().map(DiskCleanup::torn_down).collect());
+/// kept for cgroup reads. `None` when the reads took longer than `TEARDOWN_READ_TIMEOUT`, or
+/// an earlier read is still stuck (`reading`): a hung filesystem holds one blocking thread,
+/// not one a pass.
+async fn read_teardowns(awaited: Vec<DiskCleanup>, reading: &Arc<AtomicBool>) -> Option<Vec<bool>> {
+    if reading.swap(true, Ordering::Acquire) {
+        return None;
+    }
+    let done = ClearOnDrop(reading.clone());
+    let read = tokio::task::spawn_blocking(move || {
+        let _done = done;
+        awaited.iter().map(DiskCleanup::torn_down).collect()
+    });
     tokio::time::timeout(TEARDOWN_READ_TIMEOUT, read).await.ok()?.ok()
 }
 
@@ -115,7 +127,7 @@ impl Pressure {
         if self.disk_cleanups.is_empty() {
             return false;
         }
-        let torn_down = read_teardowns(self.disk_cleanups.clone()).await;
+        let torn_down = read_teardowns(self.disk_cleanups.clone(), &self.teardown_reading).await;
         let window = self.cleanup_window;
         let mut waiting = Vec::new();
         for (i, c) in std::mem::take(&mut self.disk_cleanups).into_iter().enumerate() {
