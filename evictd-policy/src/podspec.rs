@@ -6,7 +6,7 @@ use std::{
     path::Path,
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, de::IgnoredAny};
 
 use crate::quantity::Quantity;
 
@@ -93,12 +93,15 @@ pub struct Resources {
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
     pub name: String,
-    pub host_path: Option<serde_json::Value>,
+    // Only whether each source is there: a configMap's `items` are the tenant's to make as
+    // long as the API server's object limit, and would be kept in locked memory for as long
+    // as the pod lives.
+    pub host_path: Option<IgnoredAny>,
     pub empty_dir: Option<EmptyDir>,
-    pub config_map: Option<serde_json::Value>,
+    pub config_map: Option<IgnoredAny>,
     #[serde(rename = "downwardAPI")]
-    pub downward_api: Option<serde_json::Value>,
-    pub git_repo: Option<serde_json::Value>,
+    pub downward_api: Option<IgnoredAny>,
+    pub git_repo: Option<IgnoredAny>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -438,6 +441,31 @@ mod tests {
             {"name": "pvc", "persistentVolumeClaim": {"claimName": "c"}}
         ]}}));
         assert_eq!(p.local_volume_names().collect::<Vec<_>>(), ["host", "scratch", "cfg"]);
+    }
+
+    /// Fields a tenant sets within what the API server accepts never drop the pod's spec
+    /// (which would leave evictd guessing at it): a decimal limit too large for an i64 is a
+    /// limit nothing reaches; a tiny request with a long fraction is tiny.
+    #[test]
+    fn a_spec_the_api_server_accepts_reads() {
+        let tiny = format!("0.{}1", "0".repeat(40));
+        let items: Vec<_> =
+            (0..1000).map(|i| serde_json::json!({"key": format!("k{i}"), "path": "p"})).collect();
+        let p: Pod = serde_json::from_value(serde_json::json!({"metadata": {"uid": "u"}, "spec": {
+            "containers": [{"name": "a", "resources": {
+                "requests": {"ephemeral-storage": tiny},
+                "limits": {"ephemeral-storage": "1e27", "memory": "99999999999999999999999999999999999999999Ei"}}}],
+            "volumes": [
+                {"name": "scratch", "emptyDir": {"sizeLimit": "1e27"}},
+                {"name": "cfg", "configMap": {"name": "c", "items": items}}
+            ]
+        }}))
+        .expect("a spec the API server accepts");
+        assert_eq!(p.limit("ephemeral-storage").map(|q| q.value()), Some(i64::MAX));
+        assert_eq!(p.container_request("a", "ephemeral-storage").map(|q| q.nanos()), Some(1));
+        let scratch = p.spec.volumes[0].empty_dir.as_ref().and_then(|e| e.size_limit);
+        assert_eq!(scratch.map(|q| q.value()), Some(i64::MAX));
+        assert_eq!(p.local_volume_names().collect::<Vec<_>>(), ["scratch", "cfg"]);
     }
 
     /// A pod's own `evictd.io/` annotations count only in a namespace the operator named:

@@ -90,6 +90,23 @@ impl Quantity {
     pub fn parse(s: &str) -> Result<Self, QuantityError> {
         s.parse()
     }
+
+    /// As `parse`, but a value too large for an i64 of units is that i64's bound rather than
+    /// an error, as apimachinery caps a binary quantity at 2^63-1. The API server accepts
+    /// `sizeLimit: 1e27` (a decimal it does not cap): read from a pod spec, it is a limit
+    /// nothing reaches, never a reason to drop the pod's whole spec.
+    /// Capped values also keep a pod's sums (every container's limit, say) far inside i128.
+    pub fn parse_capped(s: &str) -> Result<Self, QuantityError> {
+        let bound = i128::from(i64::MAX) * NANO;
+        match s.parse::<Quantity>() {
+            Ok(q) => Ok(Quantity { nanos: q.nanos.clamp(-bound, bound), ..q }),
+            Err(QuantityError::TooLarge) => {
+                let nanos = if s.starts_with('-') { -bound } else { bound };
+                Ok(Quantity { nanos, format: Format::DecimalSi })
+            }
+            Err(e) => Err(e),
+        }
+    }
 }
 
 impl PartialEq for Quantity {
@@ -137,7 +154,13 @@ fn suffix(s: &str) -> Result<(Format, u32, i32), QuantityError> {
             if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(QuantityError::Syntax);
             }
-            let exp: i32 = rest.parse().map_err(|_| QuantityError::TooLarge)?;
+            // An exponent past i32 is a value too large, or one that rounds up to 1e-9:
+            // `TooLarge` only ever means the magnitude (`parse_capped`).
+            let exp: i32 = match rest.parse() {
+                Ok(e) => e,
+                Err(_) if rest.starts_with('-') => i32::MIN,
+                Err(_) => return Err(QuantityError::TooLarge),
+            };
             (Format::DecimalExponent, 10, exp)
         }
     };
@@ -152,6 +175,63 @@ fn checked_mul(a: i128, b: i128) -> Result<i128, QuantityError> {
 fn div_ceil(n: i128, d: i128) -> i128 {
     let q = n.div_euclid(d);
     if n.rem_euclid(d) > 0 { q + 1 } else { q }
+}
+
+/// The most significant digits a mantissa keeps: beyond them a value is either too large for
+/// any use or differs by less than its rounding up to 1e-9.
+const MAX_DIGITS: usize = 36;
+
+/// `digits` as a mantissa of at most `MAX_DIGITS` digits, rounded up (in magnitude), and
+/// how many digits were dropped from its end. A long fraction (`0.000…0001`, which the API
+/// server accepts) is thus a tiny value rounded up, never an error a caller could read as
+/// "too large".
+fn mantissa(digits: &str) -> (i128, usize) {
+    let kept = digits.len().min(MAX_DIGITS);
+    let (head, tail) = digits.split_at(kept);
+    let mut m = head.bytes().fold(0i128, |m, b| m * 10 + i128::from(b - b'0'));
+    if tail.bytes().any(|b| b != b'0') {
+        m += 1;
+    }
+    (m, tail.len())
+}
+
+/// `int.frac × 10^exp` in units of 1e-9, rounded up; `None` when too large.
+fn decimal_nanos(int_part: &str, frac_part: &str, exp: i32) -> Option<i128> {
+    let digits = format!("{int_part}{frac_part}");
+    let significant = digits.trim_start_matches('0');
+    let trailing_zeros = significant.len() - significant.trim_end_matches('0').len();
+    let significant = &significant[..significant.len() - trailing_zeros];
+    if significant.is_empty() {
+        return Some(0);
+    }
+    let (m, dropped) = mantissa(significant);
+    // i64: an exponent near i32::MAX must not overflow (`1e2147483647`).
+    let pow10 = i64::from(exp) + 9 - frac_part.len() as i64 + (trailing_zeros + dropped) as i64;
+    if pow10 >= 0 {
+        if pow10 > MAX_DIGITS as i64 {
+            return None;
+        }
+        m.checked_mul(10i128.pow(pow10 as u32)).filter(|v| *v < LIMIT)
+    } else if -pow10 > MAX_DIGITS as i64 {
+        Some(1)
+    } else {
+        Some(div_ceil(m, 10i128.pow((-pow10) as u32)))
+    }
+}
+
+/// `int.frac × 2^exp` (a binary suffix, `exp` ≤ 60) in units of 1e-9, rounded up.
+fn binary_nanos(int_part: &str, frac_part: &str, exp: i32) -> Result<i128, QuantityError> {
+    let int_part = int_part.trim_start_matches('0');
+    let frac_part = frac_part.trim_end_matches('0');
+    if int_part.len() > MAX_DIGITS {
+        return Err(QuantityError::TooLarge);
+    }
+    let (m, dropped) = mantissa(&format!("{int_part}{frac_part}"));
+    // The digits of the fraction the mantissa kept.
+    let scale = frac_part.len() - dropped;
+    let m = checked_mul(m, 1i128 << exp)?;
+    let m = checked_mul(m, NANO)?;
+    Ok(div_ceil(m, 10i128.pow(scale as u32)))
 }
 
 impl std::str::FromStr for Quantity {
@@ -173,40 +253,10 @@ impl std::str::FromStr for Quantity {
             return Err(QuantityError::Syntax);
         }
         let (format, base, exp) = suffix(sfx)?;
-        // Trailing zeros of the fraction add nothing but would cost precision room.
-        let frac_part = frac_part.trim_end_matches('0');
-        let int_part = int_part.trim_start_matches('0');
-        if int_part.len() + frac_part.len() > 36 {
-            return Err(QuantityError::TooLarge);
-        }
-        let mut mantissa: i128 = 0;
-        for b in int_part.bytes().chain(frac_part.bytes()) {
-            mantissa = mantissa * 10 + i128::from(b - b'0');
-        }
-        let scale = frac_part.len() as i32;
-        // value = mantissa * base^exp / 10^scale, expressed in nanos and rounded up.
         let nanos = if base == 2 {
-            let m = checked_mul(mantissa, 1i128 << exp)?;
-            let m = checked_mul(m, NANO)?;
-            div_ceil(m, 10i128.pow(scale as u32))
+            binary_nanos(int_part, frac_part, exp)?
         } else {
-            // i64: an exponent near i32::MAX must not overflow (`1e2147483647`).
-            let pow10 = i64::from(exp) + 9 - i64::from(scale);
-            if pow10 >= 0 {
-                if pow10 > 36 {
-                    if mantissa == 0 {
-                        0
-                    } else {
-                        return Err(QuantityError::TooLarge);
-                    }
-                } else {
-                    checked_mul(mantissa, 10i128.pow(pow10 as u32))?
-                }
-            } else if -pow10 > 36 {
-                i128::from(mantissa > 0)
-            } else {
-                div_ceil(mantissa, 10i128.pow((-pow10) as u32))
-            }
+            decimal_nanos(int_part, frac_part, exp).ok_or(QuantityError::TooLarge)?
         };
         // Rounding happens on the magnitude: -0.1n rounds to -1n like apimachinery.
         Ok(Quantity { nanos: if negative { -nanos } else { nanos }, format })
@@ -270,7 +320,8 @@ impl serde::Serialize for Quantity {
 }
 
 impl<'de> serde::Deserialize<'de> for Quantity {
-    /// Accepts the string form and, as Kubernetes JSON does, bare numbers.
+    /// Accepts the string form and, as Kubernetes JSON does, bare numbers; capped at the
+    /// bounds of an i64 of units (`parse_capped`), for these come from pod specs.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = serde_json::Value::deserialize(d)?;
         let s = match v {
@@ -278,7 +329,7 @@ impl<'de> serde::Deserialize<'de> for Quantity {
             serde_json::Value::Number(n) => n.to_string(),
             other => return Err(serde::de::Error::custom(format!("not a quantity: {other}"))),
         };
-        s.parse().map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
+        Quantity::parse_capped(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
     }
 }
 
@@ -297,6 +348,35 @@ mod tests {
         assert_eq!(q("0e2147483647").value(), 0);
         assert_eq!(q("1e-2147483648").nanos(), 1, "rounded up to the smallest unit");
         assert_eq!(q("5e-2147483640").nanos(), 1);
+    }
+
+    /// What the API server accepts reads as the value it stands for, never as an error:
+    /// a long fraction is tiny, rounded up; a huge value in a pod spec is capped.
+    #[test]
+    fn long_or_huge_quantities_read_as_their_magnitude() {
+        let tiny = format!("0.{}1", "0".repeat(40));
+        assert_eq!(q(&tiny).nanos(), 1, "a tiny request is tiny, not too large");
+        let just_over_one = format!("1.{}1", "0".repeat(40));
+        assert_eq!(q(&just_over_one).nanos(), NANO + 1);
+        assert_eq!(q(&format!("1{}e-40", "0".repeat(40))).value(), 1);
+        assert_eq!(q(&format!("{}e-30", "9".repeat(40))).value(), 10_000_000_000);
+        assert_eq!(q(&format!("0.{}1Ki", "0".repeat(40))).nanos(), 1);
+        assert_eq!(q("1e-99999999999").nanos(), 1);
+        assert_eq!("1e99999999999".parse::<Quantity>(), Err(QuantityError::TooLarge));
+
+        for huge in [
+            "1e27",
+            "9e26",
+            "1e2147483647",
+            "99999999999999999999999999999999999999999Ei",
+            "9223372036854775808",
+        ] {
+            assert_eq!(Quantity::parse_capped(huge).map(|q| q.value()), Ok(i64::MAX), "{huge}");
+        }
+        assert_eq!(Quantity::parse_capped("-1e27").map(|q| q.value()), Ok(-i64::MAX));
+        assert_eq!(Quantity::parse_capped("9e26").map(|q| q.nanos()), Ok(i128::from(i64::MAX) * NANO));
+        assert_eq!(Quantity::parse_capped(&tiny).map(|q| q.nanos()), Ok(1), "capped only when large");
+        assert_eq!(Quantity::parse_capped("1MB"), Err(QuantityError::Syntax));
     }
 
     #[test]

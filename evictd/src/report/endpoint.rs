@@ -121,10 +121,11 @@ impl Health {
 /// How much the metrics endpoint gives any client.
 #[derive(Clone, Copy, Debug)]
 pub struct ServerLimits {
-    /// Connections served at once; more are closed at once (a scraper retries).
+    /// Connections served at once; past it a new one displaces an old one (`Connections`).
     pub max_connections: usize,
     /// Connections served at once for one client address: a pod that holds as many as it
-    /// can leaves the rest to others (the kubelet's probes come from the node's address).
+    /// can leaves the rest to others (the kubelet's probes come from the node's address);
+    /// past it the address's new connection displaces its oldest.
     pub max_per_peer: usize,
     /// A client must send its request headers within this.
     pub header_timeout: Duration,
@@ -195,8 +196,7 @@ async fn accept_loop(
     health: Arc<Health>,
     limits: ServerLimits,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let conns: Arc<Mutex<Connections>> = Arc::default();
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -207,40 +207,80 @@ async fn accept_loop(
                 continue;
             }
         };
-        // Over a cap the connection is dropped, i.e. closed, at once.
-        let Some(peer_slot) = PeerSlot::take(&peers, peer.ip(), limits.max_per_peer) else { continue };
-        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
-        tokio::spawn(serve_connection(stream, metrics.clone(), health.clone(), limits, (slot, peer_slot)));
-    }
-}
-
-/// One of a client address's connections, given back when the connection ends.
-struct PeerSlot {
-    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    peer: IpAddr,
-}
-
-impl PeerSlot {
-    fn take(peers: &Arc<Mutex<HashMap<IpAddr, usize>>>, peer: IpAddr, max: usize) -> Option<Self> {
-        let mut held = peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = held.entry(peer).or_default();
-        if *n >= max {
-            return None;
+        let (displaced, id) = lock(&conns).make_room(peer.ip(), &limits);
+        if let Some(connection) = displaced {
+            connection.abort();
         }
-        *n += 1;
-        Some(PeerSlot { peers: peers.clone(), peer })
+        let registered = Registered { conns: conns.clone(), id };
+        let task =
+            tokio::spawn(serve_connection(stream, metrics.clone(), health.clone(), limits, registered));
+        // This runtime has one thread: the task has not run (nor ended) before it is listed.
+        lock(&conns).live.insert(id, (peer.ip(), task.abort_handle()));
     }
 }
 
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut held = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = held.get_mut(&self.peer) {
+fn lock(conns: &Mutex<Connections>) -> std::sync::MutexGuard<'_, Connections> {
+    conns.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The connections served, in the order they were accepted. At a cap, a new connection
+/// displaces an old one rather than being refused: the oldest of its own address at that
+/// address's cap, else the oldest of the address holding the most. Clients that open
+/// connections and ask nothing (up to the header timeout, again and again) thus cannot keep
+/// out one that asks at once and goes — the kubelet's probes open a connection per probe —
+/// unless they hold as many addresses as there are connections and open as many
+/// connections within the moment a probe takes.
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    /// By id: ids grow with acceptance, so the first is the oldest.
+    live: std::collections::BTreeMap<u64, (IpAddr, tokio::task::AbortHandle)>,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+impl Connections {
+    /// Makes room for a connection from `peer`: the connection displaced for it, taken off
+    /// the list (to be aborted), and the new connection's id, counted for `peer`.
+    fn make_room(&mut self, peer: IpAddr, limits: &ServerLimits) -> (Option<tokio::task::AbortHandle>, u64) {
+        let peer_full = self.per_peer.get(&peer).is_some_and(|&n| n >= limits.max_per_peer);
+        let from = if peer_full {
+            Some(peer)
+        } else if self.live.len() >= limits.max_connections {
+            let most = self.per_peer.values().copied().max().unwrap_or(0);
+            self.live.values().map(|(p, _)| *p).find(|p| self.per_peer.get(p) == Some(&most))
+        } else {
+            None
+        };
+        let oldest = from.and_then(|from| self.live.iter().find(|(_, (p, _))| *p == from).map(|(id, _)| *id));
+        let displaced = oldest.and_then(|id| self.forget(id));
+        let id = self.next_id;
+        self.next_id += 1;
+        *self.per_peer.entry(peer).or_default() += 1;
+        (displaced, id)
+    }
+
+    /// Takes connection `id` off the list, if it is still on it.
+    fn forget(&mut self, id: u64) -> Option<tokio::task::AbortHandle> {
+        let (peer, handle) = self.live.remove(&id)?;
+        if let Some(n) = self.per_peer.get_mut(&peer) {
             *n -= 1;
             if *n == 0 {
-                held.remove(&self.peer);
+                self.per_peer.remove(&peer);
             }
         }
+        Some(handle)
+    }
+}
+
+/// A connection on the list, taken off when it ends (or is displaced and aborted).
+struct Registered {
+    conns: Arc<Mutex<Connections>>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        lock(&self.conns).forget(self.id);
     }
 }
 
@@ -279,7 +319,7 @@ async fn serve_connection(
     metrics: Option<Arc<Metrics>>,
     health: Arc<Health>,
     limits: ServerLimits,
-    _slots: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
+    _registered: Registered,
 ) {
     let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
         let (metrics, health) = (metrics.clone(), health.clone());
@@ -332,8 +372,8 @@ mod tests {
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     }
 
-    /// Slow clients are cut off after the header timeout, and past the cap new connections
-    /// are closed at once instead of piling up.
+    /// Slow clients are cut off after the header timeout, and past the cap a new connection
+    /// displaces the oldest instead of piling up.
     #[test]
     #[expect(clippy::disallowed_methods, reason = "a plain test thread, no runtime on it")]
     fn slow_and_surplus_clients_are_bounded() {
@@ -345,13 +385,14 @@ mod tests {
             connection_timeout: Duration::from_secs(5),
         };
         let addr = serve_with(limits);
-        let idle: Vec<std::net::TcpStream> =
+        let mut idle: Vec<std::net::TcpStream> =
             (0..2).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
         std::thread::sleep(Duration::from_millis(100));
-        // Both slots are taken by clients that send nothing: a third is closed at once.
-        let mut surplus = std::net::TcpStream::connect(addr).unwrap();
-        surplus.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        assert_eq!(surplus.read(&mut [0u8; 16]).unwrap_or(0), 0, "closed without an answer");
+        // Both slots are taken by clients that send nothing: a third closes the oldest.
+        let _third = std::net::TcpStream::connect(addr).unwrap();
+        let mut oldest = idle.remove(0);
+        oldest.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        assert_eq!(oldest.read(&mut [0u8; 16]).ok(), Some(0), "the oldest is closed at once");
         // The idle ones are cut off after the header timeout, which frees the slots.
         for mut c in idle {
             c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
@@ -415,13 +456,11 @@ mod tests {
         assert!(stuck.starts_with("HTTP/1.1 503") && stuck.contains("evictd-io"), "{stuck}");
     }
 
-    /// A client holding every connection of the metrics port (any pod can reach it) makes
-    /// probes there fail; the probes on their own port (`--probe-addr`) still answer, so
-    /// the kubelet does not restart evictd for it.
+    /// The probes on their own port (`--probe-addr`) have connections of their own: a client
+    /// holding every connection of the metrics port (any pod can reach it) takes none of them.
     #[test]
     #[expect(clippy::disallowed_methods, reason = "a plain test thread, no runtime on it")]
     fn the_probes_on_their_own_port_answer_while_the_metrics_port_is_flooded() {
-        use std::io::Read as _;
         let health = Arc::new(Health::new(DEFAULT_STALL));
         health.beat();
         health.set_ready();
@@ -433,14 +472,50 @@ mod tests {
         let _flood: Vec<std::net::TcpStream> =
             (0..2).map(|_| std::net::TcpStream::connect(metrics).unwrap()).collect();
         std::thread::sleep(Duration::from_millis(100));
-        let mut starved = std::net::TcpStream::connect(metrics).unwrap();
-        starved.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        assert!(matches!(starved.read(&mut [0u8; 16]), Ok(0)), "the metrics port is full: closed at once");
         for path in ["/healthz", "/readyz"] {
             let answer = get_path(probes, path).expect("the probe port answers");
             assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
         }
         assert!(get_path(probes, "/metrics").unwrap().starts_with("HTTP/1.1 404"), "probes only");
+    }
+
+    /// Clients that open connections and ask nothing, from as many addresses as they like,
+    /// cannot keep out a probe that asks at once: it displaces the oldest connection of the
+    /// address holding the most, or the oldest of all when each holds one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clients_holding_every_connection_cannot_keep_a_probe_out() {
+        let health = Arc::new(Health::new(DEFAULT_STALL));
+        health.beat();
+        health.set_ready();
+        let limits = ServerLimits { max_connections: 4, max_per_peer: 2, ..ServerLimits::default() };
+        let probes = serve_probes("127.0.0.1:0".parse().unwrap(), health, limits).unwrap();
+        let connect_from = |ip: &'static str| async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+            socket.connect(probes).await.unwrap()
+        };
+        for senders in [
+            &["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"],
+            &["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"],
+        ] {
+            let mut flood = Vec::new();
+            for ip in senders {
+                flood.push(connect_from(ip).await);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let answer = tokio::task::spawn_blocking(move || get_path(probes, "/healthz")).await.unwrap();
+            let answer = answer.unwrap_or_else(|e| panic!("{senders:?} hold every connection: {e}"));
+            assert!(answer.starts_with("HTTP/1.1 200"), "{senders:?}: {answer}");
+            // The one displaced is the oldest (of the address holding the most).
+            let mut first = [0u8; 1];
+            let closed = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::io::AsyncReadExt::read(&mut flood[0], &mut first),
+            )
+            .await;
+            assert!(matches!(closed, Ok(Ok(0))), "{senders:?}: the oldest connection was closed");
+        }
     }
 
     /// One client holding as many connections as it can gets `max_per_peer`: another address

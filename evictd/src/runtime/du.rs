@@ -57,13 +57,58 @@ struct Walked {
 /// `du` and the kubelet's walk do: another link may come later); a directory of a million
 /// files, or of a million subdirectories, costs one batch of names.
 fn du_remembering(dir: &Path) -> Walked {
+    du_remembering_at_most(dir, MAX_LINKED)
+}
+
+fn du_remembering_at_most(dir: &Path, max_linked: usize) -> Walked {
     let Some(mut walk) = DirWalk::of(dir) else { return Walked::default() };
-    if walk.levels.is_empty() {
-        return walk.done;
-    }
+    walk.linked.max = max_linked;
     let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
-    while walk.step(&mut buf) {}
+    while !walk.levels.is_empty() && walk.step(&mut buf) {}
+    walk.linked.add_shares(&mut walk.done);
     walk.done
+}
+
+/// Multiply-linked inodes a walk remembers (a HashSet of them: ~0.5 MiB at most).
+const MAX_LINKED: usize = 1 << 15;
+
+/// Inodes with more than one link: remembered, to be counted once, up to `max`. Past it each
+/// link met of an inode not remembered counts its share, 1/nlink of the inode: the sum is the
+/// inode once when the walk meets all its links (as within one pod's volume), and never more.
+/// So a tenant's million hard links cost the walk no more memory than `max` of them, and
+/// count no less than the files they are.
+struct Links {
+    seen: HashSet<u64>,
+    max: usize,
+    /// The shares past `max`, in 2^-32 of a byte and of an inode.
+    share_bytes: u128,
+    share_inodes: u128,
+}
+
+impl Links {
+    fn new() -> Links {
+        Links { seen: HashSet::new(), max: MAX_LINKED, share_bytes: 0, share_inodes: 0 }
+    }
+
+    /// Whether the link met of inode `ino` (of `nlink` links, `bytes` allocated) is counted
+    /// whole: false when the inode was met before, or the link is counted as a share.
+    fn first_sight(&mut self, ino: u64, nlink: u32, bytes: u64) -> bool {
+        if self.seen.contains(&ino) {
+            return false;
+        }
+        if self.seen.len() < self.max {
+            return self.seen.insert(ino);
+        }
+        self.share_bytes += (u128::from(bytes) << 32) / u128::from(nlink);
+        self.share_inodes += (1u128 << 32) / u128::from(nlink);
+        false
+    }
+
+    /// The shares, rounded up, into the walk's totals.
+    fn add_shares(&self, done: &mut Walked) {
+        done.bytes += self.share_bytes.div_ceil(1 << 32) as u64;
+        done.inodes += self.share_inodes.div_ceil(1 << 32) as u64;
+    }
 }
 
 /// The `getdents` buffer of a walk: a few dozen entries a read. A kept-open level's list of
@@ -169,7 +214,7 @@ struct DirWalk {
     entering: Option<OwnedFd>,
     levels: Vec<Level>,
     /// Inodes with more than one link, counted once.
-    linked: HashSet<u64>,
+    linked: Links,
     done: Walked,
 }
 
@@ -193,13 +238,13 @@ impl DirWalk {
     fn new(top: &Statx) -> DirWalk {
         let done = Walked { bytes: top.stx_blocks * 512, inodes: 1, ..Walked::default() };
         let dev = (top.stx_dev_major, top.stx_dev_minor);
-        DirWalk { dev, stable: false, entering: None, levels: Vec::new(), linked: HashSet::new(), done }
+        DirWalk { dev, stable: false, entering: None, levels: Vec::new(), linked: Links::new(), done }
     }
 
     /// One step: into the deepest level's next subdirectory, or its next batch, or out of it
     /// once it is read. `false` when the walk is done.
     fn step(&mut self, buf: &mut [MaybeUninit<u8>]) -> bool {
-        let held = self.linked.len() + self.open();
+        let held = self.linked.seen.len() + self.open();
         self.done.most_held = self.done.most_held.max(held);
         if self.done.read > READ_BUDGET.0 + READ_BUDGET.1 * self.done.inodes {
             self.done.incomplete = true;
@@ -391,23 +436,25 @@ impl Place {
 }
 
 /// Counts the entry `name` of the directory `at` as the kubelet's walk does: `Some(whether it
-/// is a directory)` when counted; `None` for one on another filesystem, a hard link met before,
-/// or one gone meanwhile.
+/// is a directory)` when counted; `None` for one on another filesystem, a hard link met before
+/// (or counted as its share, `Links`), or one gone meanwhile.
 fn count_entry(
     at: &OwnedFd,
     name: &CStr,
     dev: (u32, u32),
-    linked: &mut HashSet<u64>,
+    linked: &mut Links,
     done: &mut Walked,
 ) -> Option<bool> {
     let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
     let st = rustix::fs::statx(at, name, flags, WALK_STATX).ok()?;
     let dir = is_dir(&st);
-    if (st.stx_dev_major, st.stx_dev_minor) != dev || (!dir && st.stx_nlink > 1 && !linked.insert(st.stx_ino))
+    let bytes = st.stx_blocks * 512;
+    if (st.stx_dev_major, st.stx_dev_minor) != dev
+        || (!dir && st.stx_nlink > 1 && !linked.first_sight(st.stx_ino, st.stx_nlink, bytes))
     {
         return None;
     }
-    done.bytes += st.stx_blocks * 512;
+    done.bytes += bytes;
     done.inodes += 1;
     Some(dir)
 }
@@ -526,6 +573,27 @@ mod tests {
             walked.most_held
         );
         assert!(!walked.incomplete);
+    }
+
+    /// A tenant's hard links past what the walk remembers: each counts its share of the
+    /// file, so the total is what the kubelet's walk counts (every file once) while the walk
+    /// holds no more than its bound.
+    #[test]
+    fn hard_links_past_the_bound_count_their_share() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in 0..6 {
+            let file = dir.path().join(format!("f{f}"));
+            fs::write(&file, vec![1u8; 8192 * (f + 1)]).unwrap();
+            for l in 0..f + 1 {
+                fs::hard_link(&file, dir.path().join(format!("f{f}-link{l}"))).unwrap();
+            }
+        }
+        let remembered = du_remembering(dir.path());
+        let bounded = du_remembering_at_most(dir.path(), 2);
+        assert_eq!((bounded.bytes, bounded.inodes), (remembered.bytes, remembered.inodes));
+        assert_eq!(remembered.inodes, 1 + 6, "the top and each file once");
+        assert!(bounded.most_held <= 2 + 1, "held {} with a bound of 2", bounded.most_held);
+        assert!(!bounded.incomplete);
     }
 
     /// What the kubelet's walk counts of what is not a plain directory: a file is itself, a

@@ -37,8 +37,11 @@ pub struct StopPlan {
     pub grace_seconds: i64,
     /// What a stop is cut to when a hard threshold is met meanwhile.
     pub hard_grace_seconds: i64,
-    /// Where the pod can be killed without the runtime; `None`: the CRI only.
-    pub fast: Option<KillTarget>,
+    /// The pod's cgroups, where known: looked at for evictd's own process before any stop,
+    /// and where the pod is killed without the runtime when `fast_kill` says so.
+    pub target: Option<KillTarget>,
+    /// Whether the pod may be killed without the runtime (else the CRI only).
+    pub fast_kill: bool,
     /// The pod's memory cgroup directory, watched until empty (`None`: the runtime's word is
     /// taken).
     pub cgroup: Option<PathBuf>,
@@ -84,10 +87,10 @@ pub async fn stop(
 
     // The engine never picks evictd's own pod when it recognises it; this holds when it
     // does not (a pod UID it could not read).
-    if let Some(dir) = &plan.cgroup
-        && kill::holds_evictd(dir)
+    if let Some(target) = &plan.target
+        && kill::holds_evictd(target)
     {
-        return Err(EvictError::HoldsEvictd { pod: name, dir: dir.clone() });
+        return Err(EvictError::HoldsEvictd { pod: name, dir: target.memory_dir().to_path_buf() });
     }
     let t = Instant::now();
     let mut stop = Stop { client, pod, name: &name, plan, urgency, fast_kill: None };
@@ -132,10 +135,18 @@ fn judge_container_stops(
     match stopped {
         Stopped { failed: None, .. } => None,
         // The fast kill ran and the pod's cgroup holds no process: the containers are dead
-        // whatever the runtime answered, and the eviction stands. (A kill that gave up on a
-        // pod still forking leaves processes: then the runtime's error stands.)
+        // whatever the runtime answered, and the eviction stands.
         Stopped { failed: Some(e), .. } if phases.fast_kill.is_some() && killed_to_the_last_process(plan) => {
             phases.warn(name, format!("StopContainer after the fast kill: {e}"));
+            None
+        }
+        // The fast kill signalled the pod, and processes are left (a pod still forking past
+        // the rounds of signals, a process in uninterruptible sleep): the pod was hit all the
+        // same, and is this decision's eviction; taking the next candidate would leave two
+        // pods hit. Its containers stay rankable once the runtime lists them running.
+        Stopped { failed: Some(e), not_stopped } if phases.fast_kill.is_some() => {
+            phases.warn(name, format!("the fast kill left processes and StopContainer failed: {e}"));
+            phases.still_running = not_stopped;
             None
         }
         // Some of its containers are stopped: the pod is this decision's eviction, whatever
@@ -205,7 +216,7 @@ impl Stop<'_> {
     /// Kills the pod without the runtime, where the node allows it. A failure is logged and
     /// the CRI stop goes on: it is the eviction either way.
     async fn kill_now(&mut self, urgency: Urgency) {
-        let Some(target) = &self.plan.fast else { return };
+        let Some(target) = self.plan.target.as_ref().filter(|_| self.plan.fast_kill) else { return };
         if self.fast_kill.is_some() {
             return;
         }
@@ -358,17 +369,21 @@ async fn released_within(dir: &std::path::Path, timeout: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{
-        cri::scripted::{Script, scripted_runtime},
-        inventory::tests::{container, record},
-        kill::{self, KillTarget},
+    use crate::{
+        runtime::{
+            cri::scripted::{Script, scripted_runtime},
+            inventory::tests::{container, record},
+            kill::{self, KillTarget},
+        },
+        vocab::{KillMethod, KillReport},
     };
 
     fn plan() -> StopPlan {
         StopPlan {
             grace_seconds: 1,
             hard_grace_seconds: 1,
-            fast: None,
+            target: None,
+            fast_kill: false,
             cgroup: None,
             release_timeout: Duration::from_secs(1),
             on_killed: None,
@@ -419,6 +434,49 @@ mod tests {
         let pod = record("/kubepods/podu", vec![container(None, None)]);
         let e = stop(&client, &pod, &plan(), None).await.expect_err("still running");
         assert!(e.to_string().contains("StopContainer"), "{e}");
+    }
+
+    /// A pod the fast kill signalled is the decision's eviction even when processes are left
+    /// in its cgroup and the runtime's stops failed too (a pod still forking past the rounds
+    /// of signals; a process in uninterruptible sleep): the pod was hit, and taking the next
+    /// candidate would hit two. Its containers stay rankable.
+    #[test]
+    fn a_pod_the_fast_kill_hit_is_the_eviction_even_with_processes_left() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.procs"), "42\n").unwrap();
+        let pod = record("/kubepods/podu", vec![container(None, None)]);
+        let ids: Vec<String> = running(&pod).map(|c| c.id.clone()).collect();
+        let plan = StopPlan { cgroup: Some(dir.path().into()), ..plan() };
+        let failed = || Stopped {
+            failed: Some(CriError::Timeout {
+                endpoint: "unix:///cri.sock".into(),
+                call: "StopContainer",
+                timeout: Duration::from_secs(120),
+            }),
+            not_stopped: ids.clone(),
+        };
+        let report = KillReport {
+            method: KillMethod::Signals,
+            processes: 9,
+            signalled_ms: 1.0,
+            reaped: 0,
+            reaped_ms: 1.0,
+        };
+        let mut hit = Phases {
+            fast_kill: Some(FastKill { urgency: Urgency::Hard, signalled_ns: 1, report }),
+            ..Phases::default()
+        };
+        assert!(
+            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut hit).is_none(),
+            "the eviction stands"
+        );
+        assert_eq!(hit.still_running, ids, "its containers stay rankable");
+        assert_eq!(hit.warnings.len(), 1);
+        let mut untouched = Phases::default();
+        assert!(
+            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut untouched).is_some(),
+            "without the fast kill, nothing of the pod stopped: a failed eviction"
+        );
     }
 
     /// A pod some of whose containers stopped is the decision's eviction, whatever the others
@@ -499,7 +557,8 @@ mod tests {
         let counted = killed.clone();
         let plan = StopPlan {
             grace_seconds: 30,
-            fast: Some(KillTarget::at(&cgroup.rel, &layout)),
+            target: Some(KillTarget::at(&cgroup.rel, &layout)),
+            fast_kill: true,
             cgroup: Some(layout.memory_root.join(&cgroup.rel)),
             on_killed: Some(OnKilled::new(move || {
                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -30,7 +30,7 @@ use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 use super::{inventory::PodRecord, usage::cgroup_rel_dir};
 use crate::{
     node::{
-        cgroup_names::pid_in_cgroup,
+        cgroup_names::{memcg_of_pid, pid_in_cgroup},
         cgroups::{CgroupMounts, CgroupVersion},
     },
     vocab::{KillMethod, KillReport, OnKilled},
@@ -113,6 +113,11 @@ impl KillTarget {
             freezer: freezer.filter(|d| d.join("freezer.state").exists()),
             spare: std::process::id() as i32,
         }
+    }
+
+    /// The pod's memory cgroup directory.
+    pub fn memory_dir(&self) -> &Path {
+        &self.memory
     }
 
     /// The memory controller on cgroup v1, with the pod's cgroup2 directory beside it.
@@ -286,19 +291,47 @@ fn signal_all<'a>(victims: impl Iterator<Item = &'a Victim>) {
     }
 }
 
-/// The pod's cgroup tree does not hold evictd's own process (checked before any signal).
+/// The pod's cgroup trees do not hold evictd's own process (checked before any signal).
 fn not_evictds(target: &KillTarget) -> Result<(), KillError> {
     // On a hybrid node the write kills the cgroup2 tree, which evictd's process could be in
     // without being in the v1 one.
     let killed = target.cgroup_kill.as_deref().and_then(Path::parent).filter(|_| target.is_hybrid());
-    for tree in std::iter::once(target.memory.as_path()).chain(killed) {
-        let mut pids = Vec::new();
-        list_tree(tree, &mut pids)?;
-        if pids.contains(&target.spare) {
+    let trees = std::iter::once((target.memory.as_path(), target.memory_version))
+        .chain(killed.map(|k| (k, CgroupVersion::V2)));
+    for (tree, version) in trees {
+        if tree_holds(tree, &target.rel, version, target.spare)? {
             return Err(KillError::HoldsEvictd { path: tree.to_path_buf(), pid: target.spare });
         }
     }
     Ok(())
+}
+
+/// Whether the pod's tree `tree` (`rel` in hierarchy `version`) holds the process `pid`.
+/// Answered from the process's own `/proc/<pid>/cgroup` where that tells: one read, whatever
+/// the tree's depth or breadth (a tenant with a writable cgroupfs can nest its tree past
+/// PATH_MAX, where every listing of it fails; were that read as "holds evictd", the stop
+/// would fail and the next candidate, another tenant's pod, be taken). Listed otherwise.
+fn tree_holds(tree: &Path, rel: &Path, version: CgroupVersion, pid: i32) -> Result<bool, KillError> {
+    if let Some(under) = cgroup_of_pid_tells(pid, rel, version) {
+        return Ok(under);
+    }
+    let mut pids = Vec::new();
+    list_tree(tree, &mut pids)?;
+    Ok(pids.contains(&pid))
+}
+
+/// Whether `pid` is in the cgroup `rel` or below it, from its `/proc/<pid>/cgroup`; `None`
+/// where that cannot tell. A line reading `/` is the root of the process's cgroup namespace:
+/// in the host's (the one PID 1 is in), the root cgroup, in no pod; in a private one, which
+/// hides where it lies, anywhere.
+fn cgroup_of_pid_tells(pid: i32, rel: &Path, version: CgroupVersion) -> Option<bool> {
+    let own = memcg_of_pid(u32::try_from(pid).ok()?, version)?;
+    if own != "/" {
+        return Some(Path::new(&own).starts_with(rel));
+    }
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/cgroup")).ok();
+    let host_namespace = ns(&pid.to_string()).is_some_and(|own| ns("1") == Some(own));
+    host_namespace.then_some(false)
 }
 
 /// The pids of the pod's memory cgroup tree, refused when evictd's own is among them:
@@ -415,11 +448,11 @@ fn pid_alive(pid: i32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()
 }
 
-/// Whether the cgroup tree at `dir` holds evictd's own process. Unreadable counts as
-/// holding it: a pod evictd cannot list is not one it may stop blind.
-pub fn holds_evictd(dir: &Path) -> bool {
-    let mut pids = Vec::new();
-    list_tree(dir, &mut pids).is_err() || pids.contains(&(std::process::id() as i32))
+/// Whether the pod's cgroup trees hold evictd's own process (`tree_holds`). One that cannot
+/// be told about counts as holding it: a pod evictd cannot tell about is not one it may stop
+/// blind.
+pub fn holds_evictd(target: &KillTarget) -> bool {
+    not_evictds(target).is_err()
 }
 
 /// The pids of every `cgroup.procs` in the tree at `dir`. A cgroup removed while it is read
@@ -445,7 +478,7 @@ fn list_tree(dir: &Path, pids: &mut Vec<i32>) -> Result<(), KillError> {
 }
 
 /// ENOENT before the open; ENODEV when kernfs removed the cgroup between open and read.
-fn removed(e: &io::Error) -> bool {
+pub(super) fn removed(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
 }
 
@@ -919,9 +952,10 @@ pub(crate) mod tests {
         kills_the_pod_and_nothing_else(&mut pod, &target, KillMethod::Signals).await;
     }
 
-    /// The guard before any stop, on a fixture tree: evictd's own pid anywhere in the pod's
-    /// tree refuses the stop; a pod cgroup that is gone (also between open and read: ENODEV)
-    /// holds nobody; one that cannot be read holds evictd, as far as a stop is concerned.
+    /// The guard before any stop, on a fixture tree where the process's own cgroup cannot
+    /// tell: evictd's own pid anywhere in the pod's tree is found; a pod cgroup that is gone
+    /// (also between open and read: ENODEV) holds nobody; one that cannot be read holds
+    /// evictd, as far as a stop is concerned.
     #[test]
     fn evictd_in_a_pods_tree_is_found() {
         let d = tempfile::tempdir().unwrap();
@@ -929,15 +963,105 @@ pub(crate) mod tests {
         std::fs::create_dir(&ctr).unwrap();
         std::fs::write(d.path().join("cgroup.procs"), "").unwrap();
         std::fs::write(ctr.join("cgroup.procs"), "1\n").unwrap();
-        assert!(!holds_evictd(d.path()));
-        std::fs::write(ctr.join("cgroup.procs"), format!("1\n{}\n", std::process::id())).unwrap();
-        assert!(holds_evictd(d.path()));
-        assert!(!holds_evictd(&d.path().join("gone")));
+        // No process has this pid: its own cgroup cannot be read, so the tree is listed.
+        let pid = i32::MAX;
+        let holds = |dir: &Path| tree_holds(dir, Path::new("/pod"), CgroupVersion::V1, pid);
+        assert!(!holds(d.path()).unwrap());
+        std::fs::write(ctr.join("cgroup.procs"), format!("1\n{pid}\n")).unwrap();
+        assert!(holds(d.path()).unwrap());
+        assert!(!holds(&d.path().join("gone")).unwrap());
         assert!(removed(&io::Error::from_raw_os_error(libc::ENODEV)));
         assert!(!removed(&io::Error::from_raw_os_error(libc::EIO)));
         let unreadable = d.path().join("unreadable");
         std::fs::create_dir_all(unreadable.join("cgroup.procs")).unwrap();
-        assert!(holds_evictd(&unreadable), "EISDIR is no cgroup gone");
+        assert!(holds(&unreadable).is_err(), "EISDIR is no cgroup gone");
+    }
+
+    /// A chain of cgroups below `top`, made and removed relative to their parents (their
+    /// paths are past PATH_MAX), deepest first on drop.
+    struct DeepChain {
+        /// Each level's parent, open, and the level's name.
+        levels: Vec<(OwnedFd, String)>,
+    }
+
+    impl DeepChain {
+        fn new(top: &Path, depth: usize, name_len: usize) -> DeepChain {
+            use rustix::fs::{Mode, OFlags, mkdirat, open, openat};
+            let dir_flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+            let mut parent = open(top, dir_flags, Mode::empty()).unwrap();
+            let mut chain = DeepChain { levels: Vec::new() };
+            for i in 0..depth {
+                let name = format!("{i:0>name_len$}");
+                mkdirat(&parent, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+                let child = openat(&parent, name.as_str(), dir_flags, Mode::empty()).unwrap();
+                chain.levels.push((std::mem::replace(&mut parent, child), name));
+            }
+            chain
+        }
+
+        /// Moves `pid` into the deepest cgroup.
+        fn adopt(&self, pid: u32) {
+            use rustix::fs::{Mode, OFlags, openat};
+            let (parent, name) = self.levels.last().unwrap();
+            let deepest =
+                openat(parent, name.as_str(), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+            let procs = openat(&deepest, "cgroup.procs", OFlags::WRONLY, Mode::empty()).unwrap();
+            rustix::io::write(&procs, pid.to_string().as_bytes()).unwrap();
+        }
+    }
+
+    impl Drop for DeepChain {
+        #[expect(clippy::disallowed_methods, reason = "waits for the kernel to let go of test cgroups")]
+        fn drop(&mut self) {
+            for (parent, name) in self.levels.iter().rev() {
+                let t = Instant::now();
+                while rustix::fs::unlinkat(parent, name.as_str(), rustix::fs::AtFlags::REMOVEDIR).is_err()
+                    && t.elapsed() < Duration::from_secs(5)
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// A test's own process, killed (by its pid) and reaped on drop.
+    struct Started(Child);
+
+    impl Drop for Started {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A tenant that can write its cgroupfs nests its pod's tree past PATH_MAX, where every
+    /// listing of it fails. evictd still tells that its own process is not in the tree (were
+    /// the tree taken for holding it, the stop would fail and the next candidate, another
+    /// tenant's pod, be taken), and that a process deep in it is still there (were that taken
+    /// for an empty tree, the wait for the pod's memory would end at once).
+    #[test]
+    fn a_tree_deeper_than_path_max_is_still_told_about() {
+        let test = "a_tree_deeper_than_path_max_is_still_told_about";
+        let Some(layout) = layout_or_skip(test) else { return };
+        let mut pod = TestPod::new(&layout, 1);
+        let elsewhere = TestPod::new(&layout, 1);
+        let chain = DeepChain::new(&layout.memory_root.join(&pod.rel), 20, 220);
+        let deep = Started(Command::new("sleep").arg("600").spawn().unwrap());
+        chain.adopt(deep.0.id());
+        let target = KillTarget::at(&pod.rel, &layout);
+        assert!(
+            list_tree(&target.memory, &mut Vec::new()).is_err(),
+            "the tree is past what a listing reaches"
+        );
+
+        let evictd_as = |p: &TestPod| KillTarget { spare: p.children[0].id() as i32, ..target.clone() };
+        assert!(!holds_evictd(&evictd_as(&elsewhere)), "evictd (played by a process elsewhere) is not in it");
+        assert!(holds_evictd(&evictd_as(&pod)), "and is when it is in it");
+
+        // The pod's own process ends: only the deep one is left in the tree.
+        let _ = pod.children[0].kill();
+        let _ = pod.children[0].wait();
+        assert!(!crate::runtime::usage::cgroup_tree_empty(&target.memory), "a process deep in the tree");
     }
 
     /// A pod that holds evictd is never killed (its own pod not recognised, say).

@@ -18,7 +18,10 @@ use evictd_policy::{
 };
 
 pub use super::disk_usage::{DiskMeasured, PodDisk};
-use super::inventory::{PodList, PodRecord, same_cgroups};
+use super::{
+    inventory::{PodList, PodRecord, same_cgroups},
+    kill::removed,
+};
 use crate::{
     kernel::ebpf::{ChargeClock, ChargeMark},
     node::{
@@ -402,17 +405,33 @@ fn container_dir(pod_dir: &Path, id: &str) -> Option<PathBuf> {
     [pod_dir.join(id), pod_dir.join(format!("cri-containerd-{id}.scope"))].into_iter().find(|p| p.is_dir())
 }
 
-/// Whether a cgroup tree holds no process any more (or is gone).
+/// Whether a cgroup tree holds no process any more (or is gone). On cgroup v2 the kernel
+/// keeps the answer for the whole tree (`populated` in `cgroup.events`): one read, whatever a
+/// tenant nested below its pod. On v1 the tree is walked, and a part that cannot be read, but
+/// is not gone, is not taken for empty: "empty" ends the wait for the pod's memory and lets
+/// the next decision go ahead; the caller's bound ends a wait that never sees it.
 pub fn cgroup_tree_empty(dir: &Path) -> bool {
-    let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else { return true };
-    if !procs.trim().is_empty() {
-        return false;
+    match fs::read_to_string(dir.join("cgroup.events")) {
+        Ok(events) => !events.lines().any(|l| l.trim() == "populated 1"),
+        // v1 (no such file), or gone: the walk tells.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => v1_tree_empty(dir),
+        Err(e) => removed(&e),
     }
-    let Ok(entries) = fs::read_dir(dir) else { return true };
-    entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .all(|e| cgroup_tree_empty(&e.path()))
+}
+
+fn v1_tree_empty(dir: &Path) -> bool {
+    match fs::read_to_string(dir.join("cgroup.procs")) {
+        Ok(procs) if !procs.trim().is_empty() => return false,
+        Ok(_) => {}
+        Err(e) => return removed(&e),
+    }
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .all(|e| v1_tree_empty(&e.path())),
+        Err(e) => removed(&e),
+    }
 }
 
 #[cfg(test)]
@@ -519,6 +538,16 @@ mod tests {
         fs::write(d.path().join("c1/cgroup.procs"), "").unwrap();
         assert!(cgroup_tree_empty(d.path()));
         assert!(cgroup_tree_empty(&d.path().join("gone")));
+        // A part that cannot be read (here a directory where the file should be: EISDIR) may
+        // hold anything.
+        fs::remove_file(d.path().join("c1/cgroup.procs")).unwrap();
+        fs::create_dir(d.path().join("c1/cgroup.procs")).unwrap();
+        assert!(!cgroup_tree_empty(d.path()), "an unreadable part is not empty");
+        // cgroup v2: the kernel's word for the whole tree.
+        fs::write(d.path().join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert!(!cgroup_tree_empty(d.path()));
+        fs::write(d.path().join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        assert!(cgroup_tree_empty(d.path()), "populated 0: empty, whatever lies below");
     }
 
     /// The oracle: (allocated bytes, inodes) of exactly the entries the test made under

@@ -467,9 +467,10 @@ impl Pressure {
         }
     }
 
-    /// Evicts the top-ranked pod for `signal`; when its kill fails, the next candidate, as
-    /// the kubelet does (at most `MAX_CANDIDATES`). Every failed kill is recorded, and the
-    /// engine's state is kept whichever way the decision ends.
+    /// Evicts the top-ranked pod for `signal`; when its kill fails with nothing of the pod
+    /// stopped or killed, the next candidate (at most `MAX_CANDIDATES`), where the kubelet
+    /// passes over critical pods only and waits a pass after a failed kill. Every failed kill
+    /// is recorded, and the engine's state is kept whichever way the decision ends.
     pub(super) async fn evict_one(
         &mut self,
         pods: &PodList,
@@ -779,11 +780,11 @@ impl Pressure {
     }
 
     pub(super) fn stop_plan(&self, pod: &PodRecord, grace_seconds: i64) -> StopPlan {
-        let fast = self.kill.fast_kill.then(|| KillTarget::of(pod, &self.cgroups).ok()).flatten();
         StopPlan {
             grace_seconds,
             hard_grace_seconds: self.kill.hard_grace_seconds,
-            fast,
+            target: KillTarget::of(pod, &self.cgroups).ok(),
+            fast_kill: self.kill.fast_kill,
             cgroup: self.cgroups_of(pod).map(|c| c.memory.dir),
             release_timeout: self.release_timeout,
             on_killed: self.on_killed.clone(),
