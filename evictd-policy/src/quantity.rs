@@ -181,12 +181,11 @@ fn div_ceil(n: i128, d: i128) -> i128 {
 /// any use or differs by less than its rounding up to 1e-9.
 const MAX_DIGITS: usize = 36;
 
-/// `digits` as a mantissa of at most `MAX_DIGITS` digits, rounded up (in magnitude), and
-/// how many digits were dropped from its end. A long fraction (`0.000…0001`, which the API
-/// server accepts) is thus a tiny value rounded up, never an error a caller could read as
-/// "too large".
-fn mantissa(digits: &str) -> (i128, usize) {
-    let kept = digits.len().min(MAX_DIGITS);
+/// `digits` as a mantissa of at most `max` digits, rounded up (in magnitude), and how many
+/// digits were dropped from its end. A long fraction (`0.000…0001`) is thus a tiny value
+/// rounded up, never an error a caller could read as "too large".
+fn mantissa(digits: &str, max: usize) -> (i128, usize) {
+    let kept = digits.len().min(max);
     let (head, tail) = digits.split_at(kept);
     let mut m = head.bytes().fold(0i128, |m, b| m * 10 + i128::from(b - b'0'));
     if tail.bytes().any(|b| b != b'0') {
@@ -204,7 +203,7 @@ fn decimal_nanos(int_part: &str, frac_part: &str, exp: i32) -> Option<i128> {
     if significant.is_empty() {
         return Some(0);
     }
-    let (m, dropped) = mantissa(significant);
+    let (m, dropped) = mantissa(significant, MAX_DIGITS);
     // i64: an exponent near i32::MAX must not overflow (`1e2147483647`).
     let pow10 = i64::from(exp) + 9 - frac_part.len() as i64 + (trailing_zeros + dropped) as i64;
     if pow10 >= 0 {
@@ -219,19 +218,29 @@ fn decimal_nanos(int_part: &str, frac_part: &str, exp: i32) -> Option<i128> {
     }
 }
 
-/// `int.frac × 2^exp` (a binary suffix, `exp` ≤ 60) in units of 1e-9, rounded up.
+/// `int.frac × 2^exp` (a binary suffix, `exp` ≤ 60) in units of 1e-9, rounded up. The whole
+/// part and the fraction are scaled apart, so that a long fraction of an ordinary value
+/// (`1.000000000000000001Gi`) is never "too large"; the fraction keeps the digits whose
+/// product with 2^exp stays inside i128 (20 at `Ei`, 29 at `Gi`), the rest rounded up into
+/// its last: exact to the unit, and to the nano up to `Mi`.
 fn binary_nanos(int_part: &str, frac_part: &str, exp: i32) -> Result<i128, QuantityError> {
     let int_part = int_part.trim_start_matches('0');
     let frac_part = frac_part.trim_end_matches('0');
     if int_part.len() > MAX_DIGITS {
         return Err(QuantityError::TooLarge);
     }
-    let (m, dropped) = mantissa(&format!("{int_part}{frac_part}"));
-    // The digits of the fraction the mantissa kept.
-    let scale = frac_part.len() - dropped;
-    let m = checked_mul(m, 1i128 << exp)?;
-    let m = checked_mul(m, NANO)?;
-    Ok(div_ceil(m, 10i128.pow(scale as u32)))
+    let power = 1i128 << exp;
+    let whole = checked_mul(checked_mul(mantissa(int_part, MAX_DIGITS).0, power)?, NANO)?;
+    let fits = |digits: u32| 10i128.checked_pow(digits).and_then(|p| p.checked_mul(power)).is_some();
+    let keep = (0..=MAX_DIGITS as u32).take_while(|&d| fits(d)).last().unwrap_or(0);
+    let (fraction, dropped) = mantissa(frac_part, keep as usize);
+    // fraction × 2^exp × 1e9 / 10^scale, with the 1e9 taken out of the division first.
+    let scale = (frac_part.len() - dropped) as u32;
+    let part = match scale.checked_sub(9) {
+        Some(k) => div_ceil(fraction * power, 10i128.pow(k)),
+        None => fraction * power * 10i128.pow(9 - scale),
+    };
+    whole.checked_add(part).filter(|v| *v < LIMIT).ok_or(QuantityError::TooLarge)
 }
 
 impl std::str::FromStr for Quantity {
@@ -361,6 +370,11 @@ mod tests {
         assert_eq!(q(&format!("1{}e-40", "0".repeat(40))).value(), 1);
         assert_eq!(q(&format!("{}e-30", "9".repeat(40))).value(), 10_000_000_000);
         assert_eq!(q(&format!("0.{}1Ki", "0".repeat(40))).nanos(), 1);
+        // A long fraction of an ordinary binary value is that value, rounded up.
+        assert_eq!(q("1.000000000000000001Gi").value(), 1_073_741_825);
+        assert_eq!(q("1.000000001Ei").value(), 1_152_921_505_759_768_481);
+        assert_eq!(Quantity::parse_capped("1.000000001Ei").map(|q| q.value()), Ok(1_152_921_505_759_768_481));
+        assert_eq!(q(&format!("1.{}5Mi", "0".repeat(30))).value(), (1 << 20) + 1);
         assert_eq!(q("1e-99999999999").nanos(), 1);
         assert_eq!("1e99999999999".parse::<Quantity>(), Err(QuantityError::TooLarge));
 

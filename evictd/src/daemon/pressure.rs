@@ -261,6 +261,16 @@ impl Pressure {
         obs
     }
 
+    /// Whether a hard memory threshold is met, read now: the node itself is short of memory,
+    /// and its eviction is not to wait behind other work of the pass.
+    fn hard_memory_threshold_met_now(&self, now_ns: i64) -> bool {
+        let obs = self.observe(now_ns);
+        self.thresholds
+            .iter()
+            .filter(|t| t.is_hard() && t.signal.is_memory())
+            .any(|t| engine::any_met(std::slice::from_ref(t), &obs, false))
+    }
+
     /// The inventory changed: forget evicted sandboxes it no longer lists, and those whose
     /// containers run again (a sandbox the runtime failed to stop, restarted by the kubelet
     /// when the eviction's record did not land): that pod can be evicted again. True when a
@@ -285,8 +295,10 @@ impl Pressure {
         wake: Option<Wake>,
         housekeeping: bool,
     ) -> (Vec<EvictionRecord>, Observations) {
-        let mut records =
-            if housekeeping { self.evict_pods_over_storage_limits(pods).await } else { Vec::new() };
+        let (mut records, memory_first) = match housekeeping {
+            true => self.evict_pods_over_storage_limits(pods, now_ns()).await,
+            false => (Vec::new(), false),
+        };
         if !records.is_empty() {
             let observed_ns = monotonic_ns();
             for rec in &mut records {
@@ -294,8 +306,10 @@ impl Pressure {
             }
             answer_wake(&mut records, wake);
             // The kubelet returns the pods it evicted over their limits and leaves thresholds
-            // to its next tick; so does this pass. A dry run or failed stops evicted nobody.
-            if records.iter().any(|r| r.error.is_none() && !r.dry_run) {
+            // to its next tick; so does this pass, unless a hard memory threshold met
+            // meanwhile cut the check short: its decision goes now. A dry run or failed stops
+            // evicted nobody.
+            if !memory_first && records.iter().any(|r| r.error.is_none() && !r.dry_run) {
                 return (records, self.observe_counted(now_ns()));
             }
         }

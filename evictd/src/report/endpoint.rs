@@ -214,8 +214,13 @@ async fn accept_loop(
         let registered = Registered { conns: conns.clone(), id };
         let task =
             tokio::spawn(serve_connection(stream, metrics.clone(), health.clone(), limits, registered));
-        // This runtime has one thread: the task has not run (nor ended) before it is listed.
-        lock(&conns).live.insert(id, (peer.ip(), task.abort_handle()));
+        // Listed by `make_room` before it could end: a task that ended already is off the list.
+        if let Some((_, handle)) = lock(&conns).live.get_mut(&id) {
+            *handle = Some(task.abort_handle());
+        }
+        // The new connection's task runs before the next accept: a probe that asked at once
+        // is answered before a burst of connections could displace it.
+        tokio::task::yield_now().await;
     }
 }
 
@@ -233,14 +238,15 @@ fn lock(conns: &Mutex<Connections>) -> std::sync::MutexGuard<'_, Connections> {
 #[derive(Default)]
 struct Connections {
     next_id: u64,
-    /// By id: ids grow with acceptance, so the first is the oldest.
-    live: std::collections::BTreeMap<u64, (IpAddr, tokio::task::AbortHandle)>,
+    /// By id: ids grow with acceptance, so the first is the oldest. The handle comes once the
+    /// connection's task is spawned.
+    live: std::collections::BTreeMap<u64, (IpAddr, Option<tokio::task::AbortHandle>)>,
     per_peer: HashMap<IpAddr, usize>,
 }
 
 impl Connections {
     /// Makes room for a connection from `peer`: the connection displaced for it, taken off
-    /// the list (to be aborted), and the new connection's id, counted for `peer`.
+    /// the list (to be aborted), and the new connection's id, listed for `peer`.
     fn make_room(&mut self, peer: IpAddr, limits: &ServerLimits) -> (Option<tokio::task::AbortHandle>, u64) {
         let peer_full = self.per_peer.get(&peer).is_some_and(|&n| n >= limits.max_per_peer);
         let from = if peer_full {
@@ -256,6 +262,7 @@ impl Connections {
         let id = self.next_id;
         self.next_id += 1;
         *self.per_peer.entry(peer).or_default() += 1;
+        self.live.insert(id, (peer, None));
         (displaced, id)
     }
 
@@ -268,7 +275,7 @@ impl Connections {
                 self.per_peer.remove(&peer);
             }
         }
-        Some(handle)
+        handle
     }
 }
 
@@ -457,10 +464,12 @@ mod tests {
     }
 
     /// The probes on their own port (`--probe-addr`) have connections of their own: a client
-    /// holding every connection of the metrics port (any pod can reach it) takes none of them.
+    /// holding every connection of the metrics port (any pod can reach it) takes none of
+    /// them, and the probes displace none of its (a Prometheus scrape among them, say).
     #[test]
     #[expect(clippy::disallowed_methods, reason = "a plain test thread, no runtime on it")]
     fn the_probes_on_their_own_port_answer_while_the_metrics_port_is_flooded() {
+        use std::io::Read as _;
         let health = Arc::new(Health::new(DEFAULT_STALL));
         health.beat();
         health.set_ready();
@@ -469,14 +478,21 @@ mod tests {
             serve("127.0.0.1:0".parse().unwrap(), Arc::new(Metrics::default()), health.clone(), limits)
                 .unwrap();
         let probes = serve_probes("127.0.0.1:0".parse().unwrap(), health, limits).unwrap();
-        let _flood: Vec<std::net::TcpStream> =
+        let flood: Vec<std::net::TcpStream> =
             (0..2).map(|_| std::net::TcpStream::connect(metrics).unwrap()).collect();
         std::thread::sleep(Duration::from_millis(100));
-        for path in ["/healthz", "/readyz"] {
-            let answer = get_path(probes, path).expect("the probe port answers");
-            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        for _ in 0..3 {
+            for path in ["/healthz", "/readyz"] {
+                let answer = get_path(probes, path).expect("the probe port answers");
+                assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+            }
         }
         assert!(get_path(probes, "/metrics").unwrap().starts_with("HTTP/1.1 404"), "probes only");
+        for mut c in flood {
+            c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            let read = c.read(&mut [0u8; 16]);
+            assert!(read.is_err(), "a metrics connection was closed by the probes: {read:?}");
+        }
     }
 
     /// Clients that open connections and ask nothing, from as many addresses as they like,

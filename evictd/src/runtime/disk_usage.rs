@@ -45,6 +45,8 @@ pub struct DiskWalker {
     /// Whether every pod is walked (the policy has a disk threshold), or only those with
     /// storage limits.
     walk_all: Arc<AtomicBool>,
+    /// A walk every this often (the kubelet's `--volume-stats-agg-period`).
+    period: Duration,
 }
 
 impl DiskWalker {
@@ -69,7 +71,7 @@ impl DiskWalker {
             .name("evictd-disk".into())
             .spawn(move || walk_until_dropped(pods, kubelet_root, period, all, kicked, tx, wakes));
         match spawned {
-            Ok(_) => Some(DiskWalker { last, kick, walk_all }),
+            Ok(_) => Some(DiskWalker { last, kick, walk_all, period }),
             Err(e) => {
                 tracing::error!(
                     "cannot start the disk walker thread ({e}): no pod's logs or volumes are \
@@ -82,6 +84,11 @@ impl DiskWalker {
 
     pub fn last(&self) -> Walk {
         self.last.borrow().clone()
+    }
+
+    /// How often a walk runs: how old the kubelet's volume stats may be.
+    pub fn period(&self) -> Duration {
+        self.period
     }
 
     /// When the last walk began, without taking its results.

@@ -80,14 +80,16 @@ const MAX_LINKED: usize = 1 << 15;
 struct Links {
     seen: HashSet<u64>,
     max: usize,
-    /// The shares past `max`, in 2^-32 of a byte and of an inode.
+    /// The shares past `max`, in 2^-32 of a byte and of an inode, and how many links they
+    /// are (each counts towards the read budget as a counted entry does).
     share_bytes: u128,
     share_inodes: u128,
+    shared_links: u64,
 }
 
 impl Links {
     fn new() -> Links {
-        Links { seen: HashSet::new(), max: MAX_LINKED, share_bytes: 0, share_inodes: 0 }
+        Links { seen: HashSet::new(), max: MAX_LINKED, share_bytes: 0, share_inodes: 0, shared_links: 0 }
     }
 
     /// Whether the link met of inode `ino` (of `nlink` links, `bytes` allocated) is counted
@@ -101,6 +103,7 @@ impl Links {
         }
         self.share_bytes += (u128::from(bytes) << 32) / u128::from(nlink);
         self.share_inodes += (1u128 << 32) / u128::from(nlink);
+        self.shared_links += 1;
         false
     }
 
@@ -120,11 +123,11 @@ const DENTS_BUF: usize = 1 << 10;
 /// opened).
 const MAX_OPEN_DIRS: usize = 32;
 
-/// Entries a walk may read: a million, and eight for each it counts. A walk reads each entry
-/// once, but for the searches of directories past `MAX_OPEN_DIRS` on filesystems whose
-/// positions move (a tenant renaming entries ahead of the walk can have it read them again
-/// and again); past the budget it stops, incomplete, and the walker thread goes on to the
-/// next pod.
+/// Entries a walk may read: a million, and eight for each it counts (a hard link counted as
+/// its share too, `Links`). A walk reads each entry once, but for the searches of directories
+/// past `MAX_OPEN_DIRS` on filesystems whose positions move (a tenant renaming entries ahead
+/// of the walk can have it read them again and again); past the budget it stops, incomplete,
+/// and the walker thread goes on to the next pod.
 const READ_BUDGET: (u64, u64) = (1 << 20, 8);
 
 /// What the walk reads of each entry.
@@ -246,7 +249,8 @@ impl DirWalk {
     fn step(&mut self, buf: &mut [MaybeUninit<u8>]) -> bool {
         let held = self.linked.seen.len() + self.open();
         self.done.most_held = self.done.most_held.max(held);
-        if self.done.read > READ_BUDGET.0 + READ_BUDGET.1 * self.done.inodes {
+        let counted = self.done.inodes + self.linked.shared_links;
+        if self.done.read > READ_BUDGET.0 + READ_BUDGET.1 * counted {
             self.done.incomplete = true;
             self.levels.clear();
         }

@@ -321,17 +321,24 @@ fn tree_holds(tree: &Path, rel: &Path, version: CgroupVersion, pid: i32) -> Resu
 }
 
 /// Whether `pid` is in the cgroup `rel` or below it, from its `/proc/<pid>/cgroup`; `None`
-/// where that cannot tell. A line reading `/` is the root of the process's cgroup namespace:
-/// in the host's (the one PID 1 is in), the root cgroup, in no pod; in a private one, which
-/// hides where it lies, anywhere.
+/// where that cannot tell. The paths there are relative to the reader's cgroup namespace:
+/// only in the initial one (the host's) are they where the pod's `rel` is; in a private one
+/// a path (`/`, `/init`, `/../..`) says nothing of the pod trees, and the tree is listed.
 fn cgroup_of_pid_tells(pid: i32, rel: &Path, version: CgroupVersion) -> Option<bool> {
-    let own = memcg_of_pid(u32::try_from(pid).ok()?, version)?;
-    if own != "/" {
-        return Some(Path::new(&own).starts_with(rel));
+    if !in_initial_cgroup_namespace() {
+        return None;
     }
-    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/cgroup")).ok();
-    let host_namespace = ns(&pid.to_string()).is_some_and(|own| ns("1") == Some(own));
-    host_namespace.then_some(false)
+    let path = memcg_of_pid(u32::try_from(pid).ok()?, version)?;
+    Some(Path::new(&path).starts_with(rel))
+}
+
+/// Whether this thread (whose namespace `/proc/<pid>/cgroup` is read in) is in the initial
+/// cgroup namespace: its namespace's inode is the one the kernel gives the initial namespace
+/// (`PROC_CGROUP_INIT_INO`), never any other.
+fn in_initial_cgroup_namespace() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    const PROC_CGROUP_INIT_INO: u64 = 0xEFFF_FFFB;
+    std::fs::metadata("/proc/thread-self/ns/cgroup").is_ok_and(|m| m.ino() == PROC_CGROUP_INIT_INO)
 }
 
 /// The pids of the pod's memory cgroup tree, refused when evictd's own is among them:
@@ -540,6 +547,8 @@ pub(crate) mod tests {
             atomic::{AtomicUsize, Ordering},
         },
     };
+
+    use rusty_fork::rusty_fork_test;
 
     use super::*;
 
@@ -977,6 +986,33 @@ pub(crate) mod tests {
         assert!(holds(&unreadable).is_err(), "EISDIR is no cgroup gone");
     }
 
+    rusty_fork_test! {
+        /// In a private cgroup namespace `/proc/<pid>/cgroup` is relative to it: a process in
+        /// a pod reads `/../../<pod>` (the pod lies outside the namespace's root), which does
+        /// not start with the pod's path, and taken at its word would pass for "not in the
+        /// pod". There the pod's tree is listed instead; in the initial namespace the
+        /// process's own line decides. In a process of its own: the namespace is left behind.
+        #[test]
+        fn outside_the_initial_cgroup_namespace_the_tree_is_listed() {
+            let test = "outside_the_initial_cgroup_namespace_the_tree_is_listed";
+            let Some(layout) = layout_or_skip(test) else { return };
+            if !in_initial_cgroup_namespace() {
+                crate::skip(test, "the tests run outside the initial cgroup namespace");
+                return;
+            }
+            let pod = TestPod::new(&layout, 1);
+            let target = KillTarget::at(&pod.rel, &layout);
+            let (rel, version) = (&target.rel, target.memory_version);
+            let in_pod = pod.children[0].id() as i32;
+            assert_eq!(cgroup_of_pid_tells(in_pod, rel, version), Some(true), "its own line, in the initial namespace");
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).unwrap();
+            let seen = memcg_of_pid(in_pod as u32, version);
+            assert!(seen.as_deref().is_some_and(|p| p.starts_with("/..")), "relative to the new namespace: {seen:?}");
+            assert_eq!(cgroup_of_pid_tells(in_pod, rel, version), None, "a private namespace tells nothing");
+            assert!(tree_holds(&target.memory, rel, version, in_pod).unwrap(), "the listing finds it");
+        }
+    }
+
     /// A chain of cgroups below `top`, made and removed relative to their parents (their
     /// paths are past PATH_MAX), deepest first on drop.
     struct DeepChain {
@@ -1056,7 +1092,10 @@ pub(crate) mod tests {
 
         let evictd_as = |p: &TestPod| KillTarget { spare: p.children[0].id() as i32, ..target.clone() };
         assert!(!holds_evictd(&evictd_as(&elsewhere)), "evictd (played by a process elsewhere) is not in it");
-        assert!(holds_evictd(&evictd_as(&pod)), "and is when it is in it");
+        // Told by its own cgroup, not by a listing that fails (which would also say "holds").
+        let in_pod = pod.children[0].id() as i32;
+        let told = tree_holds(&target.memory, &target.rel, target.memory_version, in_pod);
+        assert!(matches!(told, Ok(true)), "and is when it is in it: {told:?}");
 
         // The pod's own process ends: only the deep one is left in the tree.
         let _ = pod.children[0].kill();

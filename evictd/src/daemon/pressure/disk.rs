@@ -190,19 +190,41 @@ impl Pressure {
     /// True when the pods' last disk walk began before this disk pressure did, so cannot
     /// rank for it: a new one is asked for, and its end wakes the pass that evicts. One walk
     /// per pressure episode, however long walks take (the periodic ones keep it current
-    /// after); the pass never walks itself (a memory crossing meanwhile would wait).
+    /// after); the pass never walks itself (a memory crossing meanwhile would wait). The
+    /// new walk is waited for at most one walk period (the kubelet's volume-stats period):
+    /// past it the last walk ranks, as the kubelet ranks on volume stats up to that old, so
+    /// that a tenant's volume of millions of files on a disk short of I/O cannot hold every
+    /// disk eviction for as long as its walk takes.
     pub(super) fn disk_walk_is_stale(&mut self) -> bool {
         let Some(walker) = &self.disk_walker else { return false };
         let since = self.disk_met_since;
-        let fresh = walker.last_began().is_some_and(|at| since.is_none_or(|s| at >= s));
+        let last = walker.last_began();
+        let fresh = last.is_some_and(|at| since.is_none_or(|s| at >= s));
         // One walk asked for per episode: passes while it runs do not queue another.
-        let asked = self.disk_walk_asked.is_some_and(|a| since.is_none_or(|s| a >= s));
-        if !fresh && !asked {
+        let asked = self.disk_walk_asked.filter(|&a| since.is_none_or(|s| a >= s));
+        if fresh {
+            return false;
+        }
+        let Some(asked) = asked else {
             self.disk_walk_asked = Some(Instant::now());
             walker.kick();
             tracing::debug!("disk pressure: measuring the pods' logs and volumes before ranking them");
+            return true;
+        };
+        let period = walker.period();
+        match last {
+            // The same message every pass: said once while it lasts (`warn_limited`).
+            Some(_) if asked.elapsed() >= period => {
+                self.warn_limited(format!(
+                    "disk pressure: the walk of the pods' logs and volumes asked for when it began has \
+                     not ended within {period:?} (a volume of many files, a disk short of I/O): ranking \
+                     on the last walk, as the kubelet ranks on volume stats up to its \
+                     --volume-stats-agg-period old"
+                ));
+                false
+            }
+            _ => true,
         }
-        !fresh
     }
 
     /// True while a disk decision waits for the writable layers of pods that could be
@@ -339,14 +361,7 @@ impl Pressure {
     /// is gone.
     async fn memory_goes_first(&self, now: i64) -> EmergencyCause {
         const RECHECK_MEMORY: Duration = Duration::from_millis(100);
-        let memory_met = || {
-            let obs = self.observe(now);
-            let hard_memory = |t: &&Threshold| t.is_hard() && t.signal.is_memory();
-            self.thresholds
-                .iter()
-                .filter(hard_memory)
-                .any(|t| engine::any_met(std::slice::from_ref(t), &obs, false))
-        };
+        let memory_met = || self.hard_memory_threshold_met_now(now);
         let mut escalation = self.escalate.clone();
         loop {
             let emergency = escalation.borrow_and_update().emergency;

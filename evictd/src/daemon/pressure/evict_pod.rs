@@ -469,8 +469,9 @@ impl Pressure {
 
     /// Evicts the top-ranked pod for `signal`; when its kill fails with nothing of the pod
     /// stopped or killed, the next candidate (at most `MAX_CANDIDATES`), where the kubelet
-    /// passes over critical pods only and waits a pass after a failed kill. Every failed kill
-    /// is recorded, and the engine's state is kept whichever way the decision ends.
+    /// passes over critical pods only, and after a failed kill waits for the pod's cleanup
+    /// (up to 30 s) and ranks again. Every failed kill is recorded, and the engine's state is
+    /// kept whichever way the decision ends.
     pub(super) async fn evict_one(
         &mut self,
         pods: &PodList,

@@ -11,18 +11,25 @@ impl Pressure {
     /// of them must not starve it; a pass only memory woke must not wait behind it): every pod over one of its own ephemeral-storage limits (emptyDir
     /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
     /// whatever the thresholds say. Nothing is read when no pod sets such a limit, and no
-    /// directory is walked: logs and volumes are the walker's.
-    pub(super) async fn evict_pods_over_storage_limits(&mut self, pods: &PodList) -> Vec<EvictionRecord> {
+    /// directory is walked: logs and volumes are the walker's. Between two such evictions a
+    /// hard memory threshold met cuts the check short (true): the memory decision does not
+    /// wait behind the stops of every pod over its limits (each a grace period and the wait
+    /// for its memory, and a tenant can start many), and the check is due again at once.
+    pub(super) async fn evict_pods_over_storage_limits(
+        &mut self,
+        pods: &PodList,
+        now: i64,
+    ) -> (Vec<EvictionRecord>, bool) {
         // Half a period of slack: the timer that asks ticks at this period, and a tick that
         // comes a little early (the last one was late) must not skip a whole period.
         let period = self.storage_limit_period;
         let due = self.limits_checked.is_none_or(|t| t.elapsed() + period / 2 >= period);
         if !self.policy.local_storage_capacity_isolation || !due {
-            return Vec::new();
+            return (Vec::new(), false);
         }
         self.limits_checked = Some(Instant::now());
         if !pods.iter().any(|p| p.spec.sets_storage_limits()) {
-            return Vec::new();
+            return (Vec::new(), false);
         }
         let t0 = Instant::now();
         let candidates = self.candidates(pods, true, usage::Reads::NONE).await;
@@ -38,13 +45,22 @@ impl Pressure {
         );
         drop(entries);
         let mut records = Vec::with_capacity(over.len());
-        for e in over {
+        let left = over.len();
+        for (n, e) in over.into_iter().enumerate() {
+            if n > 0 && self.hard_memory_threshold_met_now(now) {
+                tracing::info!(
+                    left = left - n,
+                    "a hard memory threshold is met: its decision goes before the rest of the pods over their storage limits"
+                );
+                self.limits_checked = None;
+                return (records, true);
+            }
             let (pod, stats) = &candidates[e.pod];
             let mut rec = self.limit_record(pod, &e, t0);
             self.act(pod, stats, &mut rec).await;
             records.push(rec);
         }
-        records
+        (records, false)
     }
 
     pub(super) fn limit_record(&self, pod: &PodRecord, e: &LimitEviction, t0: Instant) -> EvictionRecord {

@@ -757,7 +757,7 @@ async fn an_unlisted_pod_waits_for_a_disk_decision_even_at_a_memory_emergency() 
 /// the disk walker's last walk instead of walking in the pass.
 #[tokio::test(flavor = "current_thread")]
 async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
-    use crate::{runtime::disk_usage::DiskWalker, vocab::WakeCause};
+    use crate::vocab::WakeCause;
     let d = tempfile::tempdir().unwrap();
     let client = scripted_client(d.path());
     memcg(&d.path().join("kubepods/pod-over"), 10 << 20);
@@ -771,13 +771,7 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     std::fs::create_dir_all(&vol).unwrap();
     std::fs::write(vol.join("fill"), vec![1u8; 2 << 20]).unwrap();
     let pods = list([over]);
-    let (wakes, _woken) = tokio::sync::mpsc::channel(4);
-    let walker =
-        DiskWalker::spawn(watch::channel(pods.clone()).1, kubelet, Duration::from_secs(3600), false, wakes)
-            .unwrap();
-    while walker.last().at.is_none() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let walker = walked(&pods, kubelet, Duration::from_secs(3600)).await;
     let mut p = pressure_with(d.path(), &PolicyArgs::default(), Some(client));
     p.disk_walker = Some(walker);
     let charge = Some(Wake::now(WakeCause::Charge));
@@ -786,6 +780,65 @@ async fn the_storage_limit_check_runs_when_the_batch_asks_from_the_last_walk() {
     let (records, _) = p.pass(&pods, || 1_000_000_000, charge, true).await;
     assert_eq!(names(&records), ["over"], "checked on a charge wake: {records:?}");
     assert!(records[0].message.contains("exceeds the limit"), "{}", records[0].message);
+}
+
+/// A disk walker of `pods` under the kubelet root `kubelet`, walking every `period`, once its
+/// first walk is done.
+async fn walked(pods: &PodList, kubelet: std::path::PathBuf, period: Duration) -> DiskWalker {
+    let (wakes, _) = tokio::sync::mpsc::channel(4);
+    let walker = DiskWalker::spawn(watch::channel(pods.clone()).1, kubelet, period, true, wakes).unwrap();
+    while walker.last().at.is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    walker
+}
+
+/// A tenant can start many pods over their own storage limits, each ignoring SIGTERM: their
+/// stops, one after another, each a grace period and the wait for its memory, would hold a
+/// memory eviction for as many seconds. A hard memory threshold met cuts the check short
+/// after the first: the memory decision goes in that pass, and the rest wait for the next
+/// check, due at once.
+#[tokio::test(flavor = "current_thread")]
+async fn a_hard_memory_threshold_goes_before_the_rest_of_the_pods_over_their_storage_limits() {
+    use crate::vocab::EvictionCause;
+    let d = tempfile::tempdir().unwrap();
+    let client = scripted_client(d.path());
+    let kubelet = d.path().join("kubelet");
+    let over = |name: &str| {
+        memcg(&d.path().join(format!("kubepods/pod-{name}")), 10 << 20);
+        let mut p = pod(name, Some(&format!("/kubepods/pod-{name}")));
+        p.uid = name.into();
+        p.spec = serde_json::from_value(serde_json::json!({"spec": {"volumes": [
+            {"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}}))
+        .unwrap();
+        let vol = kubelet.join(format!("pods/{name}/volumes/kubernetes.io~empty-dir/scratch"));
+        std::fs::create_dir_all(&vol).unwrap();
+        std::fs::write(vol.join("fill"), vec![1u8; 2 << 20]).unwrap();
+        p
+    };
+    memcg(&d.path().join("kubepods/pod-hog"), 900 << 20);
+    let hog = pod("hog", Some("/kubepods/pod-hog"));
+    let pods = list([over("a"), over("b"), over("c"), hog]);
+    let walker = walked(&pods, kubelet, Duration::from_secs(3600)).await;
+    let limits_then_memory = |records: &[EvictionRecord]| {
+        records.iter().map(|r| matches!(r.signal, EvictionCause::Limit(_))).collect::<Vec<_>>()
+    };
+
+    // memory.available<75% of 4 GiB, 2 GiB in use: met.
+    let mut p = under_pressure(d.path(), Some(client.clone()));
+    p.disk_walker = Some(walker.clone());
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None, true).await;
+    assert_eq!(limits_then_memory(&records), [true, false], "one over its limit, then memory's: {records:?}");
+    assert_eq!(names(&records)[1], "hog", "{records:?}");
+    assert!(p.limits_checked.is_none(), "the check is due again at once");
+
+    // No memory threshold met: every pod over its limit in one check, and no other eviction.
+    let mut p = far_from_pressure(d.path());
+    p.client = Some(client);
+    p.dry_run = false;
+    p.disk_walker = Some(walker);
+    let (records, _) = p.pass(&pods, || 1_000_000_000, None, true).await;
+    assert_eq!(limits_then_memory(&records), [true, true, true], "{records:?}");
 }
 
 /// A disk decision does not rank a pod as using nothing while the runtime's stats call that
@@ -1047,4 +1100,111 @@ async fn the_next_disk_eviction_waits_for_the_evicted_pods_volumes_to_be_torn_do
     p.disk_settle = None;
     let (records, _) = p.pass(&listed, || 21_000_000_000, wake, false).await;
     assert_eq!(names(&records), ["b"], "{records:?}");
+}
+
+/// A thread of this process frozen by the v1 freezer (its TID alone moved into a freezer
+/// cgroup of the test's own): it does not run until dropped, which thaws it and moves it
+/// back. (A frozen thread would also hold the process's exit: the drop runs on a panic too.)
+struct FrozenThread {
+    tid: String,
+    dir: std::path::PathBuf,
+    home: std::path::PathBuf,
+}
+
+impl FrozenThread {
+    #[expect(clippy::disallowed_methods, reason = "waits for the freezer on a test thread")]
+    fn freeze(freezer_root: &Path, tid: &str) -> FrozenThread {
+        let line = std::fs::read_to_string(format!("/proc/self/task/{tid}/cgroup")).unwrap();
+        let home = line.lines().find_map(|l| l.split_once(":freezer:")).map(|(_, p)| p.to_owned()).unwrap();
+        let dir = freezer_root.join(format!("evictd-frozen-walk-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let frozen = FrozenThread {
+            tid: tid.into(),
+            dir: dir.clone(),
+            home: freezer_root.join(home.trim_start_matches('/')),
+        };
+        std::fs::write(dir.join("tasks"), tid).unwrap();
+        std::fs::write(dir.join("freezer.state"), "FROZEN").unwrap();
+        let t = Instant::now();
+        while std::fs::read_to_string(dir.join("freezer.state")).unwrap().trim() != "FROZEN" {
+            assert!(t.elapsed() < Duration::from_secs(5), "the walker thread did not freeze");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        frozen
+    }
+}
+
+impl Drop for FrozenThread {
+    #[expect(clippy::disallowed_methods, reason = "waits for the kernel to let go of a test cgroup")]
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        let _ = std::fs::write(self.home.join("tasks"), &self.tid);
+        let t = Instant::now();
+        while std::fs::remove_dir(&self.dir).is_err() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The TID of this process's thread named `name` (one only: the test runs in a process of
+/// its own).
+fn thread_named(name: &str) -> Option<String> {
+    std::fs::read_dir("/proc/self/task").ok()?.flatten().find_map(|t| {
+        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+        (comm.trim() == name).then(|| t.file_name().to_string_lossy().into_owned())
+    })
+}
+
+use rusty_fork::rusty_fork_test;
+
+rusty_fork_test! {
+    /// A walk that does not end (a tenant's volume of millions of files on a disk short of
+    /// I/O; here, for real, the walker's thread frozen by the kernel's freezer) holds disk
+    /// evictions one walk period at most: then the last walk ranks, as the kubelet ranks on
+    /// volume stats up to its `--volume-stats-agg-period` old. (In a process of its own: the
+    /// walker's thread is found by its name.)
+    #[test]
+    fn a_walk_that_does_not_end_holds_disk_evictions_one_period_at_most() {
+        let test = "a_walk_that_does_not_end_holds_disk_evictions_one_period_at_most";
+        let Some(layout) = crate::runtime::kill::tests::layout_or_skip(test) else { return };
+        let freezer = layout.memory_root.parent().map(|p| p.join("freezer")).filter(|f| f.join("tasks").exists());
+        let Some(freezer) = freezer else {
+            crate::skip(test, "no cgroup v1 freezer to hold the walker's thread");
+            return;
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(walk_that_does_not_end(&freezer));
+    }
+}
+
+async fn walk_that_does_not_end(freezer: &Path) {
+    use crate::vocab::WakeCause;
+    let d = tempfile::tempdir().unwrap();
+    let client = scripted_client(d.path());
+    let kubelet = d.path().join("kubelet");
+    let listed = list([pod_with_volume(d.path(), "a", 8 << 20), pod_with_volume(d.path(), "b", 4 << 20)]);
+    let period = Duration::from_millis(600);
+    let walker = walked(&listed, kubelet.clone(), period).await;
+    let _frozen = FrozenThread::freeze(freezer, &thread_named("evictd-disk").expect("the walker's thread"));
+    let args = PolicyArgs { eviction_hard: Some("nodefs.available<99.99%".into()), ..Default::default() };
+    let mut p = pressure_with(d.path(), &args, Some(client));
+    p.signals.nodefs = kubelet;
+    p.disk_walker = Some(walker);
+    let wake = Some(Wake::now(WakeCause::Timer));
+    let t = Instant::now();
+    // The pressure begins after the last walk did: a new one is asked for, and waited for.
+    let (records, _) = p.pass(&listed, || 1_000_000_000, wake, false).await;
+    assert_eq!(names(&records), [] as [&str; 0], "the new walk is waited for: {records:?}");
+    let mut evicted = Vec::new();
+    for s in 2.. {
+        if !evicted.is_empty() || t.elapsed() > 4 * period {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (records, _) = p.pass(&listed, || s * 1_000_000_000, wake, false).await;
+        evicted.extend(records.iter().map(|r| (r.name.clone(), t.elapsed())));
+    }
+    let [(name, after)] = &evicted[..] else { panic!("one eviction within 4 periods: {evicted:?}") };
+    assert_eq!(name, "a", "the pod using the most disk by the last walk");
+    assert!(*after >= period, "not before a period: {after:?}");
 }
