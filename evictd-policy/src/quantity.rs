@@ -222,7 +222,7 @@ fn decimal_nanos(int_part: &str, frac_part: &str, exp: i32) -> Option<i128> {
 /// part and the fraction are scaled apart, so that a long fraction of an ordinary value
 /// (`1.000000000000000001Gi`) is never "too large"; the fraction keeps the digits whose
 /// product with 2^exp stays inside i128 (20 at `Ei`, 29 at `Gi`), the rest rounded up into
-/// its last: exact to the unit, and to the nano up to `Mi`.
+/// its last: up by less than 0.02 of a unit at `Ei`, and exact to the nano up to `Ti`.
 fn binary_nanos(int_part: &str, frac_part: &str, exp: i32) -> Result<i128, QuantityError> {
     let int_part = int_part.trim_start_matches('0');
     let frac_part = frac_part.trim_end_matches('0');

@@ -295,10 +295,8 @@ impl Pressure {
         wake: Option<Wake>,
         housekeeping: bool,
     ) -> (Vec<EvictionRecord>, Observations) {
-        let (mut records, memory_first) = match housekeeping {
-            true => self.evict_pods_over_storage_limits(pods, now_ns()).await,
-            false => (Vec::new(), false),
-        };
+        let mut records =
+            if housekeeping { self.evict_pods_over_storage_limits(pods, now_ns()).await } else { Vec::new() };
         if !records.is_empty() {
             let observed_ns = monotonic_ns();
             for rec in &mut records {
@@ -306,10 +304,9 @@ impl Pressure {
             }
             answer_wake(&mut records, wake);
             // The kubelet returns the pods it evicted over their limits and leaves thresholds
-            // to its next tick; so does this pass, unless a hard memory threshold met
-            // meanwhile cut the check short: its decision goes now. A dry run or failed stops
-            // evicted nobody.
-            if !memory_first && records.iter().any(|r| r.error.is_none() && !r.dry_run) {
+            // to its next tick; so does this pass (its pod list is now a stop old: the next
+            // one waits for a newer list). A dry run or failed stops evicted nobody.
+            if records.iter().any(|r| r.error.is_none() && !r.dry_run) {
                 return (records, self.observe_counted(now_ns()));
             }
         }
@@ -446,7 +443,7 @@ impl Pressure {
         let signal = self.thresholds[first.actionable[0]].signal;
         let disk = self.drives_on_disk(&first);
         // Asked for first: the walk runs while node-level reclaim does.
-        let walk_stale = disk && self.disk_walk_is_stale();
+        let walk_stale = disk && self.disk_walk_is_stale(pods);
         if self.awaits_cleanup(signal, obs).await
             || self.disk_settling(&first)
             || self.node_level_reclaim_resolves(&first, pods, now).await

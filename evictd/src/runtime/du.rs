@@ -80,30 +80,30 @@ const MAX_LINKED: usize = 1 << 15;
 struct Links {
     seen: HashSet<u64>,
     max: usize,
-    /// The shares past `max`, in 2^-32 of a byte and of an inode, and how many links they
-    /// are (each counts towards the read budget as a counted entry does).
+    /// The shares past `max`, in 2^-32 of a byte and of an inode.
     share_bytes: u128,
     share_inodes: u128,
-    shared_links: u64,
+    /// Links met and not counted whole (a share, or an inode met before): each counts toward
+    /// the read budget as a counted entry does, so that links cannot spend it.
+    links_met: u64,
 }
 
 impl Links {
     fn new() -> Links {
-        Links { seen: HashSet::new(), max: MAX_LINKED, share_bytes: 0, share_inodes: 0, shared_links: 0 }
+        Links { seen: HashSet::new(), max: MAX_LINKED, share_bytes: 0, share_inodes: 0, links_met: 0 }
     }
 
     /// Whether the link met of inode `ino` (of `nlink` links, `bytes` allocated) is counted
     /// whole: false when the inode was met before, or the link is counted as a share.
     fn first_sight(&mut self, ino: u64, nlink: u32, bytes: u64) -> bool {
-        if self.seen.contains(&ino) {
-            return false;
+        if self.seen.len() < self.max && self.seen.insert(ino) {
+            return true;
         }
-        if self.seen.len() < self.max {
-            return self.seen.insert(ino);
+        self.links_met += 1;
+        if !self.seen.contains(&ino) {
+            self.share_bytes += (u128::from(bytes) << 32) / u128::from(nlink);
+            self.share_inodes += (1u128 << 32) / u128::from(nlink);
         }
-        self.share_bytes += (u128::from(bytes) << 32) / u128::from(nlink);
-        self.share_inodes += (1u128 << 32) / u128::from(nlink);
-        self.shared_links += 1;
         false
     }
 
@@ -249,7 +249,7 @@ impl DirWalk {
     fn step(&mut self, buf: &mut [MaybeUninit<u8>]) -> bool {
         let held = self.linked.seen.len() + self.open();
         self.done.most_held = self.done.most_held.max(held);
-        let counted = self.done.inodes + self.linked.shared_links;
+        let counted = self.done.inodes + self.linked.links_met;
         if self.done.read > READ_BUDGET.0 + READ_BUDGET.1 * counted {
             self.done.incomplete = true;
             self.levels.clear();

@@ -28,7 +28,7 @@ use crate::{
         kill::{self, KillTarget},
         usage::cgroup_tree_empty,
     },
-    vocab::{Escalation, FastKill, OnKilled, Phases, Urgency, monotonic_ns},
+    vocab::{Escalation, FastKill, KillMethod, OnKilled, Phases, Urgency, monotonic_ns},
 };
 
 /// How one pod is stopped.
@@ -144,7 +144,7 @@ fn judge_container_stops(
         // the rounds of signals, a process in uninterruptible sleep): the pod was hit all the
         // same, and is this decision's eviction; taking the next candidate would leave two
         // pods hit. Its containers stay rankable once the runtime lists them running.
-        Stopped { failed: Some(e), not_stopped } if phases.fast_kill.is_some() => {
+        Stopped { failed: Some(e), not_stopped } if phases.fast_kill.as_ref().is_some_and(hit_the_pod) => {
             phases.warn(name, format!("the fast kill left processes and StopContainer failed: {e}"));
             phases.still_running = not_stopped;
             None
@@ -160,6 +160,12 @@ fn judge_container_stops(
         }
         Stopped { failed: Some(e), .. } => Some(e),
     }
+}
+
+/// Whether a fast kill hit the pod: `cgroup.kill` written (the kernel killed its whole tree),
+/// or processes signalled (a kill that found none to pin hit nothing).
+fn hit_the_pod(kill: &FastKill) -> bool {
+    kill.report.method == KillMethod::CgroupKill || kill.report.processes > 0
 }
 
 /// Whether the pod's cgroup is known and holds no process any more.
@@ -375,7 +381,7 @@ mod tests {
             inventory::tests::{container, record},
             kill::{self, KillTarget},
         },
-        vocab::{KillMethod, KillReport},
+        vocab::KillReport,
     };
 
     fn plan() -> StopPlan {
@@ -476,6 +482,15 @@ mod tests {
         assert!(
             judge_container_stops(failed(), "ns/p", &pod, &plan, &mut untouched).is_some(),
             "without the fast kill, nothing of the pod stopped: a failed eviction"
+        );
+        let report = KillReport { processes: 0, ..hit.fast_kill.as_ref().map(|f| f.report.clone()).unwrap() };
+        let mut missed = Phases {
+            fast_kill: Some(FastKill { urgency: Urgency::Hard, signalled_ns: 1, report }),
+            ..Phases::default()
+        };
+        assert!(
+            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut missed).is_some(),
+            "a fast kill that signalled no process hit nothing: a failed eviction"
         );
     }
 

@@ -190,12 +190,14 @@ impl Pressure {
     /// True when the pods' last disk walk began before this disk pressure did, so cannot
     /// rank for it: a new one is asked for, and its end wakes the pass that evicts. One walk
     /// per pressure episode, however long walks take (the periodic ones keep it current
-    /// after); the pass never walks itself (a memory crossing meanwhile would wait). The
-    /// new walk is waited for at most one walk period (the kubelet's volume-stats period):
-    /// past it the last walk ranks, as the kubelet ranks on volume stats up to that old, so
-    /// that a tenant's volume of millions of files on a disk short of I/O cannot hold every
-    /// disk eviction for as long as its walk takes.
-    pub(super) fn disk_walk_is_stale(&mut self) -> bool {
+    /// after); the pass never walks itself (a memory crossing meanwhile would wait). A new
+    /// walk that has not ended within one walk period (a walk stuck on a disk that stopped
+    /// answering) gives way to the last one, as the kubelet ranks on volume stats up to that
+    /// old — only where that walk is as recent (it began at most a period before the
+    /// pressure) and measured every pod the decision may rank: on an older one, or one that
+    /// left a newer pod out, the pod filling the disk may be missing, and a bystander taken
+    /// in its place.
+    pub(super) fn disk_walk_is_stale(&mut self, pods: &[Arc<PodRecord>]) -> bool {
         let Some(walker) = &self.disk_walker else { return false };
         let since = self.disk_met_since;
         let last = walker.last_began();
@@ -212,19 +214,30 @@ impl Pressure {
             return true;
         };
         let period = walker.period();
-        match last {
+        let recent =
+            |at: Instant| since.is_none_or(|s| s.checked_sub(period).is_none_or(|floor| at >= floor));
+        let stuck = asked.elapsed() >= period && last.is_some_and(recent) && {
+            let measured = walker.last().measured;
+            pods.iter().filter(|p| self.rankable(p)).all(|p| measured.contains_key(&p.uid))
+        };
+        match stuck {
             // The same message every pass: said once while it lasts (`warn_limited`).
-            Some(_) if asked.elapsed() >= period => {
+            true => {
                 self.warn_limited(format!(
-                    "disk pressure: the walk of the pods' logs and volumes asked for when it began has \
-                     not ended within {period:?} (a volume of many files, a disk short of I/O): ranking \
-                     on the last walk, as the kubelet ranks on volume stats up to its \
-                     --volume-stats-agg-period old"
+                    "disk pressure: the walk of the pods' logs and volumes asked for when the pressure \
+                     began has not ended within {period:?} (a disk short of I/O?): ranking on the last \
+                     walk, which measured every pod a period before, as the kubelet ranks on volume \
+                     stats up to its --volume-stats-agg-period old"
                 ));
                 false
             }
-            _ => true,
+            false => true,
         }
+    }
+
+    /// Whether a disk decision may rank `p`: running, and neither protected nor evicted.
+    fn rankable(&self, p: &PodRecord) -> bool {
+        p.spec.is_active() && !self.protects(p) && !self.gone.contains_key(&p.sandbox_id)
     }
 
     /// True while a disk decision waits for the writable layers of pods that could be
@@ -234,7 +247,7 @@ impl Pressure {
     pub(super) fn layers_unmeasured(&mut self, pods: &[Arc<PodRecord>]) -> bool {
         let unmeasured: Vec<String> = pods
             .iter()
-            .filter(|p| !self.protects(p) && !self.gone.contains_key(&p.sandbox_id) && p.spec.is_active())
+            .filter(|p| self.rankable(p))
             .filter(|p| p.containers.iter().any(|c| c.running && c.layer_pending))
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();

@@ -11,25 +11,26 @@ impl Pressure {
     /// of them must not starve it; a pass only memory woke must not wait behind it): every pod over one of its own ephemeral-storage limits (emptyDir
     /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
     /// whatever the thresholds say. Nothing is read when no pod sets such a limit, and no
-    /// directory is walked: logs and volumes are the walker's. Between two such evictions a
-    /// hard memory threshold met cuts the check short (true): the memory decision does not
+    /// directory is walked: logs and volumes are the walker's. After one such eviction a hard
+    /// memory threshold met ends the check: the memory decision, in the next pass, does not
     /// wait behind the stops of every pod over its limits (each a grace period and the wait
-    /// for its memory, and a tenant can start many), and the check is due again at once.
+    /// for its memory, and a tenant can start many), and the check is due again at the next
+    /// housekeeping wake.
     pub(super) async fn evict_pods_over_storage_limits(
         &mut self,
         pods: &PodList,
         now: i64,
-    ) -> (Vec<EvictionRecord>, bool) {
+    ) -> Vec<EvictionRecord> {
         // Half a period of slack: the timer that asks ticks at this period, and a tick that
         // comes a little early (the last one was late) must not skip a whole period.
         let period = self.storage_limit_period;
         let due = self.limits_checked.is_none_or(|t| t.elapsed() + period / 2 >= period);
         if !self.policy.local_storage_capacity_isolation || !due {
-            return (Vec::new(), false);
+            return Vec::new();
         }
         self.limits_checked = Some(Instant::now());
         if !pods.iter().any(|p| p.spec.sets_storage_limits()) {
-            return (Vec::new(), false);
+            return Vec::new();
         }
         let t0 = Instant::now();
         let candidates = self.candidates(pods, true, usage::Reads::NONE).await;
@@ -44,23 +45,26 @@ impl Pressure {
             "pods checked against their own storage limits"
         );
         drop(entries);
-        let mut records = Vec::with_capacity(over.len());
+        let mut records: Vec<EvictionRecord> = Vec::with_capacity(over.len());
         let left = over.len();
         for (n, e) in over.into_iter().enumerate() {
-            if n > 0 && self.hard_memory_threshold_met_now(now) {
+            // Only after a pod was evicted: one whose stop keeps failing must not keep the
+            // rest from ever being reached while memory stays short.
+            let evicted = records.iter().any(|r| r.error.is_none() && !r.dry_run);
+            if evicted && self.hard_memory_threshold_met_now(now) {
                 tracing::info!(
                     left = left - n,
                     "a hard memory threshold is met: its decision goes before the rest of the pods over their storage limits"
                 );
                 self.limits_checked = None;
-                return (records, true);
+                break;
             }
             let (pod, stats) = &candidates[e.pod];
             let mut rec = self.limit_record(pod, &e, t0);
             self.act(pod, stats, &mut rec).await;
             records.push(rec);
         }
-        (records, false)
+        records
     }
 
     pub(super) fn limit_record(&self, pod: &PodRecord, e: &LimitEviction, t0: Instant) -> EvictionRecord {
