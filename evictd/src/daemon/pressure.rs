@@ -156,6 +156,9 @@ pub struct Pressure {
     /// they last were.
     storage_limit_period: Duration,
     limits_checked: Option<Instant>,
+    /// Whether the last storage-limit check was cut short for memory: the next is not run
+    /// while a hard memory threshold is still met and no memory decision has run since.
+    limits_cut: bool,
     /// Pods evicted for memory whose memory is awaited before the next memory eviction, and
     /// for how long at most.
     cleanups: Vec<Cleanup>,
@@ -216,6 +219,7 @@ impl Pressure {
             teardown_reading: Default::default(),
             storage_limit_period: opts.storage_limit_period,
             limits_checked: None,
+            limits_cut: false,
             cleanups: Vec::new(),
             threshold_met: false,
             cleanup_window: cleanup::CLEANUP_WINDOW,
@@ -314,6 +318,8 @@ impl Pressure {
         let observed_ns = monotonic_ns();
         let obs = self.observe_counted(now_ns());
         let mut decided = self.decide_and_act(pods, &obs, now_ns()).await;
+        // Memory has had its decision: the pods over their storage limits are next.
+        self.limits_cut = false;
         for rec in &mut decided {
             rec.observed_ns = observed_ns;
         }

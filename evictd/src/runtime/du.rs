@@ -123,8 +123,8 @@ const DENTS_BUF: usize = 1 << 10;
 /// opened).
 const MAX_OPEN_DIRS: usize = 32;
 
-/// Entries a walk may read: a million, and eight for each it counts (a hard link counted as
-/// its share too, `Links`). A walk reads each entry once, but for the searches of directories
+/// Entries a walk may read: a million, and eight for each it counts (every link of a
+/// hard-linked file too, `Links`). A walk reads each entry once, but for the searches of directories
 /// past `MAX_OPEN_DIRS` on filesystems whose positions move (a tenant renaming entries ahead
 /// of the walk can have it read them again and again); past the budget it stops, incomplete,
 /// and the walker thread goes on to the next pod.

@@ -483,7 +483,8 @@ mod tests {
             judge_container_stops(failed(), "ns/p", &pod, &plan, &mut untouched).is_some(),
             "without the fast kill, nothing of the pod stopped: a failed eviction"
         );
-        let report = KillReport { processes: 0, ..hit.fast_kill.as_ref().map(|f| f.report.clone()).unwrap() };
+        let report_of = |p: &Phases| p.fast_kill.as_ref().map(|f| f.report.clone()).unwrap();
+        let report = KillReport { processes: 0, ..report_of(&hit) };
         let mut missed = Phases {
             fast_kill: Some(FastKill { urgency: Urgency::Hard, signalled_ns: 1, report }),
             ..Phases::default()
@@ -491,6 +492,16 @@ mod tests {
         assert!(
             judge_container_stops(failed(), "ns/p", &pod, &plan, &mut missed).is_some(),
             "a fast kill that signalled no process hit nothing: a failed eviction"
+        );
+        // cgroup.kill written: the kernel killed the whole tree, whatever was pinned after.
+        let report = KillReport { method: KillMethod::CgroupKill, processes: 0, ..report_of(&hit) };
+        let mut written = Phases {
+            fast_kill: Some(FastKill { urgency: Urgency::Hard, signalled_ns: 1, report }),
+            ..Phases::default()
+        };
+        assert!(
+            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut written).is_none(),
+            "cgroup.kill hit it"
         );
     }
 

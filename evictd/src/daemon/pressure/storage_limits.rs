@@ -12,10 +12,12 @@ impl Pressure {
     /// `sizeLimit`, a container's or the pod's limit) is evicted with a 1 s grace period,
     /// whatever the thresholds say. Nothing is read when no pod sets such a limit, and no
     /// directory is walked: logs and volumes are the walker's. After one such eviction a hard
-    /// memory threshold met ends the check: the memory decision, in the next pass, does not
-    /// wait behind the stops of every pod over its limits (each a grace period and the wait
-    /// for its memory, and a tenant can start many), and the check is due again at the next
-    /// housekeeping wake.
+    /// memory threshold met ends the check, and the pass: the memory decision does not wait
+    /// behind the stops of every pod over its limits (each a grace period and the wait for
+    /// its memory, and a tenant can start many). The next pass decides on memory whatever its
+    /// wakes (a housekeeping one, queued during the stop, skips the check while memory is
+    /// still short), and the check goes on in the housekeeping pass after it: one pod over
+    /// its limits, one memory decision, in turn.
     pub(super) async fn evict_pods_over_storage_limits(
         &mut self,
         pods: &PodList,
@@ -26,6 +28,9 @@ impl Pressure {
         let period = self.storage_limit_period;
         let due = self.limits_checked.is_none_or(|t| t.elapsed() + period / 2 >= period);
         if !self.policy.local_storage_capacity_isolation || !due {
+            return Vec::new();
+        }
+        if self.limits_cut && self.hard_memory_threshold_met_now(now) {
             return Vec::new();
         }
         self.limits_checked = Some(Instant::now());
@@ -56,7 +61,7 @@ impl Pressure {
                     left = left - n,
                     "a hard memory threshold is met: its decision goes before the rest of the pods over their storage limits"
                 );
-                self.limits_checked = None;
+                (self.limits_checked, self.limits_cut) = (None, true);
                 break;
             }
             let (pod, stats) = &candidates[e.pod];
