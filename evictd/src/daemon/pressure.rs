@@ -268,11 +268,7 @@ impl Pressure {
     /// Whether a hard memory threshold is met, read now: the node itself is short of memory,
     /// and its eviction is not to wait behind other work of the pass.
     fn hard_memory_threshold_met_now(&self, now_ns: i64) -> bool {
-        let obs = self.observe(now_ns);
-        self.thresholds
-            .iter()
-            .filter(|t| t.is_hard() && t.signal.is_memory())
-            .any(|t| engine::any_met(std::slice::from_ref(t), &obs, false))
+        urgency::hard_memory_threshold_met(&self.thresholds, &self.observe(now_ns))
     }
 
     /// The inventory changed: forget evicted sandboxes it no longer lists, and those whose

@@ -99,7 +99,7 @@ fn hard_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bool {
 }
 
 /// A hard memory threshold met: the node itself is short of memory.
-fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bool {
+pub(crate) fn hard_memory_threshold_met(thresholds: &[Threshold], obs: &Observations) -> bool {
     thresholds
         .iter()
         .filter(|t| t.is_hard() && t.signal.is_memory())

@@ -162,7 +162,12 @@ pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
 /// Whether a process is in the memory cgroup `rel` (relative to the hierarchy's root, as
 /// `/proc/<pid>/cgroup` shows it) or below it. A process that cannot be read is not.
 pub fn pid_in_cgroup(pid: u32, rel: &Path, version: CgroupVersion) -> bool {
-    memcg_of_pid(pid, version).is_some_and(|p| Path::new(&p).starts_with(rel))
+    pid_under_cgroup(pid, rel, version) == Some(true)
+}
+
+/// `pid_in_cgroup`, with `None` for a process that cannot be read.
+pub fn pid_under_cgroup(pid: u32, rel: &Path, version: CgroupVersion) -> Option<bool> {
+    memcg_of_pid(pid, version).map(|p| Path::new(&p).starts_with(rel))
 }
 
 #[cfg(test)]

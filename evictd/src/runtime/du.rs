@@ -64,7 +64,7 @@ fn du_remembering_at_most(dir: &Path, max_linked: usize) -> Walked {
     let Some(mut walk) = DirWalk::of(dir) else { return Walked::default() };
     walk.linked.max = max_linked;
     let mut buf = vec![MaybeUninit::<u8>::uninit(); DENTS_BUF];
-    while !walk.levels.is_empty() && walk.step(&mut buf) {}
+    while walk.step(&mut buf) {}
     walk.linked.add_shares(&mut walk.done);
     walk.done
 }
@@ -124,10 +124,10 @@ const DENTS_BUF: usize = 1 << 10;
 const MAX_OPEN_DIRS: usize = 32;
 
 /// Entries a walk may read: a million, and eight for each it counts (every link of a
-/// hard-linked file too, `Links`). A walk reads each entry once, but for the searches of directories
-/// past `MAX_OPEN_DIRS` on filesystems whose positions move (a tenant renaming entries ahead
-/// of the walk can have it read them again and again); past the budget it stops, incomplete,
-/// and the walker thread goes on to the next pod.
+/// hard-linked file too, `Links`). A walk reads each entry once, but for the searches of
+/// directories past `MAX_OPEN_DIRS` on filesystems whose positions move (a tenant renaming
+/// entries ahead of the walk can have it read them again and again); past the budget it
+/// stops, incomplete, and the walker thread goes on to the next pod.
 const READ_BUDGET: (u64, u64) = (1 << 20, 8);
 
 /// What the walk reads of each entry.

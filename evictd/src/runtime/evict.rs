@@ -15,7 +15,7 @@
 
 use std::{
     collections::BTreeSet,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -38,13 +38,11 @@ pub struct StopPlan {
     /// What a stop is cut to when a hard threshold is met meanwhile.
     pub hard_grace_seconds: i64,
     /// The pod's cgroups, where known: looked at for evictd's own process before any stop,
-    /// and where the pod is killed without the runtime when `fast_kill` says so.
+    /// where the pod is killed without the runtime when `fast_kill` says so, and whose memory
+    /// directory is watched until empty (`None`: the runtime's word is taken).
     pub target: Option<KillTarget>,
     /// Whether the pod may be killed without the runtime (else the CRI only).
     pub fast_kill: bool,
-    /// The pod's memory cgroup directory, watched until empty (`None`: the runtime's word is
-    /// taken).
-    pub cgroup: Option<PathBuf>,
     pub release_timeout: Duration,
     /// Called once evictd's fast kill has signalled the pod (see `OnKilled`).
     pub on_killed: Option<OnKilled>,
@@ -170,19 +168,26 @@ fn hit_the_pod(kill: &FastKill) -> bool {
 
 /// Whether the pod's cgroup is known and holds no process any more.
 fn killed_to_the_last_process(plan: &StopPlan) -> bool {
-    plan.cgroup.as_deref().is_some_and(cgroup_tree_empty)
+    plan.memory_dir().is_some_and(cgroup_tree_empty)
+}
+
+impl StopPlan {
+    /// The pod's memory cgroup directory, where known.
+    fn memory_dir(&self) -> Option<&Path> {
+        self.target.as_ref().map(KillTarget::memory_dir)
+    }
 }
 
 /// Waits, bounded by `--release-timeout`, until the stopped pod's cgroup holds no process,
 /// i.e. its memory is released, and notes how long that took in `phases`.
 pub async fn wait_released(pod: &PodRecord, plan: &StopPlan, phases: &mut Phases) {
     let t = Instant::now();
-    let released = match &plan.cgroup {
+    let released = match plan.memory_dir() {
         Some(dir) => released_within(dir, plan.release_timeout).await,
         None => true,
     };
     phases.memory_released_ms = released.then(|| ms(t));
-    if !released && let Some(dir) = &plan.cgroup {
+    if !released && let Some(dir) = plan.memory_dir() {
         tracing::warn!(
             pod = %format!("{}/{}", pod.namespace, pod.name),
             "stopped, but its cgroup {} still holds a process after {:?} (stuck in D state, \
@@ -361,7 +366,7 @@ fn join_error(client: &CriClient, join: tokio::task::JoinError) -> CriError {
 }
 
 /// Whether the cgroup tree at `dir` holds no process within `timeout`.
-async fn released_within(dir: &std::path::Path, timeout: Duration) -> bool {
+async fn released_within(dir: &Path, timeout: Duration) -> bool {
     let t = Instant::now();
     while !cgroup_tree_empty(dir) {
         if t.elapsed() > timeout {
@@ -376,6 +381,7 @@ async fn released_within(dir: &std::path::Path, timeout: Duration) -> bool {
 mod tests {
     use super::*;
     use crate::{
+        node::cgroups::{CgroupMounts, CgroupVersion},
         runtime::{
             cri::scripted::{Script, scripted_runtime},
             inventory::tests::{container, record},
@@ -390,7 +396,6 @@ mod tests {
             hard_grace_seconds: 1,
             target: None,
             fast_kill: false,
-            cgroup: None,
             release_timeout: Duration::from_secs(1),
             on_killed: None,
         }
@@ -449,10 +454,17 @@ mod tests {
     #[test]
     fn a_pod_the_fast_kill_hit_is_the_eviction_even_with_processes_left() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("cgroup.procs"), "42\n").unwrap();
+        // A fixture pod cgroup at `<dir>/pod` that keeps a process.
+        std::fs::create_dir(dir.path().join("pod")).unwrap();
+        std::fs::write(dir.path().join("pod/cgroup.procs"), "42\n").unwrap();
+        let layout = CgroupMounts {
+            memory_root: dir.path().into(),
+            memory_version: CgroupVersion::V1,
+            unified_root: None,
+        };
         let pod = record("/kubepods/podu", vec![container(None, None)]);
         let ids: Vec<String> = running(&pod).map(|c| c.id.clone()).collect();
-        let plan = StopPlan { cgroup: Some(dir.path().into()), ..plan() };
+        let plan = StopPlan { target: Some(KillTarget::at(Path::new("pod"), &layout)), ..plan() };
         let failed = || Stopped {
             failed: Some(CriError::Timeout {
                 endpoint: "unix:///cri.sock".into(),
@@ -461,17 +473,15 @@ mod tests {
             }),
             not_stopped: ids.clone(),
         };
-        let report = KillReport {
-            method: KillMethod::Signals,
-            processes: 9,
-            signalled_ms: 1.0,
-            reaped: 0,
-            reaped_ms: 1.0,
-        };
-        let mut hit = Phases {
-            fast_kill: Some(FastKill { urgency: Urgency::Hard, signalled_ns: 1, report }),
+        let after = |method, processes| Phases {
+            fast_kill: Some(FastKill {
+                urgency: Urgency::Hard,
+                signalled_ns: 1,
+                report: KillReport { method, processes, signalled_ms: 1.0, reaped: 0, reaped_ms: 1.0 },
+            }),
             ..Phases::default()
         };
+        let mut hit = after(KillMethod::Signals, 9);
         assert!(
             judge_container_stops(failed(), "ns/p", &pod, &plan, &mut hit).is_none(),
             "the eviction stands"
@@ -483,24 +493,15 @@ mod tests {
             judge_container_stops(failed(), "ns/p", &pod, &plan, &mut untouched).is_some(),
             "without the fast kill, nothing of the pod stopped: a failed eviction"
         );
-        let report_of = |p: &Phases| p.fast_kill.as_ref().map(|f| f.report.clone()).unwrap();
-        let report = KillReport { processes: 0, ..report_of(&hit) };
-        let mut missed = Phases {
-            fast_kill: Some(FastKill { urgency: Urgency::Hard, signalled_ns: 1, report }),
-            ..Phases::default()
-        };
         assert!(
-            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut missed).is_some(),
+            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut after(KillMethod::Signals, 0))
+                .is_some(),
             "a fast kill that signalled no process hit nothing: a failed eviction"
         );
         // cgroup.kill written: the kernel killed the whole tree, whatever was pinned after.
-        let report = KillReport { method: KillMethod::CgroupKill, processes: 0, ..report_of(&hit) };
-        let mut written = Phases {
-            fast_kill: Some(FastKill { urgency: Urgency::Hard, signalled_ns: 1, report }),
-            ..Phases::default()
-        };
         assert!(
-            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut written).is_none(),
+            judge_container_stops(failed(), "ns/p", &pod, &plan, &mut after(KillMethod::CgroupKill, 0))
+                .is_none(),
             "cgroup.kill hit it"
         );
     }
@@ -585,7 +586,6 @@ mod tests {
             grace_seconds: 30,
             target: Some(KillTarget::at(&cgroup.rel, &layout)),
             fast_kill: true,
-            cgroup: Some(layout.memory_root.join(&cgroup.rel)),
             on_killed: Some(OnKilled::new(move || {
                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             })),

@@ -30,7 +30,7 @@ use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 use super::{inventory::PodRecord, usage::cgroup_rel_dir};
 use crate::{
     node::{
-        cgroup_names::{memcg_of_pid, pid_in_cgroup},
+        cgroup_names::{pid_in_cgroup, pid_under_cgroup},
         cgroups::{CgroupMounts, CgroupVersion},
     },
     vocab::{KillMethod, KillReport, OnKilled},
@@ -328,8 +328,7 @@ fn cgroup_of_pid_tells(pid: i32, rel: &Path, version: CgroupVersion) -> Option<b
     if !in_initial_cgroup_namespace() {
         return None;
     }
-    let path = memcg_of_pid(u32::try_from(pid).ok()?, version)?;
-    Some(Path::new(&path).starts_with(rel))
+    pid_under_cgroup(u32::try_from(pid).ok()?, rel, version)
 }
 
 /// Whether this thread (whose namespace `/proc/<pid>/cgroup` is read in) is in the initial
@@ -1005,12 +1004,12 @@ pub(crate) mod tests {
             let (rel, version) = (&target.rel, target.memory_version);
             let in_pod = pod.children[0].id() as i32;
             assert_eq!(cgroup_of_pid_tells(in_pod, rel, version), Some(true), "its own line, in the initial namespace");
-            let own = memcg_of_pid(std::process::id(), version);
+            let own = crate::node::cgroup_names::memcg_of_pid(std::process::id(), version);
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).unwrap();
             // Rooted at this process's cgroup: where that is not the root, the pod's process
             // reads `/../…` (in a VM the tests run in the root cgroup, and it reads the same).
             if own.as_deref() != Some("/") {
-                let seen = memcg_of_pid(in_pod as u32, version);
+                let seen = crate::node::cgroup_names::memcg_of_pid(in_pod as u32, version);
                 assert!(seen.as_deref().is_some_and(|p| p.starts_with("/..")), "relative to the new namespace: {seen:?}");
             }
             assert_eq!(cgroup_of_pid_tells(in_pod, rel, version), None, "a private namespace tells nothing");

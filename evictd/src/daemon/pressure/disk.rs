@@ -220,19 +220,16 @@ impl Pressure {
             let measured = walker.last().measured;
             pods.iter().filter(|p| self.rankable(p)).all(|p| measured.contains_key(&p.uid))
         };
-        match stuck {
+        if stuck {
             // The same message every pass: said once while it lasts (`warn_limited`).
-            true => {
-                self.warn_limited(format!(
-                    "disk pressure: the walk of the pods' logs and volumes asked for when the pressure \
-                     began has not ended within {period:?} (a disk short of I/O?): ranking on the last \
-                     walk, which measured every pod a period before, as the kubelet ranks on volume \
-                     stats up to its --volume-stats-agg-period old"
-                ));
-                false
-            }
-            false => true,
+            self.warn_limited(format!(
+                "disk pressure: the walk of the pods' logs and volumes asked for when the pressure \
+                 began has not ended within {period:?} (a disk short of I/O?): ranking on the last \
+                 walk, which measured every pod a period before, as the kubelet ranks on volume \
+                 stats up to its --volume-stats-agg-period old"
+            ));
         }
+        !stuck
     }
 
     /// Whether a disk decision may rank `p`: running, and neither protected nor evicted.

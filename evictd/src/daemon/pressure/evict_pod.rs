@@ -786,7 +786,6 @@ impl Pressure {
             hard_grace_seconds: self.kill.hard_grace_seconds,
             target: KillTarget::of(pod, &self.cgroups).ok(),
             fast_kill: self.kill.fast_kill,
-            cgroup: self.cgroups_of(pod).map(|c| c.memory.dir),
             release_timeout: self.release_timeout,
             on_killed: self.on_killed.clone(),
         }
